@@ -1,0 +1,3 @@
+"""DrumsBench: run and judge RL rollout infrastructure."""
+
+__version__ = "0.1.0"
