@@ -1,0 +1,48 @@
+"""The error contract.
+
+- ``UsageError``: bad input from a user (a flag, a file). The CLI prints its one-line message and
+  exits 2, never a traceback. The message names the field and the fix.
+- ``SubstrateError``: the substrate itself failed (could not create, exec, copy, destroy). The
+  attempt becomes ``invalid/substrate_failure``. A command that fails *inside* a sandbox is not
+  an error: it returns a normal ``ExecResult``.
+- ``InvalidAttempt``: raised by a gate; carries the ``InvalidCause``.
+"""
+
+from __future__ import annotations
+
+from drumsbench.outcome import InvalidCause
+
+
+class DrumsError(Exception):
+    """Base of DrumsBench's own errors."""
+
+
+class UsageError(DrumsError):
+    """Bad user input: one line naming the field and the fix. CLI exit code 2."""
+
+
+class SubstrateError(DrumsError):
+    """The substrate failed (not the command inside it)."""
+
+
+class InvalidAttempt(DrumsError):
+    """A gate dropped the attempt."""
+
+    def __init__(self, cause: InvalidCause, detail: str = "") -> None:
+        super().__init__(f"{cause}: {detail}" if detail else str(cause))
+        self.cause = cause
+        self.detail = detail
+
+
+class StaleGeneration(InvalidAttempt):
+    """The environment refused an action computed from an observation of an earlier generation."""
+
+    def __init__(self, action_generation: int, current: int) -> None:
+        super().__init__(
+            InvalidCause.STALE_GENERATION,
+            f"action of generation {action_generation} refused; current generation is {current}",
+        )
+
+
+class PolicyUnavailable(DrumsError):
+    """The policy's inference endpoint could not be reached (not a bad choice of the policy)."""

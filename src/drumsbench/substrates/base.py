@@ -1,0 +1,193 @@
+"""The substrate interface: where sandboxes run.
+
+A ``Substrate`` creates ``Sandbox`` objects for one run. A sandbox offers exec with a timeout,
+file reads and writes, an optional in-place reset, a tree digest, a canary scan and destroy.
+
+Contracts every substrate keeps (checked by ``drumsbench.substrates.conformance``):
+
+- ``exec`` never raises for what happens *inside* the sandbox: a failing, crashing or silent
+  command returns an ``ExecResult``. It raises ``SubstrateError`` only when the substrate itself
+  fails (the sandbox is gone, the daemon does not answer).
+- On timeout every process the command started is killed, and the result has ``timed_out``.
+- Output is bounded: at most ``output_limit`` bytes of each stream are kept; the totals say how
+  much was produced.
+- Paths given to file methods are absolute paths *as seen inside the sandbox*; ``paths`` says
+  where the work, home, tmp and verify folders are.
+- ``destroy`` is idempotent and leaves no process, mount or container behind.
+- Everything a substrate creates is labelled with the run id, so ``gc`` can remove what a
+  crashed run left.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+from drumsbench.fingerprint import DIGEST_SCRIPT
+from drumsbench.scan import SCAN_SCRIPT
+
+DEFAULT_OUTPUT_LIMIT = 64 * 1024
+
+
+class Isolation(StrEnum):
+    NONE = "none"
+    NAMESPACES = "namespaces"
+    CONTAINER = "container"
+    VM = "vm"
+
+
+class ResetStrategy(StrEnum):
+    RECREATE = "recreate"
+    IN_PLACE = "in_place"
+
+
+class Capabilities(BaseModel, frozen=True):
+    """What a substrate declares about itself; reports quote it."""
+
+    isolation: Isolation
+    reset_strategies: tuple[ResetStrategy, ...]
+    snapshot: bool = False
+    network: bool = False  # True: a sandbox can reach a network (no isolation of the network)
+    notes: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int  # -N when killed by signal N
+    stdout: bytes
+    stderr: bytes
+    stdout_total: int
+    stderr_total: int
+    timed_out: bool
+    duration_s: float
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_total > len(self.stdout) or self.stderr_total > len(self.stderr)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPaths:
+    """Folders of a sandbox as commands inside it see them."""
+
+    root: str
+    work: str
+    home: str
+    tmp: str
+    verify: str
+
+
+class Sandbox(ABC):
+    """One isolated instance on a substrate."""
+
+    substrate: str
+    run_id: str
+    id: str
+    paths: SandboxPaths
+
+    @abstractmethod
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        """Run ``command`` (a string runs under ``/bin/sh -c``) in the sandbox; cwd defaults to work."""
+
+    @abstractmethod
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` at absolute in-sandbox ``path``, creating parent folders."""
+
+    @abstractmethod
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """Read at most ``limit`` bytes of ``path``; ``FileNotFoundError`` when it does not exist."""
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """Kill everything in the sandbox and remove it. Idempotent."""
+
+    def put_files(self, base: str, files: Mapping[str, bytes]) -> None:
+        """Write many files under ``base`` (relative path -> bytes). Substrates may batch this."""
+        for rel, data in files.items():
+            self.write_file(f"{base}/{rel}", data)
+
+    def reset_in_place(self) -> None:
+        """Kill the sandbox's processes and empty work, home, tmp and verify, keeping the sandbox.
+
+        Only for substrates that declare ``ResetStrategy.IN_PLACE``.
+        """
+        raise NotImplementedError(f"{self.substrate} has no in-place reset")
+
+    def _run_checked(self, command: Sequence[str], what: str, timeout: float = 60.0) -> str:
+        from drumsbench.errors import SubstrateError
+
+        res = self.exec(command, timeout=timeout, cwd=self.paths.root)
+        if res.exit_code != 0 or res.timed_out:
+            raise SubstrateError(
+                f"{self.substrate}: {what} failed (exit {res.exit_code}): "
+                f"{res.stderr.decode(errors='replace')[-300:]}"
+            )
+        return res.stdout.decode().strip()
+
+    def tree_digest(self, path: str) -> str:
+        """``fingerprint.tree_digest`` of an in-sandbox folder, computed inside the sandbox."""
+        return self._run_checked(["python3", "-c", DIGEST_SCRIPT, path], "tree digest")
+
+    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        """Which of ``tokens`` occur in any file below ``folders`` (in-sandbox paths)."""
+        if not tokens:
+            return set()
+        out = self._run_checked(
+            ["python3", "-c", SCAN_SCRIPT, ",".join(folders), ",".join(tokens)], "canary scan"
+        )
+        return {t for t in out.split(",") if t}
+
+    def describe(self) -> str:
+        return f"{self.substrate}:{self.id}"
+
+
+class Substrate(ABC):
+    """A kind of place to run sandboxes. One instance serves one run."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self, run_id: str, state_dir: Path) -> None:
+        self.run_id = run_id
+        self.state_dir = state_dir
+
+    @classmethod
+    @abstractmethod
+    def missing(cls) -> str | None:
+        """``None`` when usable here, else one line: what is missing and how to install it."""
+
+    @abstractmethod
+    def create(self) -> Sandbox:
+        """A new sandbox with empty work, home, tmp and verify folders. ``SubstrateError`` on failure."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the substrate holds for the run (after every sandbox is destroyed)."""
+
+    def leftovers(self) -> list[str]:
+        """Processes, containers, mounts or folders of this run that still exist (one line each)."""
+        return []
+
+    @classmethod
+    def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
+        """Remove what runs in ``dead_runs`` left behind; returns one line per thing removed."""
+        return []
+
+
+def sh_quote(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,143 @@
+"""Run a host process with a timeout and bounded output; kill its whole process group on timeout.
+
+Shared by the substrates whose sandboxes are host processes (process, bwrap, overlay, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from drumsbench.errors import SubstrateError
+from drumsbench.substrates.base import ExecResult
+
+# After the main process exits, wait this long for background children to release stdout/stderr.
+_DRAIN_GRACE_S = 0.2
+
+
+def run_bounded(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    stdin: bytes | None,
+    output_limit: int,
+    on_start: Callable[[int], None] | None = None,
+) -> ExecResult:
+    """Run ``argv`` in a new session; return its exit code and at most ``output_limit`` bytes per stream.
+
+    Raises ``SubstrateError`` only when the process cannot be started at all.
+    """
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise SubstrateError(f"cannot start {argv[0]!r} in {cwd!r}: {e}") from e
+    if on_start is not None:
+        on_start(proc.pid)
+    if stdin is not None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(stdin)
+        except BrokenPipeError:
+            pass
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+
+    bufs = {"out": bytearray(), "err": bytearray()}
+    totals = {"out": 0, "err": 0}
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    deadline = t0 + timeout
+    timed_out = False
+    exited_at: float | None = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = proc.poll() is None
+                break
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > _DRAIN_GRACE_S:
+                break
+            wait = min(deadline - now, 0.05 if exited_at is None else _DRAIN_GRACE_S)
+            for key, _ in sel.select(wait):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                name = key.data
+                totals[name] += len(chunk)
+                room = output_limit - len(bufs[name])
+                if room > 0:
+                    bufs[name] += chunk[:room]
+        if timed_out:
+            kill_group(proc.pid)
+        try:
+            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(proc.pid)
+            code = proc.wait()
+    finally:
+        sel.close()
+        proc.stdout.close()
+        proc.stderr.close()
+    return ExecResult(
+        exit_code=code,
+        stdout=bytes(bufs["out"]),
+        stderr=bytes(bufs["err"]),
+        stdout_total=totals["out"],
+        stderr_total=totals["err"],
+        timed_out=timed_out,
+        duration_s=time.monotonic() - t0,
+    )
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def pids_with_env(var: str, value: str | None = None) -> dict[int, str]:
+    """Host pids whose environment sets ``var`` (to ``value`` when given): pid -> value."""
+    found: dict[int, str] = {}
+    needle = var.encode() + b"="
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        for item in data.split(b"\0"):
+            if item.startswith(needle):
+                v = item[len(needle):].decode(errors="replace")
+                if value is None or v == value:
+                    found[int(entry)] = v
+                break
+    return found
+
+
+def kill_pids(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
