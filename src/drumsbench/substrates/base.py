@@ -9,8 +9,9 @@ Contracts every substrate keeps (checked by ``drumsbench.substrates.conformance`
   command returns an ``ExecResult``. It raises ``SubstrateError`` only when the substrate itself
   fails (the sandbox is gone, the daemon does not answer).
 - On timeout every process the command started is killed, and the result has ``timed_out``.
-- Output is bounded: at most ``output_limit`` bytes of each stream are kept; the totals say how
-  much was produced.
+- Output is bounded: at most ``output_limit`` bytes of each stream are kept — when more was
+  produced, the first half and the **last** half of the limit (``hostproc.HeadTail``), so a
+  command's final lines survive; the totals say how much was produced.
 - Paths given to file methods are absolute paths *as seen inside the sandbox*; ``paths`` says
   where the work, home, tmp and verify folders are.
 - ``destroy`` is idempotent and leaves no process, mount or container behind.

@@ -61,6 +61,8 @@ def check_output_bounded(sub: Substrate) -> None:
         expect(len(res.stdout) == 1000, f"kept {len(res.stdout)} bytes, limit 1000")
         expect(res.stdout_total == 3_000_000 and res.truncated, f"total {res.stdout_total}, want 3000000")
         expect(res.exit_code == 0, f"exit {res.exit_code}")
+        res = box.exec("head -c 100000 /dev/zero; echo END", timeout=20, output_limit=1000)
+        expect(res.stdout.endswith(b"\0END\n"), "the last bytes of a long output must be kept")
 
 
 def check_timeout_kills(sub: Substrate) -> None:

@@ -58,8 +58,7 @@ def run_bounded(
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
 
-    bufs = {"out": bytearray(), "err": bytearray()}
-    totals = {"out": 0, "err": 0}
+    keepers = {"out": HeadTail(output_limit), "err": HeadTail(output_limit)}
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
@@ -83,11 +82,7 @@ def run_bounded(
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
-                name = key.data
-                totals[name] += len(chunk)
-                room = output_limit - len(bufs[name])
-                if room > 0:
-                    bufs[name] += chunk[:room]
+                keepers[key.data].add(chunk)
         if timed_out:
             kill_group(proc.pid)
         try:
@@ -102,13 +97,42 @@ def run_bounded(
         proc.stderr.close()
     return ExecResult(
         exit_code=code,
-        stdout=bytes(bufs["out"]),
-        stderr=bytes(bufs["err"]),
-        stdout_total=totals["out"],
-        stderr_total=totals["err"],
+        stdout=keepers["out"].value(),
+        stderr=keepers["err"].value(),
+        stdout_total=keepers["out"].total,
+        stderr_total=keepers["err"].total,
         timed_out=timed_out,
         duration_s=time.monotonic() - t0,
     )
+
+
+class HeadTail:
+    """Keeps the first and the last ``limit // 2`` bytes of a stream and counts all of it.
+
+    The tail matters: a command's last lines (its error, a harness's end marker) are the ones
+    that must survive truncation.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.head_room = limit - limit // 2
+        self.tail_room = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        take = min(len(chunk), self.head_room - len(self.head))
+        if take > 0:
+            self.head += chunk[:take]
+            chunk = chunk[take:]
+        if chunk and self.tail_room > 0:
+            self.tail += chunk
+            if len(self.tail) > self.tail_room:
+                del self.tail[: len(self.tail) - self.tail_room]
+
+    def value(self) -> bytes:
+        return bytes(self.head + self.tail)
 
 
 def kill_group(pgid: int) -> None:
