@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import require
+
 from drumsbench.substrates import registry
 from drumsbench.substrates.conformance import CHECKS
 

@@ -64,6 +64,8 @@ class HostFolderSandbox(Sandbox):
     # -- mapping -------------------------------------------------------------------------------
     def host_path(self, path: str) -> Path:
         """Host path of an in-sandbox absolute path; refuses paths outside the sandbox."""
+        if self._destroyed:
+            raise SubstrateError(f"sandbox {self.id} is destroyed")
         root = self.paths.root.rstrip("/")
         if path != root and not path.startswith(root + "/"):
             raise SubstrateError(f"{path!r} is outside sandbox {self.id} ({root})")
@@ -101,8 +103,6 @@ class HostFolderSandbox(Sandbox):
         stdin: bytes | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
-        if self._destroyed:
-            raise SubstrateError(f"sandbox {self.id} is destroyed")
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         host_argv, host_cwd, host_env = self._argv(argv, cwd or self.paths.work, self._env(env))
         if host_cwd is not None and not os.path.isdir(host_cwd):

@@ -1,0 +1,271 @@
+"""``drumsbench``: the command line.
+
+Every user error is one line on stderr naming the field and the fix, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from drumsbench.errors import DrumsError, UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Run and judge the infrastructure under RL agents' rollouts.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Task suites.")
+app.add_typer(tasks_app, name="tasks")
+console = Console()
+err = Console(stderr=True)
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, field: str) -> float:
+    """'90', '90s', '15m', '1h', '500ms' -> seconds; UsageError naming ``field`` otherwise."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", text or "")
+    if not m:
+        raise UsageError(f"{field}: {text!r} is not a duration; write e.g. 60s, 15m, 1h or 500ms")
+    value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if value <= 0:
+        raise UsageError(f"{field}: {text!r} must be positive; write e.g. 60s")
+    return value
+
+
+def _validation(e: ValidationError, flags: dict[str, str]) -> UsageError:
+    first = e.errors()[0]
+    name = str(first["loc"][-1]) if first["loc"] else "?"
+    return UsageError(f"{flags.get(name, name)}: {first['msg']}")
+
+
+@app.command()
+def run(
+    substrate: Annotated[str, typer.Option(help="Where sandboxes run (see `drumsbench doctor`).")] = "process",
+    tasks: Annotated[str, typer.Option(help="Built-in suite name or a suite folder.")] = "coding",
+    policy: Annotated[str, typer.Option(help="oracle, null, noisy or explorer.")] = "oracle",
+    noisy_p: Annotated[float, typer.Option(help="noisy: probability of the oracle's fix.")] = 0.5,
+    explorer_steps: Annotated[int, typer.Option(help="explorer: exploring steps before the fix.")] = 20,
+    think_time: Annotated[str, typer.Option(help="Pause before each action, standing for inference.")] = "0s",
+    concurrency: Annotated[int | None, typer.Option(help="Attempts at once (default: number of cores).")] = None,
+    duration: Annotated[str, typer.Option(help="How long to run, e.g. 60s, 15m.")] = "30s",
+    attempts: Annotated[int | None, typer.Option(help="Stop after this many attempts.")] = None,
+    inject: Annotated[str, typer.Option(help="Faults: cause=rate,... e.g. stale_generation=0.05.")] = "",
+    step_timeout: Annotated[str, typer.Option(help="Per-step timeout.")] = "30s",
+    episode_timeout: Annotated[str, typer.Option(help="Per-episode timeout.")] = "300s",
+    reset: Annotated[str, typer.Option(help="auto, in_place or recreate.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed for policies and fault draws.")] = 0,
+    usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder of the ledger and reports.")] = Path("runs"),
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this run id from the ledger in --out.")] = None,
+    progress: Annotated[bool, typer.Option(help="Live progress display.")] = True,
+) -> None:
+    """Run attempts and print the report."""
+    from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
+    from drumsbench.machine import commit, machine_info
+    from drumsbench.measure.cost import HostPrice
+    from drumsbench.rollout import RolloutConfig
+    from drumsbench.substrates.base import ResetStrategy
+
+    ledger = open_ledger(out)
+    if resume:
+        meta = ledger.run(resume)
+        if meta["status"] == "complete":
+            raise UsageError(f"--resume: run {resume} is already complete; `drumsbench report {resume}` shows it")
+        cfg = RunConfig.model_validate(meta["config"])
+        run_id = resume
+    else:
+        flags = {"concurrency": "--concurrency", "noisy_p": "--noisy-p", "explorer_steps": "--explorer-steps",
+                 "max_attempts": "--attempts", "usd_per_host_hour": "--usd-per-host-hour",
+                 "think_time_s": "--think-time", "step_timeout_s": "--step-timeout",
+                 "episode_timeout_s": "--episode-timeout", "duration_s": "--duration"}
+        if reset not in ("auto", "in_place", "recreate"):
+            raise UsageError(f"--reset: {reset!r} is not one of auto, in_place, recreate")
+        try:
+            rollout = RolloutConfig(
+                step_timeout_s=parse_duration(step_timeout, "--step-timeout"),
+                episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
+                think_time_s=0.0 if think_time.strip() in ("0", "0s") else parse_duration(think_time, "--think-time"),
+                reset=None if reset == "auto" else ResetStrategy(reset))
+            extra = {}
+            if concurrency is not None:
+                extra["concurrency"] = concurrency
+            if usd_per_host_hour is not None:
+                extra["price"] = HostPrice(name="given", usd_per_host_hour=usd_per_host_hour,
+                                           note="given with --usd-per-host-hour")
+            cfg = RunConfig(substrate=substrate, tasks=tasks, policy=policy, noisy_p=noisy_p,
+                            explorer_steps=explorer_steps, duration_s=parse_duration(duration, "--duration"),
+                            max_attempts=attempts, inject=inject, seed=seed, rollout=rollout, **extra)
+        except ValidationError as e:
+            raise _validation(e, flags) from None
+        run_id = new_run_id()
+        # Validate everything that can be wrong before the ledger records a run.
+        from drumsbench.envs.coding.task import load_suite
+        from drumsbench.experiments.run import make_substrate
+        from drumsbench.faults import FaultPlan
+        from drumsbench.policies.scripted import make_policy
+
+        FaultPlan.parse(cfg.inject)
+        make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)
+        load_suite(cfg.tasks)
+        make_substrate(cfg.substrate, run_id)
+        ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+
+    err.print(f"run {run_id}: {cfg.substrate}, {cfg.tasks}, policy {cfg.policy}, concurrency {cfg.concurrency}, "
+              f"ledger {ledger.path}")
+    live = Live(console=err, refresh_per_second=4, transient=True) if progress and err.is_terminal else None
+
+    def show(p) -> None:
+        import time
+
+        elapsed = time.monotonic() - p.started
+        done = sum(p.counts[k] for k in ("success", "failed", "invalid"))
+        t = Table.grid(padding=(0, 2))
+        t.add_row(f"elapsed {elapsed:5.1f} s", f"attempts {done}", f"rate {done / max(elapsed, 1e-9):.1f}/s",
+                  f"success {p.counts['success']}", f"failed {p.counts['failed']}", f"invalid {p.counts['invalid']}")
+        if live is not None:
+            live.update(t)
+
+    if live is not None:
+        live.start()
+    try:
+        status, _ = execute(ledger, run_id, cfg, resume=bool(resume), on_progress=show if live else None)
+    finally:
+        if live is not None:
+            live.stop()
+    _report(ledger, run_id, out, json_path)
+    if status == "interrupted":
+        err.print(f"interrupted: continue with `drumsbench run --resume {run_id} --out {out}`")
+        raise typer.Exit(130)
+
+
+def _report(ledger, run_id: str, out: Path, json_path: Path | None) -> None:
+    from drumsbench.measure.summary import build
+    from drumsbench.report.terminal import print_report
+
+    report = build(ledger, run_id)
+    print_report(report, console)
+    data = json.dumps(report.dump(), indent=2)
+    folder = out / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(data)
+    if json_path is not None:
+        try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(data)
+        except OSError as e:
+            raise UsageError(f"--json: cannot write {json_path} ({e.strerror}); choose a writable path") from None
+
+
+@app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(help="Run id (see the ledger).")],
+    out: Annotated[Path, typer.Option(help="Folder of the ledger.")] = Path("runs"),
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
+) -> None:
+    """Rebuild a run's report from the ledger alone."""
+    from drumsbench.experiments.run import ledger_path
+    from drumsbench.ledger import Ledger
+
+    if not ledger_path(out).exists():
+        raise UsageError(f"--out: no ledger at {ledger_path(out)}; give the folder a run wrote to")
+    _report(Ledger(ledger_path(out)), run_id, out, json_path)
+
+
+@app.command()
+def gc() -> None:
+    """Remove what crashed runs left behind: sandboxes, containers, mounts, processes."""
+    from drumsbench import state
+    from drumsbench.substrates import registry
+
+    dead = state.dead_runs()
+    ids = {e["run_id"] for e in dead}
+    removed: list[str] = []
+    for name in registry.names():
+        try:
+            cls = registry.get(name)
+        except Exception as e:
+            err.print(f"gc: cannot load substrate {name}: {e}")
+            continue
+        if cls.missing() is None:
+            removed += cls.gc(state.state_dir(), ids)
+    for run_id in ids:
+        state.unregister(run_id)
+    console.print(f"gc: {len(ids)} dead run(s); removed {len(removed)} thing(s)")
+    for line in removed:
+        console.print(f"  {line}")
+
+
+@app.command()
+def doctor() -> None:
+    """Which substrates are ready here, and what to install for the others."""
+    from drumsbench.substrates import registry
+
+    t = Table(title="substrates")
+    for col in ("substrate", "status", "isolation", "reset", "what to do"):
+        t.add_column(col)
+    for name in registry.names():
+        try:
+            cls = registry.get(name)
+            missing = cls.missing()
+            caps = cls.capabilities
+            t.add_row(name, "ready" if missing is None else "missing", caps.isolation.value,
+                      ",".join(r.value for r in caps.reset_strategies), missing or "")
+        except Exception as e:
+            t.add_row(name, "broken", "", "", str(e))
+    console.print(t)
+
+
+@app.command()
+def conformance(substrate: Annotated[str, typer.Option(help="Substrate to check.")] = "process") -> None:
+    """Run the substrate conformance suite against a substrate."""
+    from drumsbench import state
+    from drumsbench.experiments.run import make_substrate, new_run_id
+    from drumsbench.substrates.conformance import run_all
+
+    results = run_all(lambda: make_substrate(substrate, new_run_id()))
+    for name, failure in results:
+        console.print(f"{'PASS' if failure is None else 'FAIL'} {name}" + (f": {failure}" if failure else ""))
+    failed = sum(1 for _, f in results if f)
+    console.print(f"{len(results) - failed} passed, {failed} failed")
+    del state
+    if failed:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("list")
+def tasks_list(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
+    """List a suite's tasks."""
+    from drumsbench.envs.coding.task import load_suite
+
+    for t in load_suite(suite):
+        console.print(f"{t.id:36} {t.description.splitlines()[0][:80]}")
+
+
+@tasks_app.command("fingerprint")
+def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
+    """Print every task's start fingerprint (to update task.toml)."""
+    from drumsbench.envs.coding.task import compute_fingerprints
+
+    for task_id, fp in compute_fingerprints(suite).items():
+        console.print(f"{task_id} {fp}")
+
+
+def main() -> None:
+    try:
+        app()
+    except DrumsError as e:
+        err.print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The environment interface: a task world hosted in a sandbox.
+
+Contracts:
+- ``reset(task)`` writes the task's start state into the attached sandbox (already emptied by the
+  substrate's reset), plants nothing else, increments ``generation`` and returns nothing; the
+  rollout then checks ``fingerprint()`` against ``task.start_fingerprint`` (gate 1).
+- ``observe()`` returns the first observation of an episode; ``step(action, timeout)`` applies an
+  action and returns the next one. ``step`` refuses (raises ``StaleGeneration``) an action whose
+  generation is not the current one, before touching the sandbox.
+- An observation that timed out has ``timed_out`` set; the rollout decides which timeout it was.
+- ``observation_problem(obs)`` names what makes an observation unusable (gate 4) or is ``None``.
+- ``stage_verifier(task)`` then ``run_verifier(task, timeout)``: True when the task is done, False
+  when it is not; ``InvalidAttempt(verifier_unavailable)`` when the verifier could not give an
+  answer. A verifier that runs and says "not done" is never an error.
+- ``break_observation_channel()`` arms a real fault for the next observation (fault injection).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from drumsbench.errors import StaleGeneration
+from drumsbench.substrates.base import Sandbox
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """An action before it is tied to an observation: what scripted plans are made of."""
+
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: str
+    generation: int
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: ActionSpec, generation: int) -> Action:
+        return cls(spec.kind, generation, spec.payload)
+
+
+SUBMIT = "submit"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    generation: int
+    step: int
+    content: dict[str, Any]
+    timed_out: bool = False
+
+
+class Task(ABC):
+    """One start state + goal + verifier. Scripted policies use the plans."""
+
+    id: str
+    env_kind: ClassVar[str]
+    description: str
+    start_fingerprint: str
+
+    @abstractmethod
+    def oracle_plan(self) -> list[ActionSpec]:
+        """Actions that solve the task (ending with submit)."""
+
+    @abstractmethod
+    def wrong_plan(self, choice: int) -> list[ActionSpec]:
+        """A plausible wrong attempt (ending with submit); ``choice`` picks among several."""
+
+    @abstractmethod
+    def explore_action(self, i: int) -> ActionSpec:
+        """The i-th harmless exploring action (reads, listings)."""
+
+    @property
+    def wrong_choices(self) -> int:
+        return 1
+
+
+class Environment(ABC):
+    kind: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.step_count = 0
+        self.sandbox: Sandbox | None = None
+
+    def attach(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    @property
+    def box(self) -> Sandbox:
+        if self.sandbox is None:
+            raise RuntimeError("environment has no sandbox attached")
+        return self.sandbox
+
+    def reset(self, task: Task) -> None:
+        self._write_start(task)
+        self.generation += 1
+        self.step_count = 0
+
+    def step(self, action: Action, timeout: float) -> Observation:
+        if action.generation != self.generation:
+            raise StaleGeneration(action.generation, self.generation)
+        self.step_count += 1
+        return self._apply(action, timeout)
+
+    @abstractmethod
+    def _write_start(self, task: Task) -> None: ...
+
+    @abstractmethod
+    def fingerprint(self) -> str: ...
+
+    @abstractmethod
+    def observe(self, timeout: float) -> Observation: ...
+
+    @abstractmethod
+    def _apply(self, action: Action, timeout: float) -> Observation: ...
+
+    @abstractmethod
+    def observation_problem(self, obs: Observation) -> str | None: ...
+
+    @abstractmethod
+    def stage_verifier(self, task: Task) -> None: ...
+
+    @abstractmethod
+    def run_verifier(self, task: Task, timeout: float) -> bool: ...
+
+    @abstractmethod
+    def break_observation_channel(self) -> None: ...
+
+    @abstractmethod
+    def break_verifier(self) -> None:
+        """Really break the staged verifier (fault injection): it must crash when run."""
+
+    def canary_folders(self) -> list[str]:
+        """In-sandbox folders searched for other sandboxes' canaries."""
+        p = self.box.paths
+        return [p.work, p.home, p.tmp]

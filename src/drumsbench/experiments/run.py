@@ -1,0 +1,144 @@
+"""``drumsbench run``: attempts of one task suite on one substrate, recorded in the ledger.
+
+A run stops at its duration or attempt count; ``resume`` continues a killed or interrupted run
+with the same configuration, counting only the time it was alive, and never records an attempt
+twice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+
+from drumsbench import state
+from drumsbench.envs.coding.env import CodingEnv
+from drumsbench.envs.coding.task import load_suite
+from drumsbench.errors import UsageError
+from drumsbench.executors.base import Job
+from drumsbench.executors.local import LocalExecutor
+from drumsbench.faults import FaultPlan
+from drumsbench.isolation import positive_control
+from drumsbench.ledger import Ledger
+from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice
+from drumsbench.policies.scripted import make_policy
+from drumsbench.records import AttemptRecord
+from drumsbench.rollout import RolloutConfig
+from drumsbench.substrates import registry
+from drumsbench.substrates.base import Substrate
+
+
+class RunConfig(BaseModel):
+    substrate: str = "process"
+    tasks: str = "coding"
+    policy: str = "oracle"
+    noisy_p: float = Field(0.5, ge=0, le=1)
+    explorer_steps: int = Field(20, ge=0, le=1000)
+    concurrency: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
+    duration_s: float | None = Field(30.0, gt=0)
+    max_attempts: int | None = Field(None, ge=1)
+    inject: str = ""
+    seed: int = 0
+    rollout: RolloutConfig = RolloutConfig()
+    price: HostPrice = DEFAULT_PRICE
+    window: str = ""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> RunConfig:
+        if self.duration_s is None and self.max_attempts is None:
+            raise UsageError("give --duration or --attempts: a run needs an end")
+        return self
+
+
+def new_run_id() -> str:
+    return datetime.now(UTC).strftime("r%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+
+
+def ledger_path(out: Path) -> Path:
+    return out / "ledger.sqlite"
+
+
+def open_ledger(out: Path) -> Ledger:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out: cannot create {out} ({e.strerror}); choose a writable folder") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"--out: {out} is not writable; choose a writable folder")
+    return Ledger(ledger_path(out))
+
+
+def make_substrate(name: str, run_id: str) -> Substrate:
+    cls = registry.get(name)
+    missing = cls.missing()
+    if missing:
+        raise UsageError(f"--substrate {name}: not ready here: {missing}")
+    return cls(run_id, state.state_dir())
+
+
+class Progress:
+    """Counts for the live display."""
+
+    def __init__(self, already: Counter[str] | None = None) -> None:
+        self.counts: Counter[str] = Counter(already or {})
+        self.started = time.monotonic()
+
+    def add(self, rec: AttemptRecord) -> None:
+        self.counts[rec.outcome.value] += 1
+        if rec.cause:
+            self.counts[rec.cause.value] += 1
+
+
+def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
+            on_progress: Callable[[Progress], None] | None = None) -> tuple[str, Progress]:
+    """Run (or continue) ``run_id`` until its end; returns (final status, progress counts)."""
+    tasks = load_suite(cfg.tasks)
+    faults = FaultPlan.parse(cfg.inject, seed=cfg.seed)
+    make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)  # validate before anything starts
+    substrate = make_substrate(cfg.substrate, run_id)
+
+    already = ledger.count(run_id) if resume else 0
+    first_seq = ledger.next_seq(run_id) if resume else 0
+    used_s = sum(e - s for s, e, _ in ledger.segments(run_id)) if resume else 0.0
+    duration_left = None if cfg.duration_s is None else cfg.duration_s - used_s
+    attempts_left = None if cfg.max_attempts is None else cfg.max_attempts - already
+    if (duration_left is not None and duration_left <= 0) or (attempts_left is not None and attempts_left <= 0):
+        ledger.set_status(run_id, "complete")
+        return "complete", Progress()
+
+    state.register(run_id, [cfg.substrate])
+    seg = ledger.start_segment(run_id, os.getpid(), cfg.window)
+    progress = Progress()
+    try:
+        control = positive_control(substrate)
+        ledger.record_control(run_id, cfg.window, "isolation", control.fired, control.detail)
+        deadline = None if duration_left is None else time.monotonic() + duration_left
+        max_seq = None if attempts_left is None else first_seq + attempts_left
+        job = Job(run_id=run_id, tasks=list(tasks),
+                  make_policy=lambda: make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps),
+                  make_env=CodingEnv, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
+                  first_seq=first_seq, max_seq=max_seq, deadline=deadline,
+                  meta={"window": cfg.window})
+        executor = LocalExecutor(cfg.concurrency)
+
+        def sink(rec: AttemptRecord) -> None:
+            ledger.record(rec, seg)
+            progress.add(rec)
+
+        tick = (lambda: on_progress(progress)) if on_progress else None
+        executor.execute(job, substrate, sink, tick)
+        ledger.heartbeat(run_id, seg)
+        status = "interrupted" if executor.interrupted else "complete"
+        ledger.set_status(run_id, status)
+        return status, progress
+    finally:
+        substrate.close()
+        state.unregister(run_id)

@@ -1,0 +1,32 @@
+"""The gates that can drop an attempt, each raising ``InvalidAttempt`` with its cause.
+
+Order (DESIGN.md): 1 verified reset, 2 generation (inside ``Environment.step``), 3 timeouts (in the
+rollout loop), 4 observation validity, 5 verifier availability (inside ``run_verifier``),
+6 isolation.
+"""
+
+from __future__ import annotations
+
+from drumsbench.envs.base import Environment, Observation, Task
+from drumsbench.errors import InvalidAttempt
+from drumsbench.isolation import CanaryRegistry, contamination
+from drumsbench.outcome import InvalidCause
+
+
+def check_reset(env: Environment, task: Task) -> None:
+    got = env.fingerprint()
+    if got != task.start_fingerprint:
+        raise InvalidAttempt(InvalidCause.DIRTY_RESET,
+                             f"start state digests to {got[:19]}..., task expects {task.start_fingerprint[:19]}...")
+
+
+def check_observation(env: Environment, obs: Observation) -> None:
+    problem = env.observation_problem(obs)
+    if problem:
+        raise InvalidAttempt(InvalidCause.BAD_OBSERVATION, problem)
+
+
+def check_isolation(env: Environment, token: str, registry: CanaryRegistry) -> None:
+    found = contamination(env.box, env.canary_folders(), token, registry)
+    if found:
+        raise InvalidAttempt(InvalidCause.CONTAMINATION, found)

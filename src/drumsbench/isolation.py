@@ -1,0 +1,116 @@
+"""Isolation canaries (gate 6) and the positive control that proves the detector works.
+
+Each sandbox gets a unique canary at reset, written into its home folder. After an episode the
+sandbox is searched for any other sandbox's canary, and the host's shared temp folders for its
+own. The positive control leaks one sandbox's canary into another on purpose and checks that the
+detector fires; a run whose control did not fire reports its isolation figure as unconfirmed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from drumsbench.substrates.base import Sandbox, Substrate
+
+CANARY_FILE = ".drumsbench-canary"
+SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+class CanaryRegistry:
+    """Thread-safe registry of the run's canaries: live ones and the most recently retired."""
+
+    def __init__(self, keep_retired: int = 64) -> None:
+        self._live: dict[str, str] = {}
+        self._retired: deque[str] = deque(maxlen=keep_retired)
+        self._lock = threading.Lock()
+
+    def issue(self, owner: str) -> str:
+        token = f"DRUMSCANARY-{secrets.token_hex(8)}"
+        with self._lock:
+            self._live[token] = owner
+        return token
+
+    def retire(self, token: str) -> None:
+        with self._lock:
+            if self._live.pop(token, None) is not None:
+                self._retired.append(token)
+
+    def others(self, token: str) -> list[str]:
+        with self._lock:
+            return [t for t in (*self._live, *self._retired) if t != token]
+
+    def any_other(self, token: str) -> str:
+        """A neighbour's canary (a live one if any); issues a decoy neighbour when there is none."""
+        with self._lock:
+            for t in self._live:
+                if t != token:
+                    return t
+        return self.issue("decoy-neighbour")
+
+
+def plant(box: Sandbox, token: str) -> None:
+    box.write_file(f"{box.paths.home}/{CANARY_FILE}", token.encode())
+
+
+def shared_places_hits(token: str, places: tuple[str, ...] = SHARED_PLACES, max_files: int = 500) -> list[str]:
+    """Files directly in the host's shared temp folders that contain ``token``."""
+    hits = []
+    needle = token.encode()
+    for place in places:
+        try:
+            entries = list(os.scandir(place))[:max_files]
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_size < (1 << 20):
+                    with open(entry.path, "rb") as f:
+                        if needle in f.read():
+                            hits.append(entry.path)
+            except OSError:
+                continue
+    return hits
+
+
+def contamination(box: Sandbox, folders: list[str], token: str, registry: CanaryRegistry) -> str | None:
+    """What contaminated this sandbox, or None."""
+    foreign = box.scan(folders, registry.others(token))
+    if foreign:
+        return f"other sandboxes' canaries found inside: {', '.join(sorted(foreign))}"
+    leaked = shared_places_hits(token)
+    if leaked:
+        return f"this sandbox's canary found in shared places: {', '.join(leaked)}"
+    return None
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    fired: bool
+    detail: str
+
+
+def positive_control(substrate: Substrate) -> ControlResult:
+    """Leak sandbox A's canary into sandbox B; the detector must find it in B and nothing in A."""
+    registry = CanaryRegistry()
+    a = substrate.create()
+    try:
+        b = substrate.create()
+        try:
+            ta, tb = registry.issue(a.id), registry.issue(b.id)
+            plant(a, ta)
+            plant(b, tb)
+            b.write_file(f"{b.paths.tmp}/leaked-from-neighbour", ta.encode())
+            folders_b = [b.paths.work, b.paths.home, b.paths.tmp]
+            folders_a = [a.paths.work, a.paths.home, a.paths.tmp]
+            in_b = contamination(b, folders_b, tb, registry)
+            in_a = contamination(a, folders_a, ta, registry)
+            fired = in_b is not None and ta in in_b and in_a is None
+            return ControlResult(fired, f"leak A->B detected: {in_b is not None}; clean A reported clean: {in_a is None}")
+        finally:
+            b.destroy()
+    finally:
+        a.destroy()

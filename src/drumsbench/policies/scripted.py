@@ -1,0 +1,95 @@
+"""Scripted policies: they choose actions from the task's plans, not from a model.
+
+- ``oracle``: a few reads, then the task's fix (must succeed on every task);
+- ``null``: submits at once (must fail every task);
+- ``noisy``: the oracle's plan with probability ``p``, otherwise a plausible wrong fix;
+- ``explorer``: ``steps`` real exploring actions, then the oracle's fix (trajectory-length
+  experiments: up to 150 steps).
+
+Contract: ``begin(task, rng)`` fixes the plan for one episode; ``act(obs)`` returns the next action
+tagged with the generation of ``obs``. Policies never see hidden tests.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+
+from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
+from drumsbench.errors import UsageError
+
+
+class Policy(ABC):
+    name: str
+
+    def __init__(self) -> None:
+        self._plan: list[ActionSpec] = []
+        self._i = 0
+
+    def begin(self, task: Task, rng: random.Random) -> None:
+        self._plan = self.plan(task, rng)
+        self._i = 0
+
+    @abstractmethod
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]: ...
+
+    def act(self, obs: Observation) -> Action:
+        spec = self._plan[self._i] if self._i < len(self._plan) else ActionSpec(SUBMIT)
+        self._i += 1
+        return Action.of(spec, obs.generation)
+
+
+class Oracle(Policy):
+    name = "oracle"
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        return task.oracle_plan()
+
+
+class Null(Policy):
+    name = "null"
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        return [ActionSpec(SUBMIT)]
+
+
+class Noisy(Policy):
+    name = "noisy"
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise UsageError(f"--noisy-p: {p} is not a probability; give a number from 0 to 1")
+        self.p = p
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        if rng.random() < self.p:
+            return task.oracle_plan()
+        return task.wrong_plan(rng.randrange(task.wrong_choices))
+
+
+class Explorer(Policy):
+    name = "explorer"
+
+    def __init__(self, steps: int = 20) -> None:
+        super().__init__()
+        if not 0 <= steps <= 1000:
+            raise UsageError(f"--explorer-steps: {steps} is out of range; give 0 to 1000")
+        self.steps = steps
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        fix = [a for a in task.oracle_plan() if a.kind != "shell"]
+        return [task.explore_action(i) for i in range(self.steps)] + fix
+
+
+POLICIES = {"oracle": Oracle, "null": Null, "noisy": Noisy, "explorer": Explorer}
+
+
+def make_policy(name: str, noisy_p: float = 0.5, explorer_steps: int = 20) -> Policy:
+    if name == "noisy":
+        return Noisy(noisy_p)
+    if name == "explorer":
+        return Explorer(explorer_steps)
+    if name in POLICIES:
+        return POLICIES[name]()
+    raise UsageError(f"--policy: unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")

@@ -1,0 +1,66 @@
+"""The quick view: a run report rendered for a terminal with rich."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from drumsbench.measure.summary import RunReport
+
+
+def _ms(e) -> str:
+    return "n/a" if e.value is None else f"{e.value * 1000:.1f} [{e.low * 1000:.1f}, {e.high * 1000:.1f}]"
+
+
+def render(r: RunReport) -> Group:
+    head = Table.grid(padding=(0, 2))
+    head.add_row("run", f"{r.run_id} ({r.kind}, {r.status})")
+    head.add_row("conditions", r.conditions)
+    head.add_row("host time", f"{r.host_seconds:.1f} s in {r.segments} segment(s)")
+
+    out = Table(title="outcomes", show_edge=False)
+    out.add_column("outcome")
+    out.add_column("attempts", justify="right")
+    out.add_column("note")
+    out.add_row("attempts", str(r.attempts), "")
+    out.add_row("valid", str(r.valid), "success + failed")
+    out.add_row("  success (reward 1)", str(r.success), "")
+    out.add_row("  failed (reward 0)", str(r.failed), "")
+    out.add_row("invalid (no reward)", str(r.invalid_total), "never scored 0")
+    for cause, n in r.invalid.items():
+        inj = r.injected[cause]
+        note = f"{inj} injected, {r.injected_caught[cause]} caught as {cause}" if inj else ""
+        out.add_row(f"  {cause}", str(n), note)
+    out.add_row("invalid, not injected", str(r.invalid_not_injected), "")
+
+    m = Table(title="figures (95% intervals)", show_edge=False)
+    m.add_column("figure")
+    m.add_column("value [interval]")
+    m.add_column("method")
+    m.add_row("success rate over valid", r.success_rate.fmt(".3f"), f"wilson, n={r.success_rate.n}")
+    m.add_row("invalid rate", r.invalid_rate.fmt(".3f"), f"wilson, n={r.invalid_rate.n}")
+    m.add_row("valid rollouts per host-hour", r.valid_per_host_hour.fmt(".4g"), r.valid_per_host_hour.method)
+    m.add_row(f"USD per valid rollout ({r.price.name})", r.usd_per_valid_rollout.fmt(".3g"),
+              f"USD {r.price.usd_per_host_hour:g}/host-hour; {r.inference_cost}")
+    ctrl = ("fired" if r.isolation_confirmed else "DID NOT FIRE: isolation unconfirmed") if r.controls else \
+        "not run: isolation unconfirmed"
+    m.add_row("isolation positive control", ctrl, "; ".join(c.detail for c in r.controls[:2]))
+
+    lat = Table(title="phase latency, ms (order-statistics intervals)", show_edge=False)
+    for col in ("phase", "n", "p50", "p95", "p99"):
+        lat.add_column(col, justify="right" if col != "phase" else "left")
+    for name, p in r.phases.items():
+        if p.n:
+            lat.add_row(name, str(p.n), _ms(p.p50), _ms(p.p95), _ms(p.p99))
+
+    tasks = Table(title="per task", show_edge=False)
+    for col in ("task", "attempts", "success", "failed", "invalid"):
+        tasks.add_column(col, justify="right" if col != "task" else "left")
+    for name, t in r.tasks.items():
+        tasks.add_row(name, str(t.attempts), str(t.success), str(t.failed), str(t.invalid))
+    return Group(head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks)
+
+
+def print_report(r: RunReport, console: Console | None = None) -> None:
+    (console or Console()).print(render(r))

@@ -1,0 +1,255 @@
+"""One attempt, start to end, with the gates of DESIGN.md in order.
+
+``run_attempt`` is synchronous (executors run it in worker threads or remote actors). It never
+raises for anything that happens to the attempt: every path ends in an ``AttemptRecord`` with one
+outcome. Infrastructure faults become ``invalid`` with their cause, never reward 0; unexpected
+harness errors become ``invalid/substrate_failure`` with the error in ``detail``.
+
+After a step or episode timeout, a substrate failure, contamination or a verifier timeout the
+sandbox is destroyed, never reused, so no straggling process can race the next verifier.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field, model_validator
+
+from drumsbench import gates
+from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, Task
+from drumsbench.errors import InvalidAttempt, PolicyUnavailable, SubstrateError, UsageError
+from drumsbench.faults import unreachable_endpoint
+from drumsbench.isolation import CanaryRegistry, plant
+from drumsbench.outcome import InvalidCause, Outcome, Verdict
+from drumsbench.policies.scripted import Policy
+from drumsbench.records import AttemptRecord
+from drumsbench.substrates.base import ResetStrategy, Sandbox, Substrate
+
+DESTROY_AFTER = {
+    InvalidCause.STEP_TIMEOUT,
+    InvalidCause.EPISODE_TIMEOUT,
+    InvalidCause.SUBSTRATE_FAILURE,
+    InvalidCause.CONTAMINATION,
+    InvalidCause.VERIFIER_UNAVAILABLE,
+}
+
+
+class RolloutConfig(BaseModel, frozen=True):
+    step_timeout_s: float = Field(30.0, gt=0)
+    episode_timeout_s: float = Field(300.0, gt=0)
+    think_time_s: float = Field(0.0, ge=0)
+    reset: ResetStrategy | None = None  # None: in_place when the substrate has it
+    max_steps: int = Field(400, gt=0)
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> RolloutConfig:
+        if self.episode_timeout_s <= self.step_timeout_s:
+            raise UsageError(f"--episode-timeout ({self.episode_timeout_s:g} s) must be longer than "
+                             f"--step-timeout ({self.step_timeout_s:g} s)")
+        return self
+
+
+@dataclass
+class Slot:
+    """One worker's place: its environment (which keeps the generation) and current sandbox."""
+
+    substrate: Substrate
+    env: Environment
+    worker: int = 0
+    sandbox: Sandbox | None = None
+    last_action: Action | None = None
+    on_sandbox: Callable[[Sandbox | None], None] = field(default=lambda _b: None)
+
+    def provision(self) -> float:
+        t0 = time.monotonic()
+        self.sandbox = self.substrate.create()
+        self.env.attach(self.sandbox)
+        self.on_sandbox(self.sandbox)
+        return time.monotonic() - t0
+
+    def destroy(self) -> float:
+        t0 = time.monotonic()
+        if self.sandbox is not None:
+            box, self.sandbox = self.sandbox, None
+            self.on_sandbox(None)
+            box.destroy()
+        return time.monotonic() - t0
+
+
+def run_attempt(
+    slot: Slot,
+    task: Task,
+    policy: Policy,
+    cfg: RolloutConfig,
+    canaries: CanaryRegistry,
+    *,
+    run_id: str,
+    seq: int,
+    seed: int,
+    fault: InvalidCause | None = None,
+    meta: dict[str, object] | None = None,
+) -> AttemptRecord:
+    t_start = time.time()
+    ep = _Episode(slot, task, policy, cfg, canaries, random.Random(f"{seed}:{seq}"), fault)
+    try:
+        verdict = ep.run()
+    except InvalidAttempt as e:
+        verdict = Verdict.invalid(e.cause, e.detail)
+    except SubstrateError as e:
+        verdict = Verdict.invalid(InvalidCause.SUBSTRATE_FAILURE, str(e))
+    except PolicyUnavailable as e:
+        verdict = Verdict.invalid(InvalidCause.POLICY_UNAVAILABLE, str(e))
+    except Exception as e:  # a harness bug must not become training signal either
+        tb = traceback.format_exception_only(type(e), e)[-1].strip()
+        verdict = Verdict.invalid(InvalidCause.SUBSTRATE_FAILURE, f"harness error: {tb}")
+    if ep.token:
+        canaries.retire(ep.token)
+    teardown = 0.0
+    if verdict.cause in DESTROY_AFTER:
+        try:
+            teardown = slot.destroy()
+        except Exception as e:  # the attempt stays invalid; say that the destroy failed too
+            verdict = Verdict.invalid(verdict.cause or InvalidCause.SUBSTRATE_FAILURE,
+                                      f"{verdict.detail}; destroy failed: {e}")
+    return AttemptRecord(
+        run_id=run_id,
+        seq=seq,
+        task=task.id,
+        substrate=slot.substrate.name,
+        env=slot.env.kind,
+        policy=policy.name,
+        worker=slot.worker,
+        generation=slot.env.generation,
+        outcome=verdict.outcome,
+        cause=verdict.cause,
+        reward=verdict.reward,
+        injected=fault,
+        detail=verdict.detail[:500],
+        t_start=t_start,
+        t_end=time.time(),
+        provision_s=ep.phases.get("provision", 0.0),
+        reset_s=ep.phases.get("reset", 0.0),
+        steps_s=ep.steps,
+        verify_s=ep.phases.get("verify", 0.0),
+        teardown_s=teardown,
+        **(meta or {}),
+    )
+
+
+class _Episode:
+    """The body of one attempt; raises ``InvalidAttempt`` (or a substrate/policy error) on a fault."""
+
+    def __init__(self, slot: Slot, task: Task, policy: Policy, cfg: RolloutConfig,
+                 canaries: CanaryRegistry, rng: random.Random, fault: InvalidCause | None) -> None:
+        self.slot, self.env, self.task, self.policy, self.cfg = slot, slot.env, task, policy, cfg
+        self.canaries, self.rng, self.fault = canaries, rng, fault
+        self.phases: dict[str, float] = {}
+        self.steps: list[float] = []
+        self.token: str | None = None
+        self.deadline = 0.0
+
+    def run(self) -> Verdict:
+        env, fault, cfg = self.env, self.fault, self.cfg
+        self._reset()
+        box = env.box
+        self.token = self.canaries.issue(box.id)
+        plant(box, self.token)
+        if fault is InvalidCause.DIRTY_RESET:
+            box.write_file(f"{box.paths.work}/.stray-from-earlier-attempt", b"left behind\n")
+        gates.check_reset(env, self.task)  # gate 1
+
+        self.deadline = time.monotonic() + cfg.episode_timeout_s
+        if fault is InvalidCause.BAD_OBSERVATION:
+            env.break_observation_channel()
+        obs = env.observe(min(cfg.step_timeout_s, cfg.episode_timeout_s))
+        if obs.timed_out:
+            raise InvalidAttempt(InvalidCause.STEP_TIMEOUT, "the first observation timed out")
+        gates.check_observation(env, obs)  # gate 4
+        self._inject_before_policy()
+
+        self.policy.begin(self.task, self.rng)
+        while True:
+            self._check_deadline()
+            if cfg.think_time_s:
+                time.sleep(min(cfg.think_time_s, max(0.0, self.deadline - time.monotonic())))
+            if fault is InvalidCause.POLICY_UNAVAILABLE:
+                unreachable_endpoint()
+            action = self.policy.act(obs)
+            if action.kind == SUBMIT:
+                break
+            if env.step_count >= cfg.max_steps:
+                raise InvalidAttempt(InvalidCause.EPISODE_TIMEOUT, f"more than {cfg.max_steps} steps")
+            obs = self._step(action)
+
+        if fault is InvalidCause.SUBSTRATE_FAILURE:
+            box.destroy()  # gone behind the rollout's back, as when a host reaps a container
+        t0 = time.monotonic()
+        env.stage_verifier(self.task)
+        if fault is InvalidCause.VERIFIER_UNAVAILABLE:
+            env.break_verifier()
+        done = env.run_verifier(self.task, getattr(self.task, "verify_timeout", 60.0))  # gate 5
+        self.phases["verify"] = time.monotonic() - t0
+
+        if fault is InvalidCause.CONTAMINATION:
+            box.write_file(f"{box.paths.tmp}/from-neighbour", self.canaries.any_other(self.token).encode())
+        gates.check_isolation(env, self.token, self.canaries)  # gate 6
+        return Verdict.success() if done else Verdict.failed()
+
+    def _reset(self) -> None:
+        slot = self.slot
+        strategies = slot.substrate.capabilities.reset_strategies
+        strategy = self.cfg.reset or (
+            ResetStrategy.IN_PLACE if ResetStrategy.IN_PLACE in strategies else ResetStrategy.RECREATE)
+        if slot.sandbox is None:
+            self.phases["provision"] = slot.provision()
+            t0 = time.monotonic()
+        else:
+            t0 = time.monotonic()
+            if strategy is ResetStrategy.IN_PLACE:
+                slot.sandbox.reset_in_place()
+            else:
+                slot.destroy()
+                slot.provision()
+        self.env.reset(self.task)
+        self.phases["reset"] = time.monotonic() - t0
+
+    def _check_deadline(self) -> float:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise InvalidAttempt(InvalidCause.EPISODE_TIMEOUT, f"episode passed {self.cfg.episode_timeout_s:g} s")
+        return remaining
+
+    def _step(self, action: Action) -> Observation:
+        remaining = self._check_deadline()
+        step_limit = self.cfg.step_timeout_s
+        limit, cause = ((step_limit, InvalidCause.STEP_TIMEOUT) if step_limit < remaining
+                        else (remaining, InvalidCause.EPISODE_TIMEOUT))
+        t0 = time.monotonic()
+        obs = self.env.step(action, limit)  # gate 2: a stale generation is refused in here
+        self.steps.append(time.monotonic() - t0)
+        self.slot.last_action = action
+        if obs.timed_out:  # gate 3
+            raise InvalidAttempt(cause, f"step {obs.step} ({action.kind}) ran past {limit:.2f} s")
+        gates.check_observation(self.env, obs)  # gate 4
+        return obs
+
+    def _inject_before_policy(self) -> None:
+        env, fault = self.env, self.fault
+        if fault is InvalidCause.STALE_GENERATION:
+            previous = self.slot.last_action
+            if previous is None or previous.generation == env.generation:
+                previous = Action("shell", env.generation - 1, {"command": "true"})
+            self._step(previous)
+        elif fault is InvalidCause.STEP_TIMEOUT:
+            self._step(Action("shell", env.generation, {"command": "sleep 3600"}))
+        elif fault is InvalidCause.EPISODE_TIMEOUT:
+            pause = f"sleep {self.cfg.step_timeout_s * 0.8:.3f}"
+            while True:
+                self._step(Action("shell", env.generation, {"command": pause}))
+
+
+__all__ = ["Outcome", "RolloutConfig", "Slot", "run_attempt"]

@@ -1,0 +1,1 @@
+"""A tiny calculator used by the engine's own tests."""
