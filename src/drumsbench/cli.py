@@ -263,7 +263,7 @@ def main() -> None:
     try:
         app()
     except DrumsError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
 

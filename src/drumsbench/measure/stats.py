@@ -41,7 +41,9 @@ def wilson(k: int, n: int, conf: float = CONFIDENCE) -> Estimate:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Estimate(value=p, low=max(0.0, centre - half), high=min(1.0, centre + half), n=n, method="wilson")
+    low = 0.0 if k == 0 else max(0.0, centre - half)
+    high = 1.0 if k == n else min(1.0, centre + half)
+    return Estimate(value=p, low=low, high=high, n=n, method="wilson")
 
 
 def quantile(values: Sequence[float] | np.ndarray, q: float, conf: float = CONFIDENCE) -> Estimate:

@@ -19,7 +19,7 @@ from drumsbench.outcome import InvalidCause
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OBS_LIMIT = 16 * 1024
-_WRAP = 'sh -c "$1"; s=$?; {BREAK}printf "\\n%s %d\\n" "$2" "$s"'
+_WRAP = '(eval "$1"); s=$?; {BREAK}printf "\\n%s %d\\n" "$2" "$s"'
 
 
 class CodingEnv(Environment):

@@ -1,0 +1,144 @@
+"""The command line as a user meets it: runs, reports, bad input, kill -9 and resume, gc."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drumsbench.outcome import InvalidCause
+from helpers import MINI, ROOT, cli
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+
+
+def _one_line_error(proc, needle):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in proc.stderr
+    assert needle in lines[-1], proc.stderr
+    return lines[-1]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--substrate", "nosuch"], "unknown substrate 'nosuch'"),
+    (["--duration", "-5s"], "--duration"),
+    (["--duration", "soon"], "not a duration"),
+    (["--inject", "stale_generation"], "--inject"),
+    (["--inject", "bogus=0.1"], "unknown cause 'bogus'"),
+    (["--policy", "genius"], "unknown policy 'genius'"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--step-timeout", "10s", "--episode-timeout", "5s"], "--episode-timeout"),
+    (["--tasks", "/nonexistent/suite"], "--tasks"),
+])
+def test_bad_input_one_line_exit_2(args, needle, tmp_path, env):
+    proc = cli("run", "--tasks", MINI, "--out", str(tmp_path / "runs"), "--duration", "2s", *args, env=env)
+    _one_line_error(proc, needle)
+    # nothing half-written: a rejected run leaves no run in the ledger
+    ledger = tmp_path / "runs" / "ledger.sqlite"
+    if ledger.exists():
+        assert sqlite3.connect(ledger).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+def test_malformed_task_toml_and_unwritable_out(tmp_path, env):
+    suite = tmp_path / "suite"
+    subprocess.run(["cp", "-r", MINI, str(suite)], check=True)
+    (suite / "add-sign" / "task.toml").write_text("id = [unclosed\n")
+    _one_line_error(cli("run", "--tasks", str(suite), "--out", str(tmp_path / "r"), env=env), "not valid TOML")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _one_line_error(cli("run", "--tasks", MINI, "--out", str(blocker / "sub"), env=env), "--out")
+    _one_line_error(cli("report", "nosuchrun", "--out", str(tmp_path / "empty"), env=env), "no ledger")
+
+
+def test_injection_over_400_attempts(tmp_path, env):
+    """5 % of each cause: every injected attempt is invalid with that cause, no other attempt is invalid."""
+    inject = ",".join(f"{c.value}=0.05" for c in InvalidCause)
+    out = tmp_path / "runs"
+    proc = cli("run", "--tasks", "coding", "--policy", "noisy", "--concurrency", "2", "--attempts", "400",
+               "--duration", "20m", "--step-timeout", "1s", "--episode-timeout", "2.5s", "--inject", inject,
+               "--out", str(out), "--json", str(tmp_path / "r.json"), "--no-progress", env=env, check=True)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["schema"] == "drumsbench.run-report/1"
+    assert report["attempts"] == 400
+    assert report["invalid_not_injected"] == 0, proc.stdout
+    for cause in InvalidCause:
+        assert report["injected"][cause.value] > 0, f"no {cause} drawn in 400 attempts"
+        assert report["injected_caught"][cause.value] == report["injected"][cause.value], cause
+        assert report["invalid"][cause.value] == report["injected"][cause.value], cause
+    assert report["invalid_total"] == sum(report["injected"].values())
+    assert report["valid"] == report["success"] + report["failed"] == 400 - report["invalid_total"]
+    assert report["isolation_confirmed"] is True
+    # the ledger agrees attempt by attempt
+    db = sqlite3.connect(out / "ledger.sqlite")
+    rows = db.execute("SELECT injected, outcome, cause, reward FROM attempts").fetchall()
+    assert all((inj is None) == (outcome != "invalid") for inj, outcome, _, _ in rows)
+    assert all(cause == inj and reward is None for inj, outcome, cause, reward in rows if inj)
+    # the report can be rebuilt from the ledger alone and says the same
+    rebuilt = cli("report", report["run_id"], "--out", str(out), "--json", str(tmp_path / "again.json"),
+                  env=env, check=True)
+    again = json.loads((tmp_path / "again.json").read_text())
+    for key in ("attempts", "valid", "invalid", "injected", "success", "failed", "host_seconds"):
+        assert again[key] == report[key], key
+    assert "stale_generation" in rebuilt.stdout
+
+
+def _count(ledger: Path) -> int:
+    try:
+        return sqlite3.connect(ledger, timeout=5).execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_kill_9_then_gc_then_resume(tmp_path, env):
+    out = tmp_path / "runs"
+    ledger = out / "ledger.sqlite"
+    full_env = {**os.environ, **env}
+    proc = subprocess.Popen([sys.executable, "-m", "drumsbench.cli", "run", "--tasks", "coding", "--policy", "noisy",
+                             "--concurrency", "2", "--attempts", "150", "--duration", "10m", "--out", str(out),
+                             "--no-progress"], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while _count(ledger) < 40 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    db = sqlite3.connect(ledger)
+    before = db.execute("SELECT seq, outcome, t_end FROM attempts ORDER BY seq").fetchall()
+    run_id = db.execute("SELECT run_id FROM runs").fetchone()[0]
+    assert len(before) >= 40 and db.execute("SELECT status FROM runs").fetchone()[0] == "running"
+
+    # the killed run left sandbox folders; gc removes them
+    sandboxes = Path(env["DRUMSBENCH_STATE"]) / "sandboxes" / run_id
+    assert sandboxes.exists() and any(sandboxes.iterdir())
+    gc = cli("gc", env=env, check=True)
+    assert "1 dead run" in gc.stdout
+    assert not sandboxes.exists()
+
+    cli("run", "--resume", run_id, "--out", str(out), "--no-progress", env=env, check=True)
+    after = sqlite3.connect(ledger).execute("SELECT seq, outcome, t_end FROM attempts ORDER BY seq").fetchall()
+    assert set(before) <= set(after), "an attempt recorded before the kill was lost or changed"
+    seqs = [r[0] for r in after]
+    assert len(seqs) == len(set(seqs)) == 150
+    rep = cli("report", run_id, "--out", str(out), "--json", str(tmp_path / "r.json"), env=env, check=True)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["attempts"] == 150 and data["segments"] == 2 and data["status"] == "complete"
+    assert rep.returncode == 0
+    again = cli("run", "--resume", run_id, "--out", str(out), env=env)
+    assert again.returncode == 2 and "already complete" in again.stderr
+
+
+def test_default_run_is_short_and_reports(tmp_path, env):
+    proc = cli("run", "--duration", "3s", "--out", str(tmp_path / "runs"), env=env, check=True)
+    for needle in ("valid rollouts per", "USD per valid rollout", "positive", "policy_unavailable", "p95"):
+        assert needle in proc.stdout, needle

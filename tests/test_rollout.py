@@ -1,0 +1,118 @@
+"""Controls and gates on every substrate: oracle succeeds, null fails, each injected fault is caught
+with its own cause, and nothing else is ever invalid."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import require
+from drumsbench.envs.coding.task import load_suite
+from drumsbench.isolation import CanaryRegistry, positive_control
+from drumsbench.outcome import InvalidCause, Outcome
+from drumsbench.policies.scripted import make_policy
+from drumsbench.rollout import RolloutConfig, run_attempt
+from drumsbench.substrates import registry
+from drumsbench.substrates.base import ResetStrategy
+from helpers import MINI, slot_on
+
+FAST = RolloutConfig(step_timeout_s=1.0, episode_timeout_s=2.5)
+
+
+@pytest.fixture(params=registry.names())
+def substrate_name(request):
+    require(registry.get(request.param).missing())
+    return request.param
+
+
+@pytest.mark.parametrize("policy,expected", [("oracle", Outcome.SUCCESS), ("null", Outcome.FAILED)])
+def test_controls_on_every_builtin_task(substrate_name, policy, expected, state_dir, run_id):
+    slot = slot_on(substrate_name, run_id, state_dir)
+    canaries = CanaryRegistry()
+    cfg = RolloutConfig(step_timeout_s=30, episode_timeout_s=120)
+    try:
+        outcomes = {}
+        for i, task in enumerate(load_suite("coding")):
+            rec = run_attempt(slot, task, make_policy(policy), cfg, canaries, run_id=run_id, seq=i, seed=0)
+            outcomes[task.id] = (rec.outcome, rec.detail)
+    finally:
+        slot.destroy()
+    wrong = {t: o for t, o in outcomes.items() if o[0] is not expected}
+    assert not wrong, f"{policy} on {substrate_name}: {wrong}"
+    assert not slot.substrate.leftovers()
+
+
+def test_noisy_gives_both_valid_outcomes(state_dir, run_id):
+    slot = slot_on("process", run_id, state_dir)
+    task = load_suite("coding")[0]
+    seen = set()
+    try:
+        for seq in range(12):
+            rec = run_attempt(slot, task, make_policy("noisy", noisy_p=0.5), FAST, CanaryRegistry(),
+                              run_id=run_id, seq=seq, seed=1)
+            seen.add(rec.outcome)
+    finally:
+        slot.destroy()
+    assert seen == {Outcome.SUCCESS, Outcome.FAILED}
+
+
+@pytest.mark.parametrize("cause", list(InvalidCause), ids=lambda c: c.value)
+def test_each_fault_is_caught_with_its_cause(substrate_name, cause, state_dir, run_id):
+    slot = slot_on(substrate_name, run_id, state_dir)
+    task = load_suite(MINI)[0]
+    canaries = CanaryRegistry()
+    try:
+        before = run_attempt(slot, task, make_policy("oracle"), FAST, canaries, run_id=run_id, seq=0, seed=0)
+        rec = run_attempt(slot, task, make_policy("oracle"), FAST, canaries, run_id=run_id, seq=1, seed=0,
+                          fault=cause)
+        after = run_attempt(slot, task, make_policy("oracle"), FAST, canaries, run_id=run_id, seq=2, seed=0)
+    finally:
+        slot.destroy()
+    assert before.outcome is Outcome.SUCCESS, before.detail
+    assert rec.outcome is Outcome.INVALID and rec.reward is None
+    assert rec.cause is cause, f"injected {cause}, got {rec.cause}: {rec.detail}"
+    assert rec.injected is cause
+    # the slot recovers: the next attempt is clean (a destroyed sandbox was replaced, not reused)
+    assert after.outcome is Outcome.SUCCESS, after.detail
+
+
+def test_timeouts_destroy_the_sandbox(state_dir, run_id):
+    slot = slot_on("process", run_id, state_dir)
+    task = load_suite(MINI)[0]
+    try:
+        run_attempt(slot, task, make_policy("oracle"), FAST, CanaryRegistry(), run_id=run_id, seq=0, seed=0)
+        first = slot.sandbox
+        rec = run_attempt(slot, task, make_policy("oracle"), FAST, CanaryRegistry(), run_id=run_id, seq=1, seed=0,
+                          fault=InvalidCause.STEP_TIMEOUT)
+        assert rec.cause is InvalidCause.STEP_TIMEOUT
+        assert slot.sandbox is None and first is not None
+        with pytest.raises(Exception, match="destroyed"):
+            first.exec("true", timeout=1)
+    finally:
+        slot.destroy()
+
+
+@pytest.mark.parametrize("strategy", list(ResetStrategy))
+def test_reset_strategies_both_verify(strategy, state_dir, run_id):
+    slot = slot_on("process", run_id, state_dir)
+    cfg = RolloutConfig(step_timeout_s=5, episode_timeout_s=20, reset=strategy)
+    task = load_suite(MINI)[0]
+    try:
+        recs = [run_attempt(slot, task, make_policy("oracle"), cfg, CanaryRegistry(), run_id=run_id, seq=i, seed=0)
+                for i in range(3)]
+    finally:
+        slot.destroy()
+    assert [r.outcome for r in recs] == [Outcome.SUCCESS] * 3
+    assert recs[0].provision_s > 0 and recs[1].provision_s == 0
+
+
+def test_positive_control_fires_and_a_blind_detector_does_not(substrate_name, state_dir, run_id):
+    cls = registry.get(substrate_name)
+    assert positive_control(cls(run_id, state_dir)).fired
+
+    class Blind(cls):  # a substrate whose canary scan sees nothing: the control must say so
+        def create(self):
+            box = super().create()
+            box.scan = lambda folders, tokens: set()
+            return box
+
+    assert not positive_control(Blind(run_id, state_dir)).fired
