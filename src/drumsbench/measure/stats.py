@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from statistics import NormalDist
+
 import numpy as np
 from pydantic import BaseModel
-from scipy import stats
 
 CONFIDENCE = 0.95
 
@@ -36,7 +37,7 @@ class Estimate(BaseModel, frozen=True):
 def wilson(k: int, n: int, conf: float = CONFIDENCE) -> Estimate:
     if n == 0:
         return Estimate(value=None, low=None, high=None, n=0, method="wilson")
-    z = stats.norm.ppf(0.5 + conf / 2)
+    z = NormalDist().inv_cdf(0.5 + conf / 2)
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
@@ -47,6 +48,8 @@ def wilson(k: int, n: int, conf: float = CONFIDENCE) -> Estimate:
 
 
 def quantile(values: Sequence[float] | np.ndarray, q: float, conf: float = CONFIDENCE) -> Estimate:
+    from scipy import stats  # imported here: scipy.stats costs about a second at start-up
+
     x = np.sort(np.asarray(values, dtype=float))
     n = len(x)
     if n == 0:
@@ -75,6 +78,8 @@ def rate_per_hour(event_times: Sequence[float], span_s: float, bins: int = 20, s
         low, high = np.quantile(means, [(1 - conf) / 2, 1 - (1 - conf) / 2])
         return Estimate(value=value, low=float(min(low, value)), high=float(max(high, value)), n=n,
                         method=f"bootstrap over {nbins} time bins")
+    from scipy import stats
+
     a = (1 - conf) / 2
     low = stats.chi2.ppf(a, 2 * n) / 2 if n > 0 else 0.0
     high = stats.chi2.ppf(1 - a, 2 * n + 2) / 2
