@@ -19,7 +19,10 @@ from drumsbench.outcome import InvalidCause
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OBS_LIMIT = 16 * 1024
-_WRAP = '(eval "$1"); s=$?; {BREAK}printf "\\n%s %d\\n" "$2" "$s"'
+# The end marker is printed by an EXIT trap, so it follows the command even when the command
+# calls `exit`, at no extra fork. A command that replaces the shell (`exec prog`) loses it and is
+# reported as a bad observation: invalid, never reward 0.
+_WRAP = 'trap \'s=$?; {BREAK}printf "\\n%s %d\\n" "$2" "$s"\' EXIT; eval "$1"'
 
 
 class CodingEnv(Environment):
