@@ -37,7 +37,9 @@ class IntervalTest(unittest.TestCase):
         self.assertIsNone(a.intersection(Interval(at(13), at(14))))
 
     def test_merge_overlapping(self):
-        merged = merge([Interval(at(13), at(14)), Interval(at(9), at(11)), Interval(at(10), at(12))])
+        merged = merge(
+            [Interval(at(13), at(14)), Interval(at(9), at(11)), Interval(at(10), at(12))]
+        )
         self.assertEqual(merged, [Interval(at(9), at(12)), Interval(at(13), at(14))])
 
     def test_gaps(self):

@@ -96,7 +96,8 @@ class Invoice:
         discount: Decimal | int | str = ZERO,
     ) -> LineItem:
         """Append a new line item and return it."""
-        item = LineItem(description, quantity, unit_price, tax_rate, discount)  # type: ignore[arg-type]
+        # LineItem converts str and int amounts to Decimal (and refuses floats).
+        item = LineItem(description, quantity, unit_price, tax_rate, discount)  # type: ignore
         self.items.append(item)
         return item
 
