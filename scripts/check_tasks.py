@@ -158,8 +158,9 @@ def git_apply(patch: Path, work: Path) -> str | None:
         )
         if proc.returncode != 0:
             return f"{patch.name} does not apply: {proc.stderr.strip().splitlines()[-1:]}"
-        if re.search(r"offset|fuzz", proc.stdout + proc.stderr):
-            return f"{patch.name} applies only with an offset: {proc.stderr.strip()}"
+        hunks = re.findall(r"Hunk #\d+ succeeded at .*", proc.stdout + proc.stderr)
+        if hunks:
+            return f"{patch.name} applies only with an offset: {' '.join(hunks)}"
     return None
 
 
@@ -233,6 +234,9 @@ def load_task(task_dir: Path, report: Report) -> dict[str, Any] | None:
         report.problem("wrong_patches is empty")
     if not data["hidden_tests"]:
         report.problem("hidden_tests is empty")
+    for key in data.get("verify", {}):
+        if key != "timeout_s":
+            report.problem(f"task.toml: unknown key verify.{key}")
     timeout = data.get("verify", {}).get("timeout_s", 60)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         report.problem("verify.timeout_s must be a positive number")
@@ -292,7 +296,7 @@ def check_task(task_dir: Path, scratch: Path) -> Report:
     start_run = run_hidden(start, hidden, scratch, timeout)
     if start_run.verdict != "FAIL":
         report.problem(f"hidden tests {start_run.verdict} on the start state (want FAIL)", start_run)
-    if start_run.ran and not MIN_TESTS <= start_run.ran <= MAX_TESTS:
+    if start_run.verdict == "FAIL" and not MIN_TESTS <= start_run.ran <= MAX_TESTS:
         report.problem(f"hidden tests hold {start_run.ran} tests (want {MIN_TESTS}-{MAX_TESTS})")
     visible = run_visible(start, 60)
     if visible.verdict != "PASS":
