@@ -108,14 +108,14 @@ def run(
             raise _validation(e, flags) from None
         run_id = new_run_id()
         # Validate everything that can be wrong before the ledger records a run.
-        from drumsbench.envs.coding.task import load_suite
+        from drumsbench.envs import suites
         from drumsbench.experiments.run import make_substrate
         from drumsbench.faults import FaultPlan
         from drumsbench.policies.scripted import make_policy
 
         FaultPlan.parse(cfg.inject)
         make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)
-        load_suite(cfg.tasks)
+        suites.load(cfg.tasks)
         make_substrate(cfg.substrate, run_id)
         ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
 
@@ -244,9 +244,9 @@ def conformance(substrate: Annotated[str, typer.Option(help="Substrate to check.
 @tasks_app.command("list")
 def tasks_list(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
     """List a suite's tasks."""
-    from drumsbench.envs.coding.task import load_suite
+    from drumsbench.envs import suites
 
-    for t in load_suite(suite):
+    for t in suites.load(suite).tasks:
         console.print(f"{t.id:36} {t.description.splitlines()[0][:80]}")
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, model_validator
 
 from drumsbench import state
-from drumsbench.envs.coding.env import CodingEnv
-from drumsbench.envs.coding.task import load_suite
+from drumsbench.envs import suites
 from drumsbench.errors import UsageError
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
@@ -100,7 +99,7 @@ class Progress:
 def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
             on_progress: Callable[[Progress], None] | None = None) -> tuple[str, Progress]:
     """Run (or continue) ``run_id`` until its end; returns (final status, progress counts)."""
-    tasks = load_suite(cfg.tasks)
+    suite = suites.load(cfg.tasks)
     faults = FaultPlan.parse(cfg.inject, seed=cfg.seed)
     make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)  # validate before anything starts
     substrate = make_substrate(cfg.substrate, run_id)
@@ -122,9 +121,9 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         ledger.record_control(run_id, cfg.window, "isolation", control.fired, control.detail)
         deadline = None if duration_left is None else time.monotonic() + duration_left
         max_seq = None if attempts_left is None else first_seq + attempts_left
-        job = Job(run_id=run_id, tasks=list(tasks),
+        job = Job(run_id=run_id, tasks=list(suite.tasks),
                   make_policy=lambda: make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps),
-                  make_env=CodingEnv, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
+                  make_env=suite.make_env, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
                   first_seq=first_seq, max_seq=max_seq, deadline=deadline,
                   meta={"window": cfg.window})
         executor = LocalExecutor(cfg.concurrency)
