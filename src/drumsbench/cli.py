@@ -95,7 +95,7 @@ def run(
                 episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
                 think_time_s=0.0 if think_time.strip() in ("0", "0s") else parse_duration(think_time, "--think-time"),
                 reset=None if reset == "auto" else ResetStrategy(reset))
-            extra = {}
+            extra: dict[str, object] = {}
             if concurrency is not None:
                 extra["concurrency"] = concurrency
             if usd_per_host_hour is not None:

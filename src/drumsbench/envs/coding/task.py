@@ -42,7 +42,7 @@ class TaskSpec(BaseModel):
     wrong_patches: list[str] = Field(min_length=1)
     hidden_tests: list[str] = Field(min_length=1)
     start_fingerprint: str
-    verify: VerifySpec = VerifySpec()
+    verify: VerifySpec = Field(default_factory=VerifySpec)
 
     @field_validator("id")
     @classmethod
@@ -191,7 +191,8 @@ def _load_suite_cached(resolved: str) -> tuple[CodingTask, ...]:
     seen: dict[str, Path] = {}
     for t in tasks:
         if t.id in seen:
-            raise UsageError(f"{t.folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; ids must be unique")
+            raise UsageError(f"{t.folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; "
+                             "ids must be unique")
         seen[t.id] = t.folder
     return tuple(sorted(tasks, key=lambda t: t.id))
 
