@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from drumsbench import commands_sweep as cs
 from drumsbench.errors import DrumsError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -63,6 +64,7 @@ def run(
     reset: Annotated[str, typer.Option(help="auto, in_place or recreate.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for policies and fault draws.")] = 0,
     usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
+    price: cs.PriceOpt = None,
     out: Annotated[Path, typer.Option(help="Folder of the ledger and reports.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this run id from the ledger in --out.")] = None,
@@ -98,6 +100,8 @@ def run(
             extra: dict[str, object] = {}
             if concurrency is not None:
                 extra["concurrency"] = concurrency
+            if price:
+                extra["price"] = cs.run_price(price)
             if usd_per_host_hour is not None:
                 extra["price"] = HostPrice(name="given", usd_per_host_hour=usd_per_host_hour,
                                            note="given with --usd-per-host-hour")
@@ -118,6 +122,7 @@ def run(
         suites.load(cfg.tasks)
         make_substrate(cfg.substrate, run_id)
         ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+        cs.remember_prices(ledger, run_id, price)
 
     err.print(f"run {run_id}: {cfg.substrate}, {cfg.tasks}, policy {cfg.policy}, concurrency {cfg.concurrency}, "
               f"ledger {ledger.path}")
@@ -141,19 +146,21 @@ def run(
     finally:
         if live is not None:
             live.stop()
-    _report(ledger, run_id, out, json_path)
+    _report(ledger, run_id, out, json_path, price)
     if status == "interrupted":
         err.print(f"interrupted: continue with `drumsbench run --resume {run_id} --out {out}`")
         raise typer.Exit(130)
 
 
-def _report(ledger, run_id: str, out: Path, json_path: Path | None) -> None:
+def _report(ledger, run_id: str, out: Path, json_path: Path | None, price: list[Path] | None = None) -> None:
     from drumsbench.measure.summary import build
     from drumsbench.report.terminal import print_report
 
+    if ledger.run(run_id)["kind"] == "sweep":
+        return cs.sweep_report(ledger, run_id, out, json_path, price)
     report = build(ledger, run_id)
     print_report(report, console)
-    data = json.dumps(report.dump(), indent=2)
+    data = json.dumps(cs.run_costs(ledger, run_id, report, price, report.dump()), indent=2)
     folder = out / run_id
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.json").write_text(data)
@@ -170,6 +177,7 @@ def report(
     run_id: Annotated[str, typer.Argument(help="Run id (see the ledger).")],
     out: Annotated[Path, typer.Option(help="Folder of the ledger.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
+    price: cs.PriceOpt = None,
 ) -> None:
     """Rebuild a run's report from the ledger alone."""
     from drumsbench.experiments.run import ledger_path
@@ -177,7 +185,7 @@ def report(
 
     if not ledger_path(out).exists():
         raise UsageError(f"--out: no ledger at {ledger_path(out)}; give the folder a run wrote to")
-    _report(Ledger(ledger_path(out)), run_id, out, json_path)
+    _report(Ledger(ledger_path(out)), run_id, out, json_path, price)
 
 
 @app.command()
@@ -257,6 +265,9 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
 
     for task_id, fp in compute_fingerprints(suite).items():
         console.print(f"{task_id} {fp}")
+
+
+cs.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,194 @@
+"""Worker-hours for N trajectories of S steps, from measured phase times.
+
+The form used by the substrate-comparison literature::
+
+    worker_hours = (cold_start + steps x per_step_overhead + verify) x trajectories / 3600
+
+with each term measured from the ledger's phase timings of valid attempts on one substrate:
+
+- ``cold_start`` — the start cost of a trajectory *as the substrate ran it*: provision + reset per
+  attempt (with an in-place reset the sandbox's creation is spread over the attempts that reused
+  it; with ``recreate`` every reset creates a fresh sandbox). The sandbox creation time alone
+  (``provision``) and the reset alone are shown beside it;
+- ``per_step_overhead`` — mean seconds per environment step (all steps of all attempts);
+- ``verify`` — mean verifier time.
+
+Attempt time outside those phases (gates: fingerprint check, first observation, canary plant and
+scan; policy; teardown) is ``harness``; the *full* projection adds it. Intervals: percentile
+bootstrap over attempts (2,000 resamples), all terms resampled together, so the interval of the sum
+keeps their correlation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from drumsbench.measure.stats import CONFIDENCE, Estimate
+
+PROJECTION_SCHEMA = "drumsbench.projection/1"
+BOOTSTRAP = 2000
+
+# ledger columns a projection reads, in this order
+COLUMNS = ("outcome", "provision_s", "reset_s", "steps_s", "verify_s", "teardown_s", "t_start", "t_end")
+
+
+class Terms(BaseModel):
+    """Measured per-trajectory terms of one substrate configuration (seconds)."""
+
+    n: int
+    mean_steps: float
+    provision: Estimate  # sandbox creation, over the attempts that created one
+    reset: Estimate
+    cold_start: Estimate  # provision + reset per attempt: the formula's cold-start term
+    per_step: Estimate
+    verify: Estimate
+    harness: Estimate
+    attempt: Estimate  # measured whole attempt
+    method: str = f"percentile bootstrap over attempts, {BOOTSTRAP} resamples"
+
+
+class Check(BaseModel):
+    n: int
+    mean_steps: float
+    measured_s: Estimate
+    projected_s: Estimate  # the literature form at the measured mean step count
+    projected_full_s: Estimate
+    error: float  # projected / measured - 1
+    error_full: float
+    tolerance: float
+    within: bool  # |error| <= tolerance
+
+
+class Projection(BaseModel):
+    label: str
+    substrate: str
+    reset: str
+    concurrency: int
+    source: list[str]
+    terms: Terms
+    trajectories: int
+    steps: int
+    per_trajectory_s: Estimate
+    per_trajectory_full_s: Estimate
+    worker_hours: Estimate
+    worker_hours_full: Estimate
+    check: Check | None = None
+
+
+class _Arrays:
+    def __init__(self, rows: Sequence[Sequence[Any]]) -> None:
+        valid = [r for r in rows if r[0] != "invalid"]
+        self.n = len(valid)
+        self.provision = np.array([r[1] for r in valid], dtype=float)
+        self.reset = np.array([r[2] for r in valid], dtype=float)
+        steps = [json.loads(r[3]) if isinstance(r[3], str) else list(r[3]) for r in valid]
+        self.step_sum = np.array([sum(s) for s in steps], dtype=float)
+        self.step_n = np.array([len(s) for s in steps], dtype=float)
+        self.verify = np.array([r[4] for r in valid], dtype=float)
+        self.teardown = np.array([r[5] for r in valid], dtype=float)
+        self.attempt = np.array([r[7] - r[6] for r in valid], dtype=float)
+        self.start = self.provision + self.reset
+        self.harness = np.maximum(0.0, self.attempt - self.start - self.step_sum - self.verify)
+
+
+def _est(point: float, boot: np.ndarray, n: int, method: str) -> Estimate:
+    a = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(boot, [a, 1 - a]) if len(boot) else (point, point)
+    return Estimate(value=float(point), low=float(min(lo, point)), high=float(max(hi, point)), n=n, method=method)
+
+
+def _none(n: int = 0) -> Estimate:
+    return Estimate(value=None, low=None, high=None, n=n, method="no data")
+
+
+def _idx(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(BOOTSTRAP, n))
+
+
+def _mean(x: np.ndarray, idx: np.ndarray, method: str) -> Estimate:
+    if len(x) == 0:
+        return _none()
+    return _est(float(x.mean()), x[idx].mean(axis=1), len(x), method)
+
+
+def measure_terms(rows: Sequence[Sequence[Any]], seed: int = 0) -> Terms | None:
+    """Terms from ledger rows (``COLUMNS``); None when no valid attempt."""
+    a = _Arrays(rows)
+    if a.n == 0:
+        return None
+    idx = _idx(a.n, seed)
+    m = "bootstrap mean"
+    created = a.provision[a.provision > 0]
+    provision = _mean(created, _idx(len(created), seed + 1), m) if len(created) else _none()
+    steps_total = a.step_n.sum()
+    if steps_total > 0:
+        boot_n = a.step_n[idx].sum(axis=1)
+        boot = a.step_sum[idx].sum(axis=1) / np.maximum(boot_n, 1)
+        per_step = _est(float(a.step_sum.sum() / steps_total), boot, int(steps_total), "bootstrap ratio of sums")
+    else:
+        per_step = Estimate(value=0.0, low=0.0, high=0.0, n=0, method="no steps")
+    return Terms(n=a.n, mean_steps=float(a.step_n.mean()), provision=provision, reset=_mean(a.reset, idx, m),
+                 cold_start=_mean(a.start, idx, m), per_step=per_step, verify=_mean(a.verify, idx, m),
+                 harness=_mean(a.harness, idx, m), attempt=_mean(a.attempt, idx, m))
+
+
+def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed: int = 0) -> Estimate:
+    """Projected seconds per trajectory of ``steps`` steps, bootstrap over attempts."""
+    a = _Arrays(rows)
+    if a.n == 0:
+        return _none()
+    idx = _idx(a.n, seed)
+
+    def form(start: np.ndarray, step_sum: np.ndarray, step_n: np.ndarray, verify: np.ndarray,
+             harness: np.ndarray, axis: int | None) -> np.ndarray | float:
+        per = step_sum.sum(axis=axis) / np.maximum(step_n.sum(axis=axis), 1)
+        out = start.mean(axis=axis) + steps * per + verify.mean(axis=axis)
+        return out + harness.mean(axis=axis) if full else out
+
+    point = float(form(a.start, a.step_sum, a.step_n, a.verify, a.harness, None))
+    boot = np.asarray(form(a.start[idx], a.step_sum[idx], a.step_n[idx], a.verify[idx], a.harness[idx], 1))
+    what = "cold_start + steps x per_step + verify" + (" + harness" if full else "")
+    return _est(point, boot, a.n, f"{what}; bootstrap over attempts")
+
+
+def _hours(e: Estimate, trajectories: int) -> Estimate:
+    if e.value is None:
+        return e
+    f = trajectories / 3600
+    return e.model_copy(update={"value": e.value * f, "low": (e.low or 0) * f, "high": (e.high or 0) * f,
+                                "method": e.method + f"; x {trajectories} / 3600"})
+
+
+def project(label: str, substrate: str, reset: str, concurrency: int, source: list[str],
+            rows: Sequence[Sequence[Any]], trajectories: int, steps: int, seed: int = 0) -> Projection | None:
+    terms = measure_terms(rows, seed)
+    if terms is None:
+        return None
+    lit = per_trajectory(rows, steps, full=False, seed=seed)
+    full = per_trajectory(rows, steps, full=True, seed=seed)
+    return Projection(label=label, substrate=substrate, reset=reset, concurrency=concurrency, source=source,
+                      terms=terms, trajectories=trajectories, steps=steps, per_trajectory_s=lit,
+                      per_trajectory_full_s=full, worker_hours=_hours(lit, trajectories),
+                      worker_hours_full=_hours(full, trajectories))
+
+
+def check(p: Projection, calib_rows: Sequence[Sequence[Any]], real_rows: Sequence[Sequence[Any]],
+          tolerance: float, seed: int = 0) -> Check | None:
+    """Compare the projection (at the real runs' mean step count) with the real runs' time per trajectory."""
+    real = _Arrays(real_rows)
+    if real.n == 0:
+        return None
+    steps = float(real.step_n.mean())
+    measured = _mean(real.attempt, _idx(real.n, seed + 2), "bootstrap mean of real trajectories")
+    lit = per_trajectory(calib_rows, steps, full=False, seed=seed)
+    full = per_trajectory(calib_rows, steps, full=True, seed=seed)
+    mv = measured.value or float("nan")
+    err = (lit.value or 0) / mv - 1
+    err_full = (full.value or 0) / mv - 1
+    return Check(n=real.n, mean_steps=steps, measured_s=measured, projected_s=lit, projected_full_s=full,
+                 error=err, error_full=err_full, tolerance=tolerance, within=abs(err) <= tolerance)
