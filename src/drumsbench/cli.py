@@ -156,6 +156,7 @@ def _report(ledger, run_id: str, out: Path, json_path: Path | None, price: list[
     from drumsbench.measure.summary import build
     from drumsbench.report.terminal import print_report
 
+    cs.load_price_files(price)  # a bad price file is a usage error before anything else
     if ledger.run(run_id)["kind"] == "sweep":
         return cs.sweep_report(ledger, run_id, out, json_path, price)
     report = build(ledger, run_id)

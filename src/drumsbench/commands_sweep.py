@@ -100,7 +100,7 @@ def run_costs(ledger: Ledger, run_id: str, report: Any, paths: list[Path] | None
     hosts = [h for f in files for h in f.hosts()]
     figures = host_figures(hosts, report.valid_per_host_hour, report.host_seconds / 3600)
     use = usage(ledger, run_id)
-    attributions = [attribute(h, files[0].attribution, use, scope="the whole run") for h in hosts]
+    attributions = [attribute(h, f.attribution, use, scope="the whole run") for f in files for h in f.hosts()]
     from rich.console import Group
 
     console.print(Group(*cost_group(figures, attributions, f"inference: {report.inference_cost}")))

@@ -247,14 +247,16 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
 
     if prices is None:
         prices = cfg.prices
-    hosts: list[HostPrice] = [h for p in prices for h in p.hosts()] or [cfg.base.price or DEFAULT_PRICE]
-    inputs = next((p.attribution for p in prices), AttributionInputs())
+    priced: list[tuple[HostPrice, AttributionInputs]] = [(h, p.attribution) for p in prices for h in p.hosts()]
+    if not priced:
+        priced = [(cfg.base.price or DEFAULT_PRICE, AttributionInputs())]
+    hosts = [h for h, _ in priced]
     host_s = sum(max(0.0, e - s) for s, e, _ in ledger.segments(run_id))
     figures = host_figures(hosts, rate, host_s / 3600)
     attribution = []
     if counted:
         use = usage(ledger, run_id, [v.label for v in counted])
-        for h in hosts:
+        for h, inputs in priced:
             attribution.append(attribute(h, inputs, use, scope=f"confirmed windows at N_max={n_max}: "
                                          + ", ".join(v.label for v in counted)))
     machine = run["machine"]
