@@ -169,7 +169,7 @@ def sweep(
             reset=None if reset == "auto" else ResetStrategy(reset))
         extra = {"price": prices[0].hosts()[0]} if prices else {}
         base = RunConfig(substrate=substrate, tasks=tasks, policy=policy, noisy_p=noisy_p,
-                         explorer_steps=explorer_steps, concurrency=levels[0], duration_s=window_s, inject=inject,
+                         explorer_steps=explorer_steps, concurrency=1, duration_s=window_s, inject=inject,
                          seed=seed, rollout=rollout, **extra)
         cfg = SweepConfig(base=base, concurrency=levels, window_s=window_s, soak_s=soak_s, burst_s=burst_s,
                           burst_concurrency=burst_concurrency, invalid_threshold=invalid_threshold,
