@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, cli
 
 from drumsbench.errors import UsageError
 from drumsbench.measure.cost import (
@@ -23,7 +24,6 @@ from drumsbench.measure.cost import (
 )
 from drumsbench.measure.stats import Estimate
 from drumsbench.measure.windows import Usage
-from helpers import ROOT, cli
 
 EXAMPLES = ROOT / "examples" / "prices"
 RATE = Estimate(value=1000.0, low=800.0, high=1250.0, n=500, method="test")
@@ -181,7 +181,7 @@ def test_run_with_price_files_reports_each_host(tmp_path):
     out = tmp_path / "runs"
     prices = [str(EXAMPLES / f) for f in ("owned-server.toml", "on-demand.toml", "eur-instance.toml")]
     proc = cli("run", "--duration", "2s", "--concurrency", "2", "--out", str(out), "--json", str(tmp_path / "r.json"),
-               "--no-progress", *sum((["--price", p] for p in prices), []), env=env, check=True)
+               "--no-progress", *[a for p in prices for a in ("--price", p)], env=env, check=True)
     data = json.loads((tmp_path / "r.json").read_text())
     figures = data["costs"]["prices"]
     assert [f["kind"] for f in figures] == ["owned", "cloud", "cloud_eur"]

@@ -6,12 +6,12 @@ import json
 import sqlite3
 
 import pytest
+from helpers import MINI, ROOT, cli
 
 from drumsbench.ledger import Ledger
 from drumsbench.measure.windows import Criteria, judge, pooled_rate
 from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.records import AttemptRecord
-from helpers import MINI, ROOT, cli
 
 CHECKS = ["full_length", "invalid_rate", "isolation_control", "stable"]
 
@@ -40,7 +40,8 @@ def _window(db: Ledger, label: str, ends: list[float], invalid: tuple[int, ...] 
             cause=InvalidCause.STALE_GENERATION if bad else None, reward=None if bad else 1.0,
             t_start=start + t - 0.5, t_end=start + t))
     end = start + (ran if ran is not None else planned + 0.2)
-    db.db.execute("UPDATE segments SET started = ?, ended = ? WHERE run_id = ? AND seg = ?", (start - 0.1, end, run_id, seg))
+    db.db.execute("UPDATE segments SET started = ?, ended = ? WHERE run_id = ? AND seg = ?",
+                  (start - 0.1, end, run_id, seg))
     db.put_artifact(run_id, "window", label, {"concurrency": n, "planned_s": planned, "work_started": start,
                                               "ended": end, "interrupted": interrupted,
                                               "resources": {"cpu_busy": {"mean": 0.5, "max": 0.9}}})

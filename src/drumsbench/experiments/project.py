@@ -6,8 +6,9 @@ trajectories (``calibrate_steps`` exploring steps) at concurrency 1 on each subs
 ``check`` > 0 it then runs that many *real* trajectories of ``steps`` steps on each substrate and
 compares the projected time per trajectory with the measured one (target: within ``tolerance``).
 
-Everything runs as one ledger run of kind ``project``: one window per substrate and role, labelled
-``calibrate:<substrate>/<reset>`` and ``check:<substrate>/<reset>``.
+Everything runs as one ledger run of kind ``project``; calibration and check alternate in rounds
+(windows labelled ``calibrate:<substrate>/<reset>#<round>`` and ``check:<substrate>/<reset>#<round>``)
+so that both meet the same load on the host.
 """
 
 from __future__ import annotations
@@ -87,17 +88,32 @@ def _window_cfg(cfg: ProjectConfig, target: Target, role: str, explorer_steps: i
                      window=f"{role}:{target.label}")
 
 
+def plan(cfg: ProjectConfig) -> list[tuple[str, int, int]]:
+    """(role, round, attempts) in run order: calibration and check interleaved in ``check`` rounds.
+
+    Interleaving makes both see the same host: a load that comes and goes (other work on the
+    machine) lands on the calibration and the real trajectories alike.
+    """
+    rounds = max(1, min(cfg.check, cfg.calibrate_attempts)) if cfg.check else 1
+    base, extra = divmod(cfg.calibrate_attempts, rounds)
+    out = []
+    for r in range(rounds):
+        out.append(("calibrate", r, base + (1 if r < extra else 0)))
+        if cfg.check:
+            out.append(("check", r, cfg.check // rounds + (1 if r < cfg.check % rounds else 0)))
+    return [x for x in out if x[2] > 0]
+
+
 def run_projection(ledger: Ledger, run_id: str, cfg: ProjectConfig,
                    on_window: Callable[[str], None] | None = None) -> str:
     """Calibrate (and check) each target, one after the other; returns the run's final status."""
     check_steps = max(0, cfg.steps - fix_length(cfg.tasks))
     status = "complete"
     for target in cfg.targets:
-        plan = [("calibrate", cfg.calibrate_steps, cfg.calibrate_attempts)]
-        if cfg.check:
-            plan.append(("check", check_steps, cfg.check))
-        for role, steps, attempts in plan:
-            wcfg = _window_cfg(cfg, target, role, steps, attempts)
+        for role, r, attempts in plan(cfg):
+            steps = cfg.calibrate_steps if role == "calibrate" else check_steps
+            wcfg = _window_cfg(cfg, target, f"{role}", steps, attempts)
+            wcfg = wcfg.model_copy(update={"window": f"{wcfg.window}#{r}"})
             if on_window:
                 on_window(f"{wcfg.window}: {attempts} explorer trajectories of {steps} exploring steps")
             status, _ = execute(ledger, run_id, wcfg, resume=False)

@@ -6,12 +6,18 @@ The form used by the substrate-comparison literature::
 
 with each term measured from the ledger's phase timings of valid attempts on one substrate:
 
-- ``cold_start`` — the start cost of a trajectory *as the substrate ran it*: provision + reset per
-  attempt (with an in-place reset the sandbox's creation is spread over the attempts that reused
-  it; with ``recreate`` every reset creates a fresh sandbox). The sandbox creation time alone
-  (``provision``) and the reset alone are shown beside it;
+- ``cold_start`` — the start cost of a trajectory in a long run, *as the substrate resets*: the
+  reset of attempts that reused a sandbox (with ``recreate`` that reset destroys the sandbox and
+  creates a fresh one; with ``in_place`` it empties the sandbox). A worker's first sandbox is created
+  once and spread over all its trajectories, so in a million-trajectory run it adds nothing per
+  trajectory; its creation time is shown beside the term as ``provision`` and the start of a
+  trajectory in a fresh sandbox (provision + reset) as ``fresh_start``. When no attempt reused a
+  sandbox, ``cold_start`` is the fresh start;
 - ``per_step_overhead`` — mean seconds per environment step (all steps of all attempts);
 - ``verify`` — mean verifier time.
+
+The check against real trajectories compares like with like: the projected start term is weighted
+by the share of the real trajectories that started in a fresh sandbox.
 
 Attempt time outside those phases (gates: fingerprint check, first observation, canary plant and
 scan; policy; teardown) is ``harness``; the *full* projection adds it. Intervals: percentile
@@ -43,8 +49,9 @@ class Terms(BaseModel):
     n: int
     mean_steps: float
     provision: Estimate  # sandbox creation, over the attempts that created one
-    reset: Estimate
-    cold_start: Estimate  # provision + reset per attempt: the formula's cold-start term
+    reset: Estimate  # over all attempts
+    fresh_start: Estimate  # provision + reset of the attempts that created their sandbox
+    cold_start: Estimate  # the formula's term: start of a trajectory in a long run (see module doc)
     per_step: Estimate
     verify: Estimate
     harness: Estimate
@@ -55,6 +62,7 @@ class Terms(BaseModel):
 class Check(BaseModel):
     n: int
     mean_steps: float
+    fresh_share: float  # share of the real trajectories that started in a fresh sandbox
     measured_s: Estimate
     projected_s: Estimate  # the literature form at the measured mean step count
     projected_full_s: Estimate
@@ -93,7 +101,26 @@ class _Arrays:
         self.teardown = np.array([r[5] for r in valid], dtype=float)
         self.attempt = np.array([r[7] - r[6] for r in valid], dtype=float)
         self.start = self.provision + self.reset
+        self.fresh = self.provision > 0
         self.harness = np.maximum(0.0, self.attempt - self.start - self.step_sum - self.verify)
+
+    def start_term(self, idx: np.ndarray | None, fresh_share: float | None) -> np.ndarray | float:
+        """Start per trajectory: warm resets (steady state) or, with ``fresh_share``, a mix with fresh starts.
+
+        ``idx``: bootstrap index matrix (one resample per row) or None for the point estimate.
+        """
+        if idx is None:
+            idx = np.arange(self.n)[None, :]
+        fresh = self.fresh[idx]
+        n_fresh = fresh.sum(axis=1)
+        n_warm = (~fresh).sum(axis=1)
+        all_mean = self.start[idx].mean(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            warm = np.where(n_warm > 0, (self.reset[idx] * ~fresh).sum(axis=1) / np.maximum(n_warm, 1), all_mean)
+            fresh_mean = np.where(n_fresh > 0, (self.start[idx] * fresh).sum(axis=1) / np.maximum(n_fresh, 1),
+                                  all_mean)
+        out = warm if fresh_share is None else fresh_share * fresh_mean + (1 - fresh_share) * warm
+        return out if out.shape[0] > 1 else float(out[0])
 
 
 def _est(point: float, boot: np.ndarray, n: int, method: str) -> Estimate:
@@ -132,28 +159,37 @@ def measure_terms(rows: Sequence[Sequence[Any]], seed: int = 0) -> Terms | None:
         per_step = _est(float(a.step_sum.sum() / steps_total), boot, int(steps_total), "bootstrap ratio of sums")
     else:
         per_step = Estimate(value=0.0, low=0.0, high=0.0, n=0, method="no steps")
+    fresh = a.start[a.fresh]
+    fresh_start = _mean(fresh, _idx(len(fresh), seed + 3), m) if len(fresh) else _none()
+    cold = _est(float(a.start_term(None, None)), np.asarray(a.start_term(idx, None)), a.n,
+                "bootstrap mean of warm resets")
     return Terms(n=a.n, mean_steps=float(a.step_n.mean()), provision=provision, reset=_mean(a.reset, idx, m),
-                 cold_start=_mean(a.start, idx, m), per_step=per_step, verify=_mean(a.verify, idx, m),
+                 fresh_start=fresh_start, cold_start=cold, per_step=per_step, verify=_mean(a.verify, idx, m),
                  harness=_mean(a.harness, idx, m), attempt=_mean(a.attempt, idx, m))
 
 
-def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed: int = 0) -> Estimate:
-    """Projected seconds per trajectory of ``steps`` steps, bootstrap over attempts."""
+def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed: int = 0,
+                   fresh_share: float | None = None) -> Estimate:
+    """Projected seconds per trajectory of ``steps`` steps, bootstrap over attempts.
+
+    ``fresh_share``: the share of trajectories that start in a fresh sandbox (None: a long run, where
+    only resets count).
+    """
     a = _Arrays(rows)
     if a.n == 0:
         return _none()
     idx = _idx(a.n, seed)
 
-    def form(start: np.ndarray, step_sum: np.ndarray, step_n: np.ndarray, verify: np.ndarray,
-             harness: np.ndarray, axis: int | None) -> np.ndarray | float:
-        per = step_sum.sum(axis=axis) / np.maximum(step_n.sum(axis=axis), 1)
-        out = start.mean(axis=axis) + steps * per + verify.mean(axis=axis)
-        return out + harness.mean(axis=axis) if full else out
+    def form(ix: np.ndarray | None) -> np.ndarray | float:
+        sel = (lambda x: x[None, :]) if ix is None else (lambda x: x[ix])
+        per = sel(a.step_sum).sum(axis=1) / np.maximum(sel(a.step_n).sum(axis=1), 1)
+        out = np.asarray(a.start_term(ix, fresh_share)) + steps * per + sel(a.verify).mean(axis=1)
+        if full:
+            out = out + sel(a.harness).mean(axis=1)
+        return out if ix is not None else float(np.ravel(out)[0])
 
-    point = float(form(a.start, a.step_sum, a.step_n, a.verify, a.harness, None))
-    boot = np.asarray(form(a.start[idx], a.step_sum[idx], a.step_n[idx], a.verify[idx], a.harness[idx], 1))
     what = "cold_start + steps x per_step + verify" + (" + harness" if full else "")
-    return _est(point, boot, a.n, f"{what}; bootstrap over attempts")
+    return _est(float(form(None)), np.asarray(form(idx)), a.n, f"{what}; bootstrap over attempts")
 
 
 def _hours(e: Estimate, trajectories: int) -> Estimate:
@@ -184,11 +220,13 @@ def check(p: Projection, calib_rows: Sequence[Sequence[Any]], real_rows: Sequenc
     if real.n == 0:
         return None
     steps = float(real.step_n.mean())
+    share = float(real.fresh.mean())
     measured = _mean(real.attempt, _idx(real.n, seed + 2), "bootstrap mean of real trajectories")
-    lit = per_trajectory(calib_rows, steps, full=False, seed=seed)
-    full = per_trajectory(calib_rows, steps, full=True, seed=seed)
+    lit = per_trajectory(calib_rows, steps, full=False, seed=seed, fresh_share=share)
+    full = per_trajectory(calib_rows, steps, full=True, seed=seed, fresh_share=share)
     mv = measured.value or float("nan")
     err = (lit.value or 0) / mv - 1
     err_full = (full.value or 0) / mv - 1
-    return Check(n=real.n, mean_steps=steps, measured_s=measured, projected_s=lit, projected_full_s=full,
-                 error=err, error_full=err_full, tolerance=tolerance, within=abs(err) <= tolerance)
+    return Check(n=real.n, mean_steps=steps, fresh_share=share, measured_s=measured, projected_s=lit,
+                 projected_full_s=full, error=err, error_full=err_full, tolerance=tolerance,
+                 within=abs(err) <= tolerance)

@@ -140,18 +140,23 @@ def _s(e: Estimate, scale: float = 1.0, spec: str = ".1f") -> str:
 
 
 def projection_group(r: ProjectionReport) -> Group:
+    terms = Table(title="measured terms per trajectory, ms (95% intervals)", show_edge=False)
+    for col in ("substrate/reset", "N", "attempts", "cold start", "provision (once)", "fresh start",
+                "per step", "verify", "harness"):
+        terms.add_column(col, justify="left" if col == "substrate/reset" else "right")
     t = Table(title=f"projection: {r.trajectories:,} trajectories of {r.steps} steps (95% intervals)", show_edge=False)
-    for col in ("substrate/reset", "N", "attempts", "cold start ms", "(provision ms)", "(reset ms)",
-                "per step ms", "verify ms", "harness ms", "s per trajectory", "worker-hours",
+    for col in ("substrate/reset", "s per trajectory", "worker-hours", "s per trajectory + harness",
                 "worker-hours + harness"):
         t.add_column(col, justify="left" if col == "substrate/reset" else "right")
     for p in r.projections:
         tm = p.terms
-        t.add_row(p.label, str(p.concurrency), str(tm.n), _s(tm.cold_start, 1000), _s(tm.provision, 1000),
-                  _s(tm.reset, 1000), _s(tm.per_step, 1000, ".2f"), _s(tm.verify, 1000), _s(tm.harness, 1000),
-                  _s(p.per_trajectory_s, 1, ".3f"), _s(p.worker_hours, 1, ".4g"), _s(p.worker_hours_full, 1, ".4g"))
-    parts: list[RenderableType] = [t, Text(r.formula), Text(r.full_formula + "  (harness: gates, observations, "
-                                                                  "policy, teardown)")]
+        terms.add_row(p.label, str(p.concurrency), str(tm.n), _s(tm.cold_start, 1000), _s(tm.provision, 1000),
+                      _s(tm.fresh_start, 1000), _s(tm.per_step, 1000, ".2f"), _s(tm.verify, 1000),
+                      _s(tm.harness, 1000))
+        t.add_row(p.label, _s(p.per_trajectory_s, 1, ".3f"), _s(p.worker_hours, 1, ".4g"),
+                  _s(p.per_trajectory_full_s, 1, ".3f"), _s(p.worker_hours_full, 1, ".4g"))
+    parts: list[RenderableType] = [terms, Text(""), t, Text(r.formula),
+                                   Text(r.full_formula + "  (harness: gates, observations, policy, teardown)")]
     checks = [p for p in r.projections if p.check is not None]
     if checks:
         c = Table(title="check against real trajectories", show_edge=False)

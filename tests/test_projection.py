@@ -1,0 +1,130 @@
+"""The 1M x 150-step projection: its arithmetic, and a check against real 150-step trajectories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import require
+from helpers import MINI, cli
+
+from drumsbench.measure import projection
+from drumsbench.substrates import registry
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+
+
+def _row(provision, reset, steps, verify, harness=0.01, outcome="success"):
+    total = provision + reset + sum(steps) + verify + harness
+    return (outcome, provision, reset, json.dumps(steps), verify, 0.0, 100.0, 100.0 + total)
+
+
+def test_formula_and_intervals():
+    rows = [_row(0.5 if i == 0 else 0.0, 0.02, [0.01] * 10, 0.2) for i in range(10)]
+    rows.append(_row(0.0, 0.02, [0.01] * 10, 0.2, outcome="invalid"))  # invalid attempts are not measured
+    p = projection.project("x/in_place", "x", "in_place", 1, ["r"], rows, trajectories=1_000_000, steps=150)
+    t = p.terms
+    assert t.n == 10 and t.mean_steps == 10
+    assert t.provision.value == pytest.approx(0.5) and t.provision.n == 1
+    assert t.fresh_start.value == pytest.approx(0.52)
+    assert t.cold_start.value == pytest.approx(0.02)  # a long run: the first sandbox is created once per worker
+    assert t.per_step.value == pytest.approx(0.01) and t.verify.value == pytest.approx(0.2)
+    assert t.harness.value == pytest.approx(0.01)
+    per = 0.02 + 150 * 0.01 + 0.2
+    assert p.per_trajectory_s.value == pytest.approx(per)
+    assert p.per_trajectory_full_s.value == pytest.approx(per + 0.01)
+    assert p.worker_hours.value == pytest.approx(per * 1_000_000 / 3600)
+    for e in (p.per_trajectory_s, p.worker_hours, t.cold_start):
+        assert e.low <= e.value <= e.high
+    assert p.worker_hours.high >= p.worker_hours.low
+
+
+def test_check_compares_at_the_real_step_count():
+    calib = [_row(0.0, 0.02, [0.01] * 30, 0.2) for _ in range(8)]
+    real = [_row(0.0, 0.02, [0.0105] * 150, 0.2) for _ in range(3)]
+    p = projection.project("x/in_place", "x", "in_place", 1, ["r"], calib, 1000, 150)
+    c = projection.check(p, calib, real, tolerance=0.2)
+    assert c.fresh_share == 0
+    measured = 0.02 + 150 * 0.0105 + 0.2 + 0.01
+    assert c.measured_s.value == pytest.approx(measured)
+    assert c.projected_full_s.value == pytest.approx(0.02 + 150 * 0.01 + 0.2 + 0.01)
+    assert c.error_full == pytest.approx(c.projected_full_s.value / measured - 1)
+    assert c.within
+
+
+def test_project_from_an_earlier_run(tmp_path, env):
+    out = tmp_path / "runs"
+    cli("run", "--tasks", MINI, "--policy", "explorer", "--explorer-steps", "12", "--concurrency", "1",
+        "--attempts", "6", "--duration", "5m", "--out", str(out), "--json", str(tmp_path / "r.json"), "--no-progress",
+        env=env, check=True)
+    run_id = json.loads((tmp_path / "r.json").read_text())["run_id"]
+    proc = cli("project", "--from", run_id, "--trajectories", "1000000", "--steps", "150", "--out", str(out),
+               "--json", str(tmp_path / "p.json"), env=env, check=True)
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert p["schema"] == "drumsbench.projection/1" and p["runs"] == [run_id]
+    one, = p["projections"]
+    assert one["label"] == "process/in_place" and one["terms"]["n"] == 6 and one["terms"]["mean_steps"] == 13
+    per = one["terms"]["cold_start"]["value"] + 150 * one["terms"]["per_step"]["value"] + \
+        one["terms"]["verify"]["value"]
+    assert one["per_trajectory_s"]["value"] == pytest.approx(per)
+    assert one["worker_hours"]["value"] == pytest.approx(per * 1_000_000 / 3600)
+    assert one["worker_hours"]["low"] <= one["worker_hours"]["value"] <= one["worker_hours"]["high"]
+    assert "worker-hours" in proc.stdout and "process/in_place" in proc.stdout
+
+
+def _targets() -> list[str]:
+    """Two substrate configurations always available here, plus any container/namespace substrate registered."""
+    targets = ["process:in_place", "process:recreate"]
+    for name in ("bwrap", "docker"):
+        if name in registry.names():
+            require(registry.get(name).missing())
+            targets.append(name)
+    return targets
+
+
+@pytest.mark.slow
+def test_projection_within_20_percent_of_real_150_step_trajectories(tmp_path, env):
+    """Calibrate on 30-step explorer trajectories, project 150 steps, run real 150-step ones, compare."""
+    targets = _targets()
+    args = [a for t in targets for a in ("--substrate", t)]
+    proc = cli("project", "--trajectories", "1000000", "--steps", "150", *args, "--calibrate-attempts", "8",
+               "--calibrate-steps", "30", "--check", "3", "--out", str(tmp_path / "runs"),
+               "--json", str(tmp_path / "p.json"), env=env, check=True)
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert len(p["projections"]) == len(targets) >= 2
+    for one in p["projections"]:
+        c = one["check"]
+        assert c["n"] == 3 and c["mean_steps"] == 150, one["label"]
+        assert abs(c["error"]) <= 0.20, f"{one['label']}: projected {c['projected_s']} vs measured {c['measured_s']}"
+        assert c["within"]
+    assert p["checks_within"] is True
+    assert "check against real trajectories" in proc.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--steps", "0"], "--steps"),
+    (["--trajectories", "0"], "--trajectories"),
+    (["--substrate", "nosuch"], "unknown substrate"),
+    (["--substrate", "process:snapshot"], "not 'snapshot'"),
+    (["--from", "r1", "--check", "2"], "give one or the other"),
+    (["--tolerance", "0"], "--tolerance"),
+])
+def test_bad_project_arguments_one_line_exit_2(tmp_path, env, args, needle):
+    proc = cli("project", "--out", str(tmp_path / "runs"), *args, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_check_weighs_fresh_starts_like_the_real_runs():
+    """Real trajectories that each start in a fresh sandbox are compared with fresh starts, not warm resets."""
+    calib = [_row(0.5 if i % 4 == 0 else 0.0, 0.02, [0.01] * 30, 0.2) for i in range(8)]
+    real = [_row(0.5, 0.02, [0.01] * 150, 0.2) for _ in range(2)]
+    p = projection.project("x/in_place", "x", "in_place", 1, ["r"], calib, 1000, 150)
+    c = projection.check(p, calib, real, tolerance=0.2)
+    assert c.fresh_share == 1
+    assert c.projected_full_s.value == pytest.approx(c.measured_s.value)
+    assert p.per_trajectory_full_s.value == pytest.approx(c.measured_s.value - 0.5)  # steady state: no provision
