@@ -90,14 +90,15 @@ def test_projection_within_20_percent_of_real_150_step_trajectories(tmp_path, en
     """Calibrate on 30-step explorer trajectories, project 150 steps, run real 150-step ones, compare."""
     targets = _targets()
     args = [a for t in targets for a in ("--substrate", t)]
-    proc = cli("project", "--trajectories", "1000000", "--steps", "150", *args, "--calibrate-attempts", "8",
-               "--calibrate-steps", "30", "--check", "3", "--out", str(tmp_path / "runs"),
+    proc = cli("project", "--trajectories", "1000000", "--steps", "150", *args, "--calibrate-attempts", "12",
+               "--calibrate-steps", "30", "--check", "6", "--out", str(tmp_path / "runs"),
                "--json", str(tmp_path / "p.json"), env=env, check=True)
     p = json.loads((tmp_path / "p.json").read_text())
     assert len(p["projections"]) == len(targets) >= 2
     for one in p["projections"]:
         c = one["check"]
-        assert c["n"] == 3 and c["mean_steps"] == 150, one["label"]
+        assert c["n"] == 6 and c["mean_steps"] == 150, one["label"]
+        assert c["paired"]["rounds"] == 6  # calibration and real trajectories alternated
         assert abs(c["error"]) <= 0.20, f"{one['label']}: projected {c['projected_s']} vs measured {c['measured_s']}"
         assert c["within"]
     assert p["checks_within"] is True

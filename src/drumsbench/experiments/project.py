@@ -160,6 +160,9 @@ def _groups(ledger: Ledger, run_ids: list[str]) -> dict[tuple[str, str], dict[st
             g.update(substrate=substrate, reset=reset)
             g.setdefault("concurrency", set()).add(conc)
             g["rows"].append(rest)
+            if "#" in window and window.split(":", 1)[0] in ("calibrate", "check"):
+                r = f"{run_id}#{window.rsplit('#', 1)[1]}"
+                g.setdefault("rounds", {}).setdefault(r, []).append(rest)
             if run_id not in g["source"]:
                 g["source"].append(run_id)
     return out
@@ -181,7 +184,8 @@ def build(ledger: Ledger, run_ids: list[str], trajectories: int, steps: int, tol
             continue
         real = groups.get((label, "check"))
         if real:
-            p.check = projection.check(p, g["rows"], real["rows"], tolerance, seed)
+            p.check = projection.check(p, g["rows"], real["rows"], tolerance, seed,
+                                       calib_rounds=g.get("rounds"), real_rounds=real.get("rounds"))
         projections.append(p)
     if not projections:
         raise UsageError(f"--from {' '.join(run_ids)}: no valid attempt to measure")

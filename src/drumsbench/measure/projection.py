@@ -59,15 +59,27 @@ class Terms(BaseModel):
     method: str = f"percentile bootstrap over attempts, {BOOTSTRAP} resamples"
 
 
+class Paired(BaseModel):
+    """Projected vs measured, round by round (calibration and real trajectories run back to back)."""
+
+    rounds: int
+    projected_total_s: float
+    measured_total_s: float
+    error: float  # sum of projected / sum of measured - 1 (literature form)
+    error_full: float
+    error_interval: list[float]  # bootstrap over rounds, literature form
+
+
 class Check(BaseModel):
     n: int
     mean_steps: float
     fresh_share: float  # share of the real trajectories that started in a fresh sandbox
     measured_s: Estimate
-    projected_s: Estimate  # the literature form at the measured mean step count
+    projected_s: Estimate  # the literature form at the measured mean step count, from all calibration
     projected_full_s: Estimate
-    error: float  # projected / measured - 1
+    error: float  # projected / measured - 1, pooled over the whole calibration
     error_full: float
+    paired: Paired | None = None  # round by round, when calibration and check alternated
     tolerance: float
     within: bool  # |error| <= tolerance
 
@@ -169,7 +181,7 @@ def measure_terms(rows: Sequence[Sequence[Any]], seed: int = 0) -> Terms | None:
 
 
 def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed: int = 0,
-                   fresh_share: float | None = None) -> Estimate:
+                   fresh_share: float | None = None, boot: bool = True) -> Estimate:
     """Projected seconds per trajectory of ``steps`` steps, bootstrap over attempts.
 
     ``fresh_share``: the share of trajectories that start in a fresh sandbox (None: a long run, where
@@ -178,7 +190,7 @@ def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed
     a = _Arrays(rows)
     if a.n == 0:
         return _none()
-    idx = _idx(a.n, seed)
+    idx = _idx(a.n, seed) if boot else None
 
     def form(ix: np.ndarray | None) -> np.ndarray | float:
         sel = (lambda x: x[None, :]) if ix is None else (lambda x: x[ix])
@@ -189,6 +201,9 @@ def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed
         return out if ix is not None else float(np.ravel(out)[0])
 
     what = "cold_start + steps x per_step + verify" + (" + harness" if full else "")
+    if not boot:
+        point = float(form(None))
+        return Estimate(value=point, low=point, high=point, n=a.n, method=what)
     return _est(float(form(None)), np.asarray(form(idx)), a.n, f"{what}; bootstrap over attempts")
 
 
@@ -213,9 +228,42 @@ def project(label: str, substrate: str, reset: str, concurrency: int, source: li
                       worker_hours_full=_hours(full, trajectories))
 
 
+def _paired(calib_rounds: dict[int, list[Sequence[Any]]], real_rounds: dict[int, list[Sequence[Any]]],
+            seed: int) -> Paired | None:
+    rounds = sorted(set(calib_rounds) & set(real_rounds))
+    if len(rounds) < 2:
+        return None
+    proj, proj_full, meas = [], [], []
+    for r in rounds:
+        real = _Arrays(real_rounds[r])
+        if real.n == 0 or _Arrays(calib_rounds[r]).n == 0:
+            continue
+        steps, share = float(real.step_n.mean()), float(real.fresh.mean())
+        proj.append(real.n * (per_trajectory(calib_rounds[r], steps, False, seed, share, boot=False).value or 0))
+        proj_full.append(real.n * (per_trajectory(calib_rounds[r], steps, True, seed, share, boot=False).value or 0))
+        meas.append(float(real.attempt.sum()))
+    if len(meas) < 2:
+        return None
+    p, pf, m = np.array(proj), np.array(proj_full), np.array(meas)
+    idx = _idx(len(m), seed + 4)
+    boot = p[idx].sum(axis=1) / m[idx].sum(axis=1) - 1
+    a = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(boot, [a, 1 - a])
+    return Paired(rounds=len(m), projected_total_s=float(p.sum()), measured_total_s=float(m.sum()),
+                  error=float(p.sum() / m.sum() - 1), error_full=float(pf.sum() / m.sum() - 1),
+                  error_interval=[float(lo), float(hi)])
+
+
 def check(p: Projection, calib_rows: Sequence[Sequence[Any]], real_rows: Sequence[Sequence[Any]],
-          tolerance: float, seed: int = 0) -> Check | None:
-    """Compare the projection (at the real runs' mean step count) with the real runs' time per trajectory."""
+          tolerance: float, seed: int = 0, calib_rounds: dict[int, list[Sequence[Any]]] | None = None,
+          real_rounds: dict[int, list[Sequence[Any]]] | None = None) -> Check | None:
+    """Compare the projection (at the real runs' mean step count) with the real runs' time per trajectory.
+
+    With rounds (calibration and real trajectories alternating, so that a load that comes and goes
+    on a shared host meets both alike), the interval of the error is a bootstrap over rounds, which
+    keeps each round's calibration with the real trajectories run right after it. With rounds of
+    equal size the paired point error equals the pooled one (the form is linear in the sums).
+    """
     real = _Arrays(real_rows)
     if real.n == 0:
         return None
@@ -227,6 +275,7 @@ def check(p: Projection, calib_rows: Sequence[Sequence[Any]], real_rows: Sequenc
     mv = measured.value or float("nan")
     err = (lit.value or 0) / mv - 1
     err_full = (full.value or 0) / mv - 1
+    paired = _paired(calib_rounds or {}, real_rounds or {}, seed) if calib_rounds and real_rounds else None
     return Check(n=real.n, mean_steps=steps, fresh_share=share, measured_s=measured, projected_s=lit,
-                 projected_full_s=full, error=err, error_full=err_full, tolerance=tolerance,
+                 projected_full_s=full, error=err, error_full=err_full, paired=paired, tolerance=tolerance,
                  within=abs(err) <= tolerance)

@@ -161,15 +161,17 @@ def projection_group(r: ProjectionReport) -> Group:
     if checks:
         c = Table(title="check against real trajectories", show_edge=False)
         for col in ("substrate/reset", "real runs", "mean steps", "measured s/trajectory", "projected",
-                    "error", "projected + harness", "error", "verdict"):
+                    "error [95%, bootstrap over rounds]", "error + harness", "verdict"):
             c.add_column(col, justify="left" if col in ("substrate/reset", "verdict") else "right")
         for p in checks:
             k = p.check
             assert k is not None
+            pr = k.paired
+            err = f"{k.error:+.1%}" + ("" if pr is None else f" [{pr.error_interval[0]:+.0%}, "
+                                                             f"{pr.error_interval[1]:+.0%}] ({pr.rounds} rounds)")
             c.add_row(p.label, str(k.n), f"{k.mean_steps:.0f}", _s(k.measured_s, 1, ".3f"),
-                      _s(k.projected_s, 1, ".3f"), f"{k.error:+.1%}", _s(k.projected_full_s, 1, ".3f"),
-                      f"{k.error_full:+.1%}", f"within {k.tolerance:.0%}" if k.within else
-                      f"OUTSIDE {k.tolerance:.0%}")
+                      _s(k.projected_s, 1, ".3f"), err, f"{k.error_full:+.1%}",
+                      f"within {k.tolerance:.0%}" if k.within else f"OUTSIDE {k.tolerance:.0%}")
         parts += [Text(""), c]
     parts.append(Text(f"measured in run(s) {', '.join(r.runs)}, commit {r.commit}"))
     return Group(*parts)
