@@ -222,6 +222,9 @@ def doctor() -> None:
         except Exception as e:
             t.add_row(name, "broken", "", "", str(e))
     console.print(t)
+    from drumsbench import criu
+
+    console.print(f"CRIU (live fork): {criu.describe()}")
 
 
 @app.command()
