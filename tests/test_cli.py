@@ -104,7 +104,7 @@ def test_kill_9_then_gc_then_resume(tmp_path, env):
     out = tmp_path / "runs"
     ledger = out / "ledger.sqlite"
     full_env = {**os.environ, **env}
-    proc = subprocess.Popen([sys.executable, "-m", "drumsbench.cli", "run", "--tasks", "coding", "--policy", "noisy",
+    proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "run", "--tasks", "coding", "--policy", "noisy",
                              "--concurrency", "2", "--attempts", "150", "--duration", "10m", "--out", str(out),
                              "--no-progress"], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     deadline = time.monotonic() + 120

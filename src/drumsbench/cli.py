@@ -263,12 +263,11 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
 
 
 def main() -> None:
+    import drumsbench.cli_substrates  # noqa: F401 - registers coldstart and isolation
+
     try:
         app()
     except DrumsError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()
