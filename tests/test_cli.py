@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import MINI, ROOT, cli
 
 from drumsbench.outcome import InvalidCause
+
+from helpers import MINI, ROOT, cli
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from conftest import require
 from drumsbench.substrates import registry
+
+from conftest import require
 from helpers import cli
 
 

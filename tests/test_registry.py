@@ -34,5 +34,5 @@ def test_plugin_substrate_is_found(plugin):
 def test_bad_plugin_and_unknown_name(plugin):
     with pytest.raises(UsageError, match="not a Substrate subclass"):
         registry.get("broken")
-    with pytest.raises(UsageError, match="unknown substrate 'nope'.*process"):
+    with pytest.raises(UsageError, match=r"unknown substrate 'nope'.*process"):
         registry.get("nope")

@@ -13,14 +13,14 @@ from drumsbench.cli import app, console, err
 from drumsbench.errors import UsageError
 
 
-def _substrates(text: str, run_id: str):  # noqa: ANN202
+def _substrates(text: str, run_id: str):
     from drumsbench.experiments.coldstart import parse_substrates
     from drumsbench.experiments.run import make_substrate
 
     return [make_substrate(name, run_id) for name in parse_substrates(text)]
 
 
-def _ms(e) -> str:  # noqa: ANN001
+def _ms(e) -> str:
     return "n/a" if e is None or e.value is None else f"{e.value * 1000:.1f} [{e.low * 1000:.1f}, {e.high * 1000:.1f}]"
 
 

@@ -5,7 +5,7 @@ Each probe runs commands in a sandbox as a task would and checks the effect from
 | probe | done inside the sandbox | contained when |
 |---|---|---|
 | write_outside | write a token into the host's /tmp and beside the sandbox folder | no token file appears on the host |
-| read_neighbour | read a secret file of another live sandbox (its in-sandbox path and, for host-folder substrates, its host path) | the secret is not printed |
+| read_neighbour | read another live sandbox's secret file (in-sandbox and host paths) | the secret is not printed |
 | host_loopback | connect to a TCP port the host listens on at 127.0.0.1 | the host accepts no connection |
 | network | look for any non-loopback interface | only `lo` exists |
 | fill_disk | write up to ``disk_mb`` MiB into the sandbox's tmp | the write is cut short by a limit |
