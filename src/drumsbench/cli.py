@@ -263,6 +263,7 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
 
 
 def main() -> None:
+    import drumsbench.cli_branch
     import drumsbench.cli_substrates  # noqa: F401 - registers coldstart and isolation
 
     try:
