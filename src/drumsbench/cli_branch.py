@@ -101,7 +101,7 @@ def branch(
     console.print(f"prepared state unchanged afterwards: {report.prepared_unchanged}; isolation positive control "
                   f"{'fired' if report.isolation_control_fired else 'DID NOT FIRE'}; run {run_id}")
     for m in report.methods:
-        for e in m.errors[:3]:
-            console.print(f"{m.method}: {e}")
+        for problem in m.errors[:3]:
+            console.print(f"{m.method}: {problem}")
     if json_path:
         json_path.write_text(json.dumps(report.model_dump(mode="json", by_alias=True), indent=2))

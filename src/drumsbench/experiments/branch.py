@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +113,68 @@ def _stats(values: list[float]) -> dict[str, Estimate]:
     return {"p50": quantile(values, 0.5), "p95": quantile(values, 0.95)}
 
 
+def _fork_parallel(method: ForkMethod, n: int, generation: int) -> tuple[list[float], float, list[str]]:
+    """n forks at once: (creation time of each, wall time of all, errors). Destroys them all."""
+    times: list[float] = []
+    made: list[Slot] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            slot, took = timed_fork(method, generation)
+            with lock:
+                made.append(slot)
+                times.append(took)
+        except Exception as e:  # a failed fork is a result of the method
+            with lock:
+                errors.append(f"parallel fork: {type(e).__name__}: {e}"[:300])
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    for slot in made:
+        slot.destroy()
+    return times, wall, errors
+
+
+def _creation_at(name: str, k: int, substrate: Substrate, suite: suites.Suite, task: Task,
+                 cfg: BranchConfig) -> Estimate:
+    """Median creation time of a few forks made after k actions."""
+    parent = _prepare_parent(substrate, suite, task, k, cfg)
+    try:
+        method = METHODS[name](substrate, suite.make_env, task, task.branch_prefix(k), cfg.rollout.step_timeout_s)
+        method.prepare(parent)
+        try:
+            times = []
+            for _ in range(cfg.growth_forks):
+                slot, took = timed_fork(method, parent.env.generation)
+                times.append(took)
+                slot.destroy()
+        finally:
+            method.close()
+        return quantile(times, 0.5)
+    finally:
+        parent.destroy()
+
+
+class _Sequential:
+    """Continuations one at a time, each checked for faithfulness, run to the end and recorded."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.faithful: dict[str, list[bool]] = {}
+        self.valid_times: list[float] = []
+        self.valid = self.success = 0
+        self.invalid: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.span = 0.0
+
+
 def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: str,
                say: Callable[[str], None] = lambda _m: None) -> BranchReport:
     suite = suites.load(cfg.tasks)
@@ -125,112 +186,74 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
     control = positive_control(substrate)
     ledger.record_control(run_id, "branch", "isolation", control.fired, control.detail)
     seg = ledger.start_segment(run_id, 0, "branch")
-    seq = ledger.next_seq(run_id)
+    next_seq = [ledger.next_seq(run_id)]
 
     say(f"prepare: {task.id}, k={cfg.k}")
     parent = _prepare_parent(substrate, suite, task, cfg.k, cfg)
+    prepared = parent.env.capture()
+
+    def continue_all(name: str, method: ForkMethod) -> _Sequential:
+        out = _Sequential()
+        start = time.monotonic()
+        for i in range(cfg.continuations):
+            try:
+                child, took = timed_fork(method, parent.env.generation)
+            except Exception as e:  # a failed fork is a result of the method
+                out.errors.append(f"fork {i}: {type(e).__name__}: {e}"[:300])
+                continue
+            out.times.append(took)
+            try:
+                dims = parent.env.compare(prepared, child.env.capture())
+                for dim, same in dims.items():
+                    out.faithful.setdefault(dim, []).append(same)
+                rec = run_attempt(child, task, make_policy(cfg.policy, cfg.noisy_p), cfg.rollout, canaries,
+                                  run_id=run_id, seq=next_seq[0], seed=cfg.seed, prepared=prepared,
+                                  meta={"window": f"{name}/k={cfg.k}",
+                                        "extra": {"fork_method": name, "k": cfg.k, "parent": parent.env.box.id,
+                                                  "creation_s": took, "faithful": dims}})
+                next_seq[0] += 1
+                ledger.record(rec, seg)
+                if rec.cause is None:
+                    out.valid += 1
+                    out.success += rec.outcome.value == "success"
+                    out.valid_times.append(time.monotonic() - start)
+                else:
+                    out.invalid[rec.cause.value] = out.invalid.get(rec.cause.value, 0) + 1
+            finally:
+                child.destroy()
+        out.span = time.monotonic() - start
+        return out
+
     results: list[MethodResult] = []
     try:
-        prepared = parent.env.capture()
-        recorded = task.branch_prefix(cfg.k)
         for name in cfg.methods:
-            method: ForkMethod = METHODS[name](substrate, suite.make_env, task, recorded, cfg.rollout.step_timeout_s)
+            method: ForkMethod = METHODS[name](substrate, suite.make_env, task, task.branch_prefix(cfg.k),
+                                               cfg.rollout.step_timeout_s)
             t0 = time.monotonic()
             method.prepare(parent)
             prepare_s = time.monotonic() - t0
-            errors: list[str] = []
-            seq_times: list[float] = []
-            faithful_dims: dict[str, list[bool]] = {}
-            valid_times: list[float] = []
-            span_start = time.monotonic()
-            counts = {"valid": 0, "success": 0}
-            invalid: dict[str, int] = {}
-            say(f"{name}: {cfg.continuations} continuations, one at a time, each run to the end")
-            for i in range(cfg.continuations):
-                try:
-                    child, took = timed_fork(method, parent.env.generation)
-                except Exception as e:
-                    errors.append(f"fork {i}: {type(e).__name__}: {e}"[:300])
-                    continue
-                seq_times.append(took)
-                try:
-                    dims = parent.env.compare(prepared, child.env.capture())
-                    for dim, same in dims.items():
-                        faithful_dims.setdefault(dim, []).append(same)
-                    rec = run_attempt(child, task, make_policy(cfg.policy, cfg.noisy_p), cfg.rollout, canaries,
-                                      run_id=run_id, seq=seq, seed=cfg.seed, prepared=prepared,
-                                      meta={"window": f"{name}/k={cfg.k}",
-                                            "extra": {"fork_method": name, "k": cfg.k, "parent": parent.env.box.id,
-                                                      "creation_s": took, "faithful": dims}})
-                    seq += 1
-                    ledger.record(rec, seg)
-                    if rec.outcome.value != "invalid":
-                        counts["valid"] += 1
-                        counts["success"] += rec.outcome.value == "success"
-                        valid_times.append(time.monotonic() - span_start)
-                    else:
-                        invalid[rec.cause.value] = invalid.get(rec.cause.value, 0) + 1  # type: ignore[union-attr]
-                finally:
-                    child.destroy()
-            span = time.monotonic() - span_start
-
-            say(f"{name}: {cfg.continuations} continuations at once")
-            par_times: list[float] = []
-            made: list[Slot] = []
-            lock = threading.Lock()
-
-            def one(m: ForkMethod = method) -> None:
-                try:
-                    s, took = timed_fork(m, parent.env.generation)
-                    with lock:
-                        made.append(s)
-                        par_times.append(took)
-                except Exception as e:
-                    with lock:
-                        errors.append(f"parallel fork: {type(e).__name__}: {e}"[:300])
-
-            t0 = time.monotonic()
-            threads = [threading.Thread(target=one) for _ in range(cfg.continuations)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.monotonic() - t0
-            for s in made:
-                s.destroy()
-            method.close()
-
-            by_k: dict[str, Estimate] = {}
+            try:
+                say(f"{name}: {cfg.continuations} continuations, one at a time, each run to the end")
+                seq = continue_all(name, method)
+                say(f"{name}: {cfg.continuations} continuations at once")
+                par_times, wall, par_errors = _fork_parallel(method, cfg.continuations, parent.env.generation)
+            finally:
+                method.close()
+            by_k = {}
             for k in cfg.ks:
-                if k == cfg.k:
-                    by_k[str(k)] = quantile(seq_times, 0.5)
-                    continue
                 say(f"{name}: creation time at k={k}")
-                other = _prepare_parent(substrate, suite, task, k, cfg)
-                try:
-                    m = METHODS[name](substrate, suite.make_env, task, task.branch_prefix(k), cfg.rollout.step_timeout_s)
-                    m.prepare(other)
-                    times = []
-                    for _ in range(cfg.growth_forks):
-                        s, took = timed_fork(m, other.env.generation)
-                        times.append(took)
-                        s.destroy()
-                    m.close()
-                    by_k[str(k)] = quantile(times, 0.5)
-                finally:
-                    other.destroy()
-
-            all_faithful = [all(v[i] for v in faithful_dims.values()) for i in range(len(seq_times))] \
-                if faithful_dims else []
-            throughput = rate_per_hour(valid_times, span)
+                by_k[str(k)] = quantile(seq.times, 0.5) if k == cfg.k else \
+                    _creation_at(name, k, substrate, suite, task, cfg)
+            every = [all(v[i] for v in seq.faithful.values()) for i in range(len(seq.times))] if seq.faithful else []
+            throughput = rate_per_hour(seq.valid_times, seq.span)
             results.append(MethodResult(
-                method=name, k=cfg.k, prepare_s=prepare_s, creation_sequential=_stats(seq_times),
+                method=name, k=cfg.k, prepare_s=prepare_s, creation_sequential=_stats(seq.times),
                 creation_parallel=_stats(par_times), parallel_wall_s=wall,
-                faithful={d: wilson(sum(v), len(v)) for d, v in faithful_dims.items()},
-                faithful_all=wilson(sum(all_faithful), len(all_faithful)), continuations=len(seq_times),
-                valid=counts["valid"], success=counts["success"], invalid=invalid, valid_per_host_hour=throughput,
+                faithful={d: wilson(sum(v), len(v)) for d, v in seq.faithful.items()},
+                faithful_all=wilson(sum(every), len(every)), continuations=len(seq.times),
+                valid=seq.valid, success=seq.success, invalid=seq.invalid, valid_per_host_hour=throughput,
                 usd_per_valid_continuation=usd_per_valid_rollout(cfg.price, throughput),
-                creation_by_k=by_k, errors=errors))
+                creation_by_k=by_k, errors=seq.errors + par_errors))
             ledger.put_artifact(run_id, "branch", name, results[-1].model_dump(mode="json"))
         unchanged = parent.env.compare(prepared, parent.env.capture())
     finally:
@@ -244,7 +267,3 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
                    f"method, continuation policy {cfg.policy}; 95% intervals")
     ledger.put_artifact(run_id, "branch-summary", "report", report.model_dump(mode="json", by_alias=True))
     return report
-
-
-def new_parent_id() -> str:
-    return uuid.uuid4().hex[:8]
