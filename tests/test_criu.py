@@ -3,6 +3,7 @@ of the parent and writes only to its own private copy of the files, at the same 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ while True:
 def _read(path):
     for _ in range(100):
         try:
-            n, secret, pid = open(path).read().split()
+            n, secret, pid = path.read_text().split()
             return int(n), secret, int(pid)
         except (OSError, ValueError):
             time.sleep(0.05)
@@ -68,8 +69,6 @@ def test_checkpoint_restore_many(tmp_path, criu_ready):
         assert s_parent == secret and n_parent > n0  # the parent keeps running (--leave-running)
     finally:
         for pid in restored:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         tree.kill()

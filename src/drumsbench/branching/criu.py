@@ -16,6 +16,7 @@ The recipe (checked on these machines, see docs/branch.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -66,10 +67,8 @@ class LiveTree:
         """Kill the tree (its namespace's first process takes the rest with it) and its holder."""
         for pid in (self.pid, self.holder.pid if self.holder else None):
             if pid:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         if self.holder is not None:
             self.holder.wait()
 
@@ -93,10 +92,8 @@ def tree_pids(pid: int) -> list[int]:
 
 def _signal_tree(pids: Sequence[int], sig: int) -> None:
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, sig)
-        except ProcessLookupError:
-            pass
 
 
 def checkpoint(pid: int, images: Path, copies: Mapping[str, str] | None = None) -> float:
@@ -128,7 +125,8 @@ def restore(images: Path, binds: Mapping[str, str], pidfile: Path) -> int:
     pidfile.unlink(missing_ok=True)
     mounts = " && ".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items())
     log = f"restore-{pidfile.stem}.log"
-    script = (f"{mounts + ' && ' if mounts else ''}exec {shlex.quote(criu_bin())} restore -D {shlex.quote(str(images))} "
+    prefix = f"{mounts} && " if mounts else ""
+    script = (f"{prefix}exec {shlex.quote(criu_bin())} restore -D {shlex.quote(str(images))} "
               f"--restore-detached --file-locks --pidfile {shlex.quote(str(pidfile))} -o {log} -v2")
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=120)
@@ -146,7 +144,8 @@ def _log_errors(log: Path) -> str:
     return " | ".join(lines[-3:])[-400:]
 
 
-def in_mount_ns(pid: int, argv: Sequence[str], timeout: float = 30.0, **kw: object) -> subprocess.CompletedProcess[bytes]:
+def in_mount_ns(pid: int, argv: Sequence[str], timeout: float = 30.0,
+                **kw: object) -> subprocess.CompletedProcess[bytes]:
     """Run a short-lived client inside the mount namespace of restored process ``pid``."""
     return subprocess.run(["nsenter", "--target", str(pid), "--mount", "--", *argv], capture_output=True,
                           timeout=timeout, **kw)  # type: ignore[call-overload]
