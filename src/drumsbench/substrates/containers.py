@@ -35,7 +35,9 @@ from drumsbench.substrates.base import SandboxPaths
 
 LABEL_RUN = "drumsbench.run"
 LABEL_SANDBOX = "drumsbench.sandbox"
-LABEL_BUILD = "drumsbench.build"  # throw-away containers used while building the sandbox image
+# Name prefix of the throw-away container the sandbox image is committed from (a name, not a
+# label: labels of the container would be inherited by the image and every sandbox).
+BUILD_PREFIX = "drumsbench-build-"
 EXEC_VAR = "DRUMSBENCH_EXEC"
 
 ROOT = "/sandbox"
@@ -117,6 +119,10 @@ READ_SCRIPT = """\
 if [ -n "$2" ]; then exec head -c "$2" -- "$1"; else exec cat -- "$1"; fi
 """
 READ_MISSING, READ_IS_DIR = 3, 4
+
+
+def build_name(tag: str) -> str:
+    return BUILD_PREFIX + tag.partition(":")[2]
 
 
 def new_sandbox_id() -> str:
@@ -207,14 +213,21 @@ def progress(message: str) -> None:
 
 
 @contextlib.contextmanager
-def build_lock(name: str) -> Iterator[None]:
-    """An exclusive lock between processes (and threads) building the same thing."""
+def build_lock(name: str, wait: bool = True) -> Iterator[bool]:
+    """An exclusive lock between processes (and threads) building the same thing.
+
+    With ``wait=False`` it yields ``False`` at once when someone else holds it.
+    """
     folder = images.cache_dir() / "locks"
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)
 

@@ -82,7 +82,12 @@ def image_exists(client: Any, tag: str) -> bool:
 
 def ensure_image(client: Any | None = None) -> str:
     """The sandbox image's tag, importing the rootfs and building the layer first when absent."""
-    client = client or _client(timeout=600)
+    if client is None:
+        client = _client(timeout=900)
+        try:
+            return ensure_image(client)
+        finally:
+            client.close()
     tag = C.sandbox_tag()
     if image_exists(client, tag):
         return tag
@@ -104,11 +109,13 @@ def ensure_image(client: Any | None = None) -> str:
         C.progress(f"docker: building the sandbox image {tag}")
         repo, _, stag = tag.partition(":")
         build = None
+        with contextlib.suppress(docker.errors.NotFound):  # left by a crashed build
+            client.api.remove_container(C.build_name(tag), force=True)
         try:
             build = client.api.create_container(
                 rootfs,
                 command=["true"],
-                labels={C.LABEL_BUILD: "1"},
+                name=C.build_name(tag),
                 host_config=client.api.create_host_config(network_mode="none"),
             )["Id"]
             client.api.put_archive(build, "/", C.layer_tar())
@@ -186,6 +193,13 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(OSError):
                 sock.close()
         code = -9 if timed_out else self._exit_code(eid)
+        if code == 126 and not err and out.startswith(b"OCI runtime exec failed"):
+            # The runtime could not start the program: say so on stderr, as a shell (and podman)
+            # would, with 127 when it does not exist.
+            out, err = b"", out
+            totals = [0, len(err)]
+            if b"not found" in err or b"no such file" in err:
+                code = 127
         return ExecResult(
             exit_code=code,
             stdout=out,
@@ -424,7 +438,7 @@ class DockerSubstrate(Substrate):
     def image(self) -> str:
         with self._image_lock:
             if self._image is None:
-                self._image = ensure_image(self.client)
+                self._image = ensure_image()
             return self._image
 
     def create(self) -> Sandbox:
@@ -485,6 +499,16 @@ class DockerSubstrate(Substrate):
                     with contextlib.suppress(docker.errors.NotFound):
                         client.api.remove_container(c["Id"], force=True)
                     removed.append(f"docker container {c['Id'][:12]} of run {run}")
+            with C.build_lock("docker-image", wait=False) as free:
+                if free:  # no build in progress: its throw-away containers are leftovers
+                    for c in client.api.containers(all=True, filters={"name": C.BUILD_PREFIX}):
+                        if not any(n.lstrip("/").startswith(C.BUILD_PREFIX) for n in c["Names"]):
+                            continue
+                        with contextlib.suppress(docker.errors.NotFound):
+                            client.api.remove_container(c["Id"], force=True)
+                        removed.append(f"docker build container {c['Id'][:12]}")
+        except _api_errors():
+            pass
         finally:
             client.close()
         return removed

@@ -168,8 +168,10 @@ def ensure_image() -> str:
             C.progress(f"podman: importing {tar.name} as {rootfs} (about 10 s, once)")
             podman(["import", "--quiet", str(tar), rootfs], timeout=900)
         C.progress(f"podman: building the sandbox image {tag}")
+        name = C.build_name(tag)
+        podman(["rm", "--force", "--time", "0", name], check=False)  # left by a crashed build
         build = (
-            podman(["create", "--network", "none", "--label", f"{C.LABEL_BUILD}=1", rootfs, "true"])
+            podman(["create", "--network", "none", "--name", name, rootfs, "true"])
             .stdout.decode()
             .strip()
         )
@@ -463,6 +465,14 @@ class PodmanSubstrate(Substrate):
             if run in dead_runs:
                 podman(["rm", "--force", "--time", "0", c["Id"]], check=False)
                 removed.append(f"podman container {c['Id'][:12]} of run {run}")
+        with C.build_lock("podman-image", wait=False) as free:
+            if free:  # no build in progress: its throw-away containers are leftovers
+                proc = podman(["ps", "--all", "--format", "{{.ID}} {{.Names}}"], check=False)
+                for line in proc.stdout.decode().splitlines():
+                    cid, _, names = line.partition(" ")
+                    if names.startswith(C.BUILD_PREFIX):
+                        podman(["rm", "--force", "--time", "0", cid], check=False)
+                        removed.append(f"podman build container {cid[:12]}")
         return removed
 
 
