@@ -62,7 +62,10 @@ if ((${#missing[@]})); then
     made_policy=1
   fi
   apt_log=$(mktemp /tmp/drumsbench-apt.XXXXXX)
-  if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+  # Wait (up to 5 minutes) for another apt or dpkg holding the lock instead of failing.
+  lock=(-o DPkg::Lock::Timeout=300)
+  if ! { apt-get "${lock[@]}" update -qq &&
+      apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}"; } \
       >"$apt_log" 2>&1; then
     [ "$made_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
     tail -n 20 "$apt_log" >&2
