@@ -9,7 +9,7 @@ host's: ``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF`` point at files that 
 writes under ``images.cache_dir()/podman/``:
 
 - ``runtime = "runc"`` (crun fails on hybrid cgroup v1/v2 layouts) and ``cgroup_manager =
-  "cgroupfs"`` (no systemd needed), file events (no journald);
+  "cgroupfs"`` (no systemd needed), no events log (it would grow on the tmpfs);
 - ``default_ulimits`` no higher than this host's hard limits (podman's own default of 1048576
   open files fails with "setrlimit: Operation not permitted" where the hard limit is lower and
   there is no CAP_SYS_RESOURCE): ``nofile=20000:20000`` and ``nproc=32768:32768`` here;
@@ -75,7 +75,7 @@ netns = "none"
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
-events_logger = "file"
+events_logger = "none"
 tmp_dir = "{RUNTIME_DIR}/libpod"
 
 [engine.runtimes]
