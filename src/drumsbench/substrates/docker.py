@@ -360,13 +360,14 @@ def _read_frames(
     totals = [0, 0]
     pending = bytearray()
     raw.setblocking(False)
+    poller = select.poll()  # not select(): descriptors above 1024 are common at high concurrency
+    poller.register(raw, select.POLLIN)
     try:
         while True:
             wait = deadline - time.monotonic()
             if wait <= 0:
                 return bytes(bufs[0]), bytes(bufs[1]), totals, True
-            ready, _, _ = select.select([raw], [], [], wait)
-            if not ready:
+            if not poller.poll(max(1, int(wait * 1000))):
                 continue
             try:
                 chunk = raw.recv(1 << 16)
