@@ -294,9 +294,9 @@ class DockerSandbox(Sandbox):
                     if f is None:
                         raise SubstrateError(f"docker: {path} is not a regular file")
                     return f.read(-1 if limit is None else limit)
-            except (tarfile.TarError, *_api_errors()) as e:
-                if isinstance(e, FileNotFoundError | IsADirectoryError):
-                    raise
+            except (FileNotFoundError, IsADirectoryError):
+                raise
+            except (tarfile.TarError, docker.errors.DockerException, OSError) as e:
                 raise self._gone(e, f"cannot read {path}") from e
             finally:
                 with contextlib.suppress(Exception):
