@@ -23,6 +23,7 @@ def sub(request, run_id, state_dir):
     s = cls(run_id, state_dir)
     yield s
     s.close()
+    cls.gc(state_dir, {run_id})  # whatever a failed test left (run ids are unique per test)
 
 
 def labels_of(sub, box) -> dict[str, str]:
