@@ -3,10 +3,11 @@
 import shutil
 
 import pytest
-from helpers import MINI
 
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.errors import UsageError
+
+from helpers import MINI
 
 
 def test_builtin_suite_shape():

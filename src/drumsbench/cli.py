@@ -231,6 +231,9 @@ def doctor() -> None:
         except Exception as e:
             t.add_row(name, "broken", "", "", str(e))
     console.print(t)
+    from drumsbench import criu
+
+    console.print(f"CRIU (live fork): {criu.describe()}")
 
 
 @app.command()
@@ -272,12 +275,12 @@ cs.register(app)
 
 
 def main() -> None:
+    import drumsbench.cli_branch
+    import drumsbench.cli_substrates  # noqa: F401 - registers coldstart and isolation
+
     try:
         app()
     except DrumsError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()

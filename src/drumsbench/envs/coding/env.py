@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import posixpath
 from pathlib import Path
+from typing import Any
 
 from drumsbench.envs.base import Action, Environment, Observation, Task
 from drumsbench.envs.coding.task import CodingTask
@@ -38,6 +39,10 @@ class CodingEnv(Environment):
 
     def fingerprint(self) -> str:
         return self.box.tree_digest(self.box.paths.work)
+
+    def capture(self) -> dict[str, Any]:
+        """A coding state is its work tree (the shell keeps no state between actions)."""
+        return {"files": self.box.tree_digest(self.box.paths.work)}
 
     # -- observations ------------------------------------------------------------------------
     def _shell(self, command: str, timeout: float) -> Observation:

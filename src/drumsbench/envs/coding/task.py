@@ -94,6 +94,12 @@ class CodingTask(Task):
     def wrong_choices(self) -> int:
         return len(self.wrong_patches)
 
+    def branch_prefix(self, k: int) -> list[ActionSpec]:
+        """Exploring actions interleaved with notes the agent writes: every step changes the state."""
+        return [self.explore_action(i // 2) if i % 2 else
+                ActionSpec("write", {"path": f"notes/step-{i}.md", "content": f"step {i}: looked around\n"})
+                for i in range(k)]
+
     def explore_action(self, i: int) -> ActionSpec:
         names = sorted(self.files)
         target = names[i % len(names)]
