@@ -8,7 +8,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, cli
 
 from drumsbench.errors import UsageError
 from drumsbench.measure.cost import (
@@ -24,6 +23,8 @@ from drumsbench.measure.cost import (
 )
 from drumsbench.measure.stats import Estimate
 from drumsbench.measure.windows import Usage
+
+from helpers import ROOT, cli
 
 EXAMPLES = ROOT / "examples" / "prices"
 RATE = Estimate(value=1000.0, low=800.0, high=1250.0, n=500, method="test")

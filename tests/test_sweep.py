@@ -6,12 +6,13 @@ import json
 import sqlite3
 
 import pytest
-from helpers import MINI, ROOT, cli
 
 from drumsbench.ledger import Ledger
 from drumsbench.measure.windows import Criteria, judge, pooled_rate
 from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.records import AttemptRecord
+
+from helpers import MINI, ROOT, cli
 
 CHECKS = ["full_length", "invalid_rate", "isolation_control", "stable"]
 
