@@ -155,7 +155,8 @@ class PriceFile(_Section):
         return [s.host_price() for s in (self.owned, self.cloud, self.cloud_eur) if s is not None]
 
 
-SECTIONS = {"owned": Owned, "cloud": Cloud, "cloud_eur": CloudEur, "attribution": AttributionInputs}
+SECTIONS: dict[str, type[BaseModel]] = {"owned": Owned, "cloud": Cloud, "cloud_eur": CloudEur,
+                                        "attribution": AttributionInputs}
 
 FIXES = {
     "purchase_usd": "give the host's purchase price in USD, e.g. purchase_usd = 2400",
