@@ -99,6 +99,11 @@ def test_projection_within_20_percent_of_real_150_step_trajectories(tmp_path, en
     assert c["within"] and p["checks_within"] is True
     assert one["worker_hours"]["value"] == pytest.approx(one["per_trajectory_s"]["value"] * 1_000_000 / 3600)
     assert "check against real trajectories" in proc.stdout
+    # rebuilt from the ledger alone, the projection says the same
+    cli("report", p["runs"][0], "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "again.json"),
+        env=env, check=True)
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["projections"] == p["projections"]
 
 
 @pytest.mark.parametrize("args,needle", [

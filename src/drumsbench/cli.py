@@ -157,8 +157,8 @@ def _report(ledger, run_id: str, out: Path, json_path: Path | None, price: list[
     from drumsbench.report.terminal import print_report
 
     cs.load_price_files(price)  # a bad price file is a usage error before anything else
-    if ledger.run(run_id)["kind"] == "sweep":
-        return cs.sweep_report(ledger, run_id, out, json_path, price)
+    if cs.special_report(ledger, run_id, out, json_path, price):  # sweep and project runs
+        return
     report = build(ledger, run_id)
     print_report(report, console)
     data = json.dumps(cs.run_costs(ledger, run_id, report, price, report.dump()), indent=2)

@@ -204,16 +204,30 @@ def sweep(
         raise typer.Exit(130)
 
 
-def sweep_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None,
-                 price: list[Path] | None) -> None:
-    """``drumsbench report`` for a sweep run."""
-    from drumsbench.experiments.sweep import build
-    from drumsbench.report.sweep import print_sweep
+def special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None,
+                   price: list[Path] | None) -> bool:
+    """``drumsbench report`` for a sweep or a projection run; False for other kinds."""
+    kind = ledger.run(run_id)["kind"]
+    if kind == "sweep":
+        from drumsbench.experiments.sweep import build
+        from drumsbench.report.sweep import print_sweep
 
-    files = load_price_files(price)
-    report = build(ledger, run_id, prices=files or None)
-    print_sweep(report, console)
-    _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
+        files = load_price_files(price)
+        report = build(ledger, run_id, prices=files or None)
+        print_sweep(report, console)
+        _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
+        return True
+    if kind == "project":
+        from drumsbench.experiments.project import ProjectConfig
+        from drumsbench.experiments.project import build as build_projection
+        from drumsbench.report.sweep import projection_group
+
+        cfg = ProjectConfig.model_validate(ledger.run(run_id)["config"])
+        proj = build_projection(ledger, [run_id], cfg.trajectories, cfg.steps, cfg.tolerance, cfg.seed)
+        console.print(projection_group(proj))
+        _write_json(proj.dump(), out / run_id, "projection.json", json_path)
+        return True
+    return False
 
 
 def register(app: typer.Typer) -> None:
