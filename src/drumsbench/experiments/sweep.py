@@ -222,6 +222,8 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
         n_max_reason = "no window was confirmed" if steps else "no window ran"
     else:
         n_max_reason = f"largest N with a confirmed window: N={n_max}"
+        if not stopped and n_max == max(cfg.concurrency):
+            n_max_reason += " (the largest N asked for: the host may take more; add higher levels)"
     soak = next((v for v in windows if v.kind == "soak"), None)
     soak_held = bool(soak and soak.confirmed and n_max is not None and soak.concurrency == n_max)
     bursts = [v for v in windows if v.kind == "burst"]
