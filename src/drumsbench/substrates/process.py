@@ -202,9 +202,9 @@ class ProcessSubstrate(Substrate):
         return ProcessSandbox(self.name, self.run_id, sid, root, paths)
 
     def close(self) -> None:
-        folder = sandbox_root(self.state_dir, self.run_id)
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        """The run is over: nothing of it may remain, even what a sandbox lost track of."""
+        kill_pids(list(pids_with_env(RUN_VAR, self.run_id)))
+        shutil.rmtree(sandbox_root(self.state_dir, self.run_id), ignore_errors=True)
 
     def raw_floor(self) -> list[str] | None:
         return ["true"]
