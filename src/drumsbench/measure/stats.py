@@ -49,7 +49,9 @@ def wilson(k: int, n: int, conf: float = CONFIDENCE) -> Estimate:
 def quantile(values: Sequence[float] | np.ndarray, q: float, conf: float = CONFIDENCE) -> Estimate:
     from scipy import stats  # imported here: scipy.stats costs about a second at start-up
 
-    x = np.sort(np.asarray(values, dtype=float))
+    x = np.asarray(values, dtype=float)
+    if len(x) > 1 and not np.all(x[1:] >= x[:-1]):  # a caller may pass sorted values: sort only when needed
+        x = np.sort(x)
     n = len(x)
     if n == 0:
         return Estimate(value=None, low=None, high=None, n=0, method="order-statistics")
@@ -61,7 +63,7 @@ def quantile(values: Sequence[float] | np.ndarray, q: float, conf: float = CONFI
     return Estimate(value=value, low=min(low, value), high=max(high, value), n=n, method="order-statistics")
 
 
-def rate_per_hour(event_times: Sequence[float], span_s: float, bins: int = 20, seed: int = 0,
+def rate_per_hour(event_times: Sequence[float] | np.ndarray, span_s: float, bins: int = 20, seed: int = 0,
                   conf: float = CONFIDENCE) -> Estimate:
     """Events per hour over a measured span; ``event_times`` are offsets in seconds within it."""
     n = len(event_times)
