@@ -365,25 +365,21 @@ def sec_cost(runs: Sequence[RunData], pal: Palette) -> str:
         log = bool(vals) and max(vals) / max(min(vals), 1e-12) > 20
         plots.append(svg.range_plot(ranges, "USD per valid rollout (95% interval)", log_x=log,
                                     title="USD per valid rollout per price input", x_min=None if log else 0))
-    series = []
-    for rd in runs:
+    for rd in runs:  # one small plot per run: runs of different lengths do not share a time axis
         span = rd.report.host_seconds
         if span <= 0:
             continue
         c, k, w = _bins(rd.timeline[0], span)
-        x_scale = 60.0 if span > 600 else 1.0
-        series.append(Series(_name(rd, runs, "valid per host-hour"), list(c / x_scale), list(k / w * 3600),
-                             color=pal(rd.label), mode="lines+markers" if len(c) < 15 else "lines"))
+        x_scale, unit = (60.0, "min") if span > 600 else (1.0, "s")
+        series = [Series("valid per host-hour", list(c / x_scale), list(k / w * 3600), color=pal(rd.label),
+                         mode="lines+markers" if len(c) < 15 else "lines")]
         ci, ki, wi = _bins(rd.timeline[1], span)
         if ki.sum():
-            series.append(Series(_name(rd, runs, "invalid per host-hour"), list(ci / x_scale), list(ki / wi * 3600),
+            series.append(Series("invalid per host-hour", list(ci / x_scale), list(ki / wi * 3600),
                                  color=pal(rd.label), dash=True))
-    if series:
-        unit = "min" if any(rd.report.host_seconds > 600 for rd in runs) else "s"
-        if len({("min" if rd.report.host_seconds > 600 else "s") for rd in runs}) > 1:
-            unit = "min or s"
-        plots.append(svg.xy_plot(series, f"host time into the run ({unit})", "per host-hour", y_min=0,
-                                 title="completions over time (host timeline, dead time removed)"))
+        title = "completions over time" + (f" — {rd.label}" if len(runs) > 1 else "")
+        plots.append(svg.xy_plot(series, f"host time into the run ({unit}; dead time removed)", "per host-hour",
+                                 y_min=0, title=title, width=460 if len(runs) > 1 else 560))
     return out + _plots(*plots)
 
 
@@ -777,11 +773,14 @@ def sec_conditions(runs: Sequence[RunData], pal: Palette) -> str:
     keys: list[str] = []
     for f in flats:
         keys += [k for k in f if k not in keys]
+    order = ("machine.", "config.", "price input", "other")
+    keys.sort(key=lambda k: next((i + 1 for i, p in enumerate(order) if k.startswith(p)), 0))  # stable
     rows, cls = [], []
     for k in keys:
         vals = [f.get(k, "–") for f in flats]
         rows.append([k, *vals])
-        cls.append("diff" if len(runs) > 1 and len(set(vals)) > 1 else "")
+        differs = len(runs) > 1 and len(set(vals)) > 1 and k not in ("run id", "created (UTC)")
+        cls.append("diff" if differs else "")
     note = '<p class="note">Rows that differ between the runs are highlighted.</p>' if len(runs) > 1 else ""
     return note + table(["", *[rd.label for rd in runs]], rows, "small kv", cls)
 
@@ -805,7 +804,8 @@ nav a{margin-right:12px;color:#1f5fbf;text-decoration:none;font-size:13px}
 flex:1 1 300px;max-width:560px;background:#fff}
 .card .rid{font-weight:700;font-family:ui-monospace,"DejaVu Sans Mono",monospace}
 .card .sub,.card .lbl{color:var(--mut);font-size:12px}
-.card .big{font-size:24px;font-weight:700;margin-top:6px} .card .mid{font-size:17px;font-weight:600;margin-top:6px}
+.card .big{font-size:24px;font-weight:700;margin-top:6px}
+.card .big .ci{display:block;font-size:13px;font-weight:600} .card .mid{font-size:17px;font-weight:600;margin-top:6px}
 .ctl{margin-top:8px;font-weight:600}
 .ok{color:var(--ok)} .bad{color:var(--bad)}
 .ci{color:var(--mut);font-size:.9em} .na{color:var(--mut)} .note{color:var(--mut);font-size:12px}
