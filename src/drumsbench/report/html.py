@@ -23,6 +23,7 @@ import base64
 import binascii
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -170,7 +171,15 @@ def _pct(k: int, n: int) -> str:
 
 
 def _plots(*items: str) -> str:
-    return '<div class="plots">' + "".join(f'<div class="pl">{p}</div>' for p in items if p) + "</div>"
+    """Plots in a wrapping row, each captioned with its title (the SVG's aria-label)."""
+    out = []
+    for p in items:
+        if not p:
+            continue
+        m = re.search(r'aria-label="([^"]*)"', p)
+        cap = f'<div class="cap">{m.group(1)}</div>' if m else ""
+        out.append(f'<div class="pl">{cap}{p}</div>')
+    return '<div class="plots">' + "".join(out) + "</div>"
 
 
 class Palette:
@@ -439,7 +448,7 @@ def sec_latency(runs: Sequence[RunData], pal: Palette) -> str | None:
 def _cdf_plot(series: list[Series], title: str) -> str:
     xs = [v for s in series for v in s.x if v is not None and v > 0]
     log = bool(xs) and max(xs) / max(min(xs), 1e-9) > 20
-    return svg.xy_plot(series, f"{title} — ms" + (" (log)" if log else ""), "% of samples ≤ x", title=title,
+    return svg.xy_plot(series, "milliseconds" + (" (log scale)" if log else ""), "% of samples ≤ x", title=title,
                        log_x=log, y_min=0, y_max=100, width=520, height=260)
 
 
@@ -819,7 +828,7 @@ tr.tot td{font-weight:600} tr.cause td:first-child{padding-left:26px}
 tr.dim td{color:#7a828c} tr.diff td{background:#fff7e0}
 table.kv td:first-child{font-family:ui-monospace,"DejaVu Sans Mono",monospace;color:var(--mut)}
 .plots{display:flex;flex-wrap:wrap;gap:16px;margin:8px 0}
-.pl{flex:0 1 auto;max-width:100%}
+.pl{flex:0 1 auto;max-width:100%} .pl .cap{font-size:12.5px;font-weight:600;margin:0 0 2px 8px;color:#333}
 svg.plot{max-width:100%;height:auto;font-family:inherit}
 svg.plot .bg{fill:#fff} svg.plot .area{fill:#fbfcfd;stroke:none}
 svg.plot .grid{stroke:#e6e9ed;stroke-width:1} svg.plot .ax{stroke:#7a828c;stroke-width:1}
