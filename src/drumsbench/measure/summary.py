@@ -6,6 +6,7 @@ describes it. Nothing here reads anything but the ledger.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,38 @@ def _latency(values: list[float] | np.ndarray) -> PhaseLatency:
     return PhaseLatency(n=len(arr), p50=quantile(arr, 0.5), p95=quantile(arr, 0.95), p99=quantile(arr, 0.99))
 
 
-def build(ledger: Ledger, run_id: str, price: HostPrice | None = None) -> RunReport:
+@dataclass
+class Columns:
+    """A run's attempt columns as arrays, fetched once (for the run report and the HTML report)."""
+
+    substrate: np.ndarray  # str
+    window: np.ndarray  # str
+    ok: np.ndarray  # bool: valid (success or failed)
+    provision: np.ndarray
+    reset: np.ndarray
+    verify: np.ndarray
+    teardown: np.ndarray
+    t_start: np.ndarray
+    t_end: np.ndarray
+    steps: dict[str, np.ndarray]  # substrate -> every step's seconds
+
+
+def columns(ledger: Ledger, run_id: str) -> Columns:
+    db = ledger.db
+    rows = db.execute("SELECT substrate, window, outcome != 'invalid', provision_s, reset_s, verify_s, teardown_s, "
+                      "t_start, t_end FROM attempts WHERE run_id = ?", (run_id,)).fetchall()
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 9
+    del rows
+    prov, reset, verify, teardown, t_start, t_end = (np.array(x, dtype=float) for x in cols[3:])
+    # steps from the stored JSON text, one string per substrate (exact: the text is each float's repr)
+    steps = {sub: np.array(text.split(","), dtype=float) for sub, text in db.execute(
+        "SELECT substrate, group_concat(substr(steps_s, 2, length(steps_s) - 2), ',') FROM attempts "
+        "WHERE run_id = ? AND n_steps > 0 GROUP BY substrate", (run_id,)) if text}
+    return Columns(np.array(cols[0], dtype=str), np.array(cols[1], dtype=str), np.array(cols[2], dtype=bool),
+                   prov, reset, verify, teardown, t_start, t_end, steps)
+
+
+def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Columns | None = None) -> RunReport:
     run = ledger.run(run_id)
     cfg = run["config"]
     if price is None:
@@ -123,18 +155,13 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None) -> RunRep
             failed += k
             line.failed += k
 
-    # Phase timings as arrays; steps from the stored JSON text in one string (exact: the text is
-    # Python's repr of each float). Quantiles do not depend on order, so none is imposed.
-    cols = np.asarray(db.execute("SELECT provision_s, reset_s, verify_s, teardown_s, t_end - t_start, "
-                                 "outcome != 'invalid', t_end FROM attempts WHERE run_id = ?", (run_id,)).fetchall(),
-                      dtype=float).reshape(-1, 7)
-    steps_text = db.execute("SELECT group_concat(substr(steps_s, 2, length(steps_s) - 2), ',') FROM attempts "
-                            "WHERE run_id = ? AND n_steps > 0", (run_id,)).fetchone()[0]
-    steps = np.array(steps_text.split(","), dtype=float) if steps_text else np.empty(0)
-    prov, reset, verify, teardown, total = (cols[:, i] for i in range(5))
-    phase_values = {"provision": prov[prov != 0], "reset": reset, "step": steps, "verify": verify[verify != 0],
-                    "teardown": teardown[teardown != 0], "attempt": total}
-    valid_times = _offsets(segs, cols[cols[:, 5] == 1, 6])
+    # Phase timings as arrays. Quantiles do not depend on order, so none is imposed.
+    c = cols if cols is not None else columns(ledger, run_id)
+    prov, verify, teardown = c.provision, c.verify, c.teardown
+    steps = np.concatenate(list(c.steps.values())) if c.steps else np.empty(0)
+    phase_values = {"provision": prov[prov != 0], "reset": c.reset, "step": steps, "verify": verify[verify != 0],
+                    "teardown": teardown[teardown != 0], "attempt": c.t_end - c.t_start}
+    valid_times = _offsets(segs, c.t_end[c.ok])
 
     valid = success + failed
     throughput = rate_per_hour(valid_times, host_s)

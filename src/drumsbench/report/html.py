@@ -36,7 +36,7 @@ import numpy as np
 from drumsbench.errors import UsageError
 from drumsbench.ledger import Ledger
 from drumsbench.measure.stats import Estimate, inverse, quantile, wilson
-from drumsbench.measure.summary import PHASES, RunReport, _offsets, build
+from drumsbench.measure.summary import PHASES, RunReport, _offsets, build, columns
 from drumsbench.outcome import InvalidCause
 from drumsbench.report import svg
 from drumsbench.report.svg import RangeRow, Rule, Series
@@ -66,38 +66,26 @@ class RunData:
 
 
 def _load(ledger: Ledger, run_id: str, index: int, report: RunReport | None) -> RunData:
-    rep = report or build(ledger, run_id)
+    c = columns(ledger, run_id)  # one pass over the attempts, shared with the run report
+    rep = report or build(ledger, run_id, cols=c)
     run = ledger.run(run_id)
-    db = ledger.db
-    # one pass over the attempts: text columns as arrays of strings, timings as float arrays
-    rows = db.execute("SELECT substrate, window, outcome != 'invalid', provision_s, reset_s, verify_s, teardown_s, "
-                      "t_start, t_end FROM attempts WHERE run_id = ?", (run_id,)).fetchall()
-    cols = list(zip(*rows, strict=True)) if rows else [()] * 9
-    del rows
-    subs = np.array(cols[0], dtype=str)
-    wlabels = np.array(cols[1], dtype=str)
-    ok = np.array(cols[2], dtype=bool)
-    prov, reset, verify, teardown, t_start, t_end = (np.array(c, dtype=float) for c in cols[3:])
-    total = t_end - t_start
-    steps_by_sub = {sub: np.array(text.split(","), dtype=float) for sub, text in db.execute(
-        "SELECT substrate, group_concat(substr(steps_s, 2, length(steps_s) - 2), ',') FROM attempts "
-        "WHERE run_id = ? AND n_steps > 0 GROUP BY substrate", (run_id,)) if text}
+    total = c.t_end - c.t_start
     # phase samples per substrate (same inclusion rules as the run report: zero = phase not run)
     samples: dict[str, dict[str, np.ndarray]] = {}
-    for sub in dict.fromkeys(cols[0]):
-        m = subs == sub
-        p, v, td = prov[m], verify[m], teardown[m]
-        samples[sub] = {"provision": p[p > 0], "reset": reset[m], "step": steps_by_sub.get(sub, np.empty(0)),
-                        "verify": v[v > 0], "teardown": td[td > 0], "attempt": total[m]}
-    offs = _offsets(ledger.segments(run_id), t_end)
-    timeline = (offs[ok], offs[~ok])
+    for sub in dict.fromkeys(c.substrate.tolist()):
+        m = c.substrate == sub
+        p, v, td = c.provision[m], c.verify[m], c.teardown[m]
+        samples[sub] = {"provision": p[p != 0], "reset": c.reset[m], "step": c.steps.get(sub, np.empty(0)),
+                        "verify": v[v != 0], "teardown": td[td != 0], "attempt": total[m]}
+    offs = _offsets(ledger.segments(run_id), c.t_end)
+    timeline = (offs[c.ok], offs[~c.ok])
     artifacts = {k: ledger.artifacts(run_id, k) for k in ARTIFACT_KINDS}
     window_times: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
     for name in artifacts.get("window", {}):
-        m = wlabels == name
+        m = c.window == name
         if m.any():
-            window_times[name] = (t_end[m & ok], t_end[m & ~ok], float(t_start[m].min()))
-    other = {r[0]: r[1] for r in db.execute(
+            window_times[name] = (c.t_end[m & c.ok], c.t_end[m & ~c.ok], float(c.t_start[m].min()))
+    other = {r[0]: r[1] for r in ledger.db.execute(
         "SELECT kind, COUNT(*) FROM artifacts WHERE run_id = ? GROUP BY kind", (run_id,)) if r[0] not in ARTIFACT_KINDS}
     return RunData(rep, run, index, run_id, samples, timeline, window_times, artifacts, other)
 
