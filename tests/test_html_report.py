@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require
-from helpers import cli
 
 from drumsbench.ledger import Ledger
 from drumsbench.measure import summary
@@ -27,6 +25,9 @@ from drumsbench.measure.stats import rate_per_hour, wilson
 from drumsbench.outcome import InvalidCause
 from drumsbench.report.html import build_html
 from drumsbench.report.sample import synthesize
+
+from conftest import require
+from helpers import cli
 
 SECTIONS_ALWAYS = ("outcomes", "cost", "latency", "tasks", "controls", "conditions")
 SECTIONS_ARTIFACTS = ("sweep", "branch", "projection", "screenshots")
