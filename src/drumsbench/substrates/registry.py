@@ -19,6 +19,7 @@ ENTRY_POINT_GROUP = "drumsbench.substrates"
 BUILTINS: dict[str, str] = {
     "process": "drumsbench.substrates.process:ProcessSubstrate",
     "bwrap": "drumsbench.substrates.bwrap:BwrapSubstrate",
+    "overlay": "drumsbench.substrates.overlay:OverlaySubstrate",
 }
 
 
