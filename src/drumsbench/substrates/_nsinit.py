@@ -68,7 +68,7 @@ DEV_LINKS = (
     ("stderr", "/proc/self/fd/2"),
     ("ptmx", "pts/ptmx"),
 )
-PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus")
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")  # = bwrap.PROC_READONLY
 
 
 def _check(ret: int, what: str) -> None:

@@ -4,14 +4,16 @@ What a command sees:
 
 - ``/`` is the host's root, read-only (each top-level entry bound read-only onto a read-only
   tmpfs root, so that the sandbox folder can sit at the fixed path ``/sandbox``). ``/run`` is an
-  empty tmpfs (hides host sockets such as the docker socket) and the run's state folder is hidden
-  so one sandbox cannot read another's files.
+  empty tmpfs (hides host sockets such as the docker socket); the state folder (so one sandbox
+  cannot read another's files), ``/root`` and the image cache are hidden by empty tmpfs too.
 - ``/sandbox`` is the sandbox's host folder, read-write, with ``work``, ``home``, ``tmp`` and
   ``verify``. ``HOME=/sandbox/home``, ``TMPDIR=/sandbox/tmp``; ``/tmp`` is *the same folder* as
   ``/sandbox/tmp`` (private to the sandbox, kept between its commands, emptied by reset, searched
   by the canary scan) rather than a throwaway tmpfs per command.
-- Fresh ``/dev`` and ``/proc``; new user (uid 0 mapped to host root), mount, pid, ipc, uts,
-  cgroup and network namespaces (``--unshare-all``): the only network interface is ``lo``.
+- Fresh ``/dev`` and ``/proc`` (``/proc/sys``, ``/proc/sysrq-trigger``, ... read-only: uid 0
+  inside is host root, so the kernel's knobs must not be writable); new user (uid 0 mapped to
+  host root), mount, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``): the only
+  network interface is ``lo``.
 - Capabilities: docker's default set minus ``mknod``, ``sys_chroot`` and ``setfcap``; never
   ``sys_admin``, so the read-only mounts cannot be remounted.
 
@@ -32,6 +34,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from drumsbench import images
 from drumsbench.errors import SubstrateError
 from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
@@ -64,6 +67,9 @@ SANDBOX_CAPS = (
     "net_raw",
     "audit_write",
 )
+
+# /proc entries a sandbox may read but never write (as docker does). Shared with ``overlay``.
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 
 # Top-level host entries not bound into the sandbox (replaced or hidden).
 _NOT_BOUND = {"proc", "dev", "tmp", "run", "sandbox", "lost+found"}
@@ -98,10 +104,17 @@ def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
         elif os.path.exists(host):
             argv += ["--ro-bind", host, host]
     argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
-    for h in hide:
-        # Only where the folder is visible through a read-only bind (not under /tmp, /run, ...).
-        top = Path(h).parts[1] if len(Path(h).parts) > 1 else ""
-        if top and top not in _NOT_BOUND and os.path.isdir(h):
+    # uid 0 inside is host root: kernel knobs under /proc (sysctls, sysrq) must be read-only.
+    for sub in PROC_READONLY:
+        if os.path.exists(f"/proc/{sub}"):
+            argv += ["--ro-bind", f"/proc/{sub}", f"/proc/{sub}"]
+    for h in sorted(set(hide)):
+        # Only where the folder is visible through a read-only bind (not under /tmp, /run, ...)
+        # and not already inside another hidden folder.
+        top = h.parts[1] if len(h.parts) > 1 else ""
+        if any(o in h.parents for o in hide):
+            continue
+        if top and top not in _NOT_BOUND and h.is_dir():
             argv += ["--tmpfs", str(h), "--remount-ro", str(h)]
     argv += [
         "--bind", str(host_root), IN_ROOT,
@@ -207,8 +220,12 @@ class BwrapSubstrate(Substrate):
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self._folder = run_folder(state_dir, run_id)
-        # Folders a sandbox must not see: every run's sandboxes (and the rest of the state).
-        self._hide = [Path(os.path.realpath(state_dir))]
+        # Folders a sandbox must not see: the state (every run's sandboxes), root's home and the
+        # image cache (credentials, container engines' sockets such as podman's attach sockets).
+        self._hide = [
+            Path(os.path.realpath(p))
+            for p in (state_dir, os.path.expanduser("~root"), images.cache_dir())
+        ]
 
     def create(self) -> Sandbox:
         sid = new_sandbox_id()
