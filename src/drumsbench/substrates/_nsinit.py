@@ -109,6 +109,8 @@ def setup_holder(req, merged):
     lo_up()
     lower = ":".join(req["lower"])
     opts = f"lowerdir={lower},upperdir={req['upper']},workdir={req['work']}"
+    if req.get("volatile"):
+        opts += ",volatile"
     mount("overlay", merged, "overlay", 0, opts)
     proc = os.path.join(merged, "proc")
     mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)

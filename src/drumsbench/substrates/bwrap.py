@@ -33,6 +33,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
@@ -41,6 +42,7 @@ from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     Capabilities,
+    ExecResult,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -164,6 +166,20 @@ class BwrapSandbox(HostFolderSandbox):
             # Checked by exec: a vanished working folder is a substrate error, as for ``process``.
             host_cwd = str(self.host_path(norm))
         return [*self._prefix, "--chdir", norm, "--", *argv], host_cwd, env
+
+    def exec(self, command: str | Sequence[str], **kwargs: Any) -> ExecResult:
+        res = super().exec(command, **kwargs)
+        # When bwrap has exited, its pid namespace is gone with every process of the command:
+        # forget process groups that have no member left, before the kernel reuses their ids.
+        with self._lock:
+            for pgid in list(self._groups):
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    self._groups.discard(pgid)
+                except PermissionError:
+                    pass
+        return res
 
     # -- files ---------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes) -> None:

@@ -21,7 +21,9 @@ private mount namespace and vanish with it, however the run ends. Holders die wi
 server, which dies when the harness closes its stdin (also on a crash).
 
 Reset in place discards the upper layer: the holder is killed (the kernel kills its pid namespace
-and drops its mounts), a fresh upper is made, a new holder mounts it. Snapshot/fork:
+and drops its mounts), a fresh upper is made, a new holder mounts it; the old upper is renamed
+away and deleted on a background thread. Overlays are mounted ``volatile`` (no sync of the upper
+file system at unmount: an upper layer is never needed after a host crash). Snapshot/fork:
 ``snapshot()`` freezes the sandbox's current upper layer (it is renamed into the run's layer store
 and never written again) and the sandbox continues on a fresh upper stacked on it; ``fork(id)``
 creates a sandbox whose lower layers start with the frozen one: no file is copied. Snapshots hold
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import select
 import shutil
 import signal
@@ -172,6 +175,47 @@ class _ForkServer:
             self.proc.stdout.close()
 
 
+class _Trash:
+    """Deletes discarded layers on a background thread, so a reset need not wait for it.
+
+    A folder is first renamed into ``<run>/trash`` (O(1)); ``drain`` waits until all are gone.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._queue: queue.Queue[Path | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, path: Path) -> None:
+        try:
+            self.folder.mkdir(exist_ok=True)
+            dest = self.folder / uuid.uuid4().hex[:12]
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="overlay-trash", daemon=True)
+                self._thread.start()
+        self._queue.put(dest)
+
+    def _run(self) -> None:
+        while (path := self._queue.get()) is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def drain(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class OverlaySandbox(Sandbox):
     def __init__(self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...]) -> None:
         self.substrate = sub.name
@@ -222,6 +266,9 @@ class OverlaySandbox(Sandbox):
                 "work": work,
                 "merged": f"sb/{self.id}/m",
                 "hostname": f"sandbox-{self.id}",
+                # Upper layers are thrown away or frozen, never needed after a host crash:
+                # skip the sync of the upper file system at unmount.
+                "volatile": True,
             }
         )
         if "pid" not in reply:
@@ -232,8 +279,13 @@ class OverlaySandbox(Sandbox):
         except OSError as e:
             raise SubstrateError(f"overlay: sandbox {self.id} died at start: {e}") from e
 
-    def _stop(self) -> None:
-        """Kill the holder (the kernel kills its pid namespace) and any labelled straggler."""
+    def _stop(self, sweep: bool = False) -> None:
+        """Kill the holder (the kernel kills its pid namespace) and the running ``nsenter``s.
+
+        Every process inside dies with the holder; outside it there are only the ``nsenter``
+        parents of running commands, killed by group. ``sweep`` also kills any process still
+        carrying the sandbox's label (a scan of /proc: for destroy, not for the hot reset path).
+        """
         if self._pidfd >= 0:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -246,14 +298,15 @@ class OverlaySandbox(Sandbox):
             groups, self._groups = self._groups, set()
         for pgid in groups:
             kill_group(pgid)
-        kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
+        if sweep:
+            kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
 
     def _alive(self) -> bool:
         return self._pidfd >= 0 and not _wait_pidfd(self._pidfd, 0)
 
     def _discard(self, *rel: str) -> None:
         for d in rel:
-            shutil.rmtree(self._sub.folder / d, ignore_errors=True)
+            self._sub.trash.put(self._sub.folder / d)
 
     # -- paths -----------------------------------------------------------------------------------
     @staticmethod
@@ -309,19 +362,28 @@ class OverlaySandbox(Sandbox):
             *argv,
         ]  # fmt: skip
 
+        started: list[int] = []
+
         def remember(pid: int) -> None:
+            started.append(pid)
             with self._lock:
                 self._groups.add(pid)
 
-        return run_bounded(
-            host_argv,
-            timeout=timeout,
-            cwd=None,
-            env=full_env,
-            stdin=stdin,
-            output_limit=output_limit,
-            on_start=remember,
-        )
+        try:
+            return run_bounded(
+                host_argv,
+                timeout=timeout,
+                cwd=None,
+                env=full_env,
+                stdin=stdin,
+                output_limit=output_limit,
+                on_start=remember,
+            )
+        finally:
+            # The group's leader is reaped: forget its id before the kernel can reuse it. What
+            # the command left running lives in the pid namespace and dies with the holder.
+            with self._lock:
+                self._groups.difference_update(started)
 
     def write_file(self, path: str, data: bytes) -> None:
         try:
@@ -394,7 +456,7 @@ class OverlaySandbox(Sandbox):
                 return
             self._destroyed = True
             try:
-                self._stop()
+                self._stop(sweep=True)
             finally:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._sub.forget(self)
@@ -426,6 +488,7 @@ class OverlaySubstrate(Substrate):
         self._lock = threading.Lock()
         self._live: dict[str, OverlaySandbox] = {}
         self._snapshots: dict[str, tuple[str, ...]] = {}
+        self.trash = _Trash(self.folder / "trash")
 
     @classmethod
     def missing(cls) -> str | None:
@@ -518,6 +581,7 @@ class OverlaySubstrate(Substrate):
             self._rootfs = None
         if server is not None:
             server.stop()
+        self.trash.drain()
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
 
