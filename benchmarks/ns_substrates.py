@@ -65,9 +65,10 @@ def machine() -> str:
         ).stdout.strip()  # fmt: skip
     except OSError:
         commit = "?"
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
         f"kernel {platform.release()}, {os.cpu_count()} CPUs, "
-        f"python {platform.python_version()}, commit {commit or '?'}"
+        f"python {platform.python_version()}, commit {commit or '?'}, load average {load}"
     )
 
 
@@ -170,6 +171,7 @@ def main() -> None:
                 print(fmt("overlay: fork()", forks))
                 print(fmt("overlay: fork() + first exec", first))
     finally:
+        print(f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for sub in subs.values():
             sub.close()
         leftovers = [x for sub in subs.values() for x in sub.leftovers()]
