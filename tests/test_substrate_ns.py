@@ -15,13 +15,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import require
 
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates import registry
 from drumsbench.substrates.hostproc import pids_with_env
 from drumsbench.substrates.overlay import OverlaySubstrate, host_mounts_below, run_folder
 from drumsbench.substrates.process import RUN_VAR
+
+from conftest import require
 
 NS_SUBSTRATES = ["bwrap", "overlay"]
 

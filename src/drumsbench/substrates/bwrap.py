@@ -243,6 +243,11 @@ class BwrapSubstrate(Substrate):
             for p in (state_dir, os.path.expanduser("~root"), images.cache_dir())
         ]
 
+    def raw_floor(self) -> list[str] | None:
+        """A plain bubblewrap around `true`, as harnesses commonly start one."""
+        return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                "--unshare-all", "--die-with-parent", "true"]
+
     def create(self) -> Sandbox:
         sid = new_sandbox_id()
         root = self._folder / sid

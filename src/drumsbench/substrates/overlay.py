@@ -490,6 +490,11 @@ class OverlaySubstrate(Substrate):
         self._snapshots: dict[str, tuple[str, ...]] = {}
         self.trash = _Trash(self.folder / "trash")
 
+    def raw_floor(self) -> list[str] | None:
+        """Fresh namespaces and a chroot into the Debian rootfs around `true` (no overlay mount)."""
+        return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "chroot",
+                str(images.ensure_rootfs()), "/bin/true"]
+
     @classmethod
     def missing(cls) -> str | None:
         if os.geteuid() != 0:
