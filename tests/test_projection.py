@@ -104,6 +104,11 @@ def test_projection_within_20_percent_of_real_150_step_trajectories(tmp_path, en
         env=env, check=True)
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["projections"] == p["projections"]
+    # published for the HTML report (docs/html-report.md), which renders it
+    cli("report", p["runs"][0], "--out", str(tmp_path / "runs"), "--html", str(tmp_path / "p.html"),
+        env=env, check=True)
+    page = (tmp_path / "p.html").read_text()
+    assert "Worker-hour projection" in page and one["label"] in page and "could not be rendered" not in page
 
 
 @pytest.mark.parametrize("args,needle", [

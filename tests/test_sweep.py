@@ -43,7 +43,7 @@ def _window(db: Ledger, label: str, ends: list[float], invalid: tuple[int, ...] 
     end = start + (ran if ran is not None else planned + 0.2)
     db.db.execute("UPDATE segments SET started = ?, ended = ? WHERE run_id = ? AND seg = ?",
                   (start - 0.1, end, run_id, seg))
-    db.put_artifact(run_id, "window", label, {"concurrency": n, "planned_s": planned, "work_started": start,
+    db.put_artifact(run_id, "segment", label, {"concurrency": n, "planned_s": planned, "work_started": start,
                                               "ended": end, "interrupted": interrupted,
                                               "resources": {"cpu_busy": {"mean": 0.5, "max": 0.9}}})
     if fired is not None:
@@ -157,6 +157,17 @@ def test_sweep_finds_n_max_and_judges_every_window(tmp_path, env):
     for key in ("n_max", "steady_state", "not_run", "climb_stopped", "soak_held"):
         assert again[key] == r[key], key
     assert [w["confirmed"] for w in again["windows"]] == [w["confirmed"] for w in r["windows"]]
+    # the judged windows are published for the HTML report (docs/html-report.md) and it renders them
+    published = {name: json.loads(data) for name, data in db.execute(
+        "SELECT name, data FROM artifacts WHERE kind = 'window'").fetchall()}
+    assert {n: w["role"] for n, w in published.items()} == {
+        w["label"]: {"step": "window", "soak": "soak", "burst": "burst"}[w["kind"]] for w in r["windows"]}
+    assert all(w["reasons"] and "confirmed" in w for w in published.values())
+    summary = json.loads(db.execute("SELECT data FROM artifacts WHERE kind = 'sweep'").fetchone()[0])
+    assert summary["n_max"] == r["n_max"]
+    cli("report", r["run_id"], "--out", str(out), "--html", str(tmp_path / "r.html"), env=env, check=True)
+    page = (tmp_path / "r.html").read_text()
+    assert "Sweep: windows" in page and "could not be rendered" not in page
 
 
 def test_faults_above_the_threshold_unconfirm_a_window_and_do_not_count(tmp_path, env):

@@ -87,6 +87,7 @@ def remember_prices(ledger: Ledger, run_id: str, paths: list[Path] | None) -> No
 def run_costs(ledger: Ledger, run_id: str, report: Any, paths: list[Path] | None,
               data: dict[str, Any]) -> dict[str, Any]:
     """Print host figures and attribution for a plain run; returns ``data`` with a ``costs`` section."""
+    from drumsbench.experiments.sweep import publish_prices
     from drumsbench.measure.cost import PriceFile, attribute, host_figures
     from drumsbench.measure.windows import usage
     from drumsbench.report.sweep import cost_group
@@ -99,6 +100,7 @@ def run_costs(ledger: Ledger, run_id: str, report: Any, paths: list[Path] | None
         return data
     hosts = [h for f in files for h in f.hosts()]
     figures = host_figures(hosts, report.valid_per_host_hour, report.host_seconds / 3600)
+    publish_prices(ledger, run_id, figures)
     use = usage(ledger, run_id)
     attributions = [attribute(h, f.attribution, use, scope="the whole run") for f in files for h in f.hosts()]
     from rich.console import Group
@@ -140,7 +142,7 @@ def sweep(
     from drumsbench.cli import _validation, parse_duration
     from drumsbench.envs import suites
     from drumsbench.experiments.run import RunConfig, make_substrate, new_run_id, open_ledger
-    from drumsbench.experiments.sweep import SweepConfig, build, run_sweep
+    from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
     from drumsbench.faults import FaultPlan
     from drumsbench.machine import commit, machine_info
     from drumsbench.policies.scripted import make_policy
@@ -197,6 +199,7 @@ def sweep(
 
     status = run_sweep(ledger, run_id, cfg, on_window=finished, on_start=started)
     report = build(ledger, run_id)
+    publish(ledger, run_id, report)
     print_sweep(report, console)
     _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
     if status == "interrupted":
@@ -209,21 +212,24 @@ def special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | Non
     """``drumsbench report`` for a sweep or a projection run; False for other kinds."""
     kind = ledger.run(run_id)["kind"]
     if kind == "sweep":
-        from drumsbench.experiments.sweep import build
+        from drumsbench.experiments.sweep import build, publish
         from drumsbench.report.sweep import print_sweep
 
         files = load_price_files(price)
         report = build(ledger, run_id, prices=files or None)
+        publish(ledger, run_id, report)
         print_sweep(report, console)
         _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
         return True
     if kind == "project":
         from drumsbench.experiments.project import ProjectConfig
         from drumsbench.experiments.project import build as build_projection
+        from drumsbench.experiments.project import publish as publish_projection
         from drumsbench.report.sweep import projection_group
 
         cfg = ProjectConfig.model_validate(ledger.run(run_id)["config"])
         proj = build_projection(ledger, [run_id], cfg.trajectories, cfg.steps, cfg.tolerance, cfg.seed)
+        publish_projection(ledger, run_id, proj)
         console.print(projection_group(proj))
         _write_json(proj.dump(), out / run_id, "projection.json", json_path)
         return True
@@ -255,7 +261,7 @@ def project(
 ) -> None:
     """Worker-hours for N trajectories of S steps per substrate, from measured phase times."""
     from drumsbench.cli import _validation
-    from drumsbench.experiments.project import ProjectConfig, Target, build, run_projection
+    from drumsbench.experiments.project import ProjectConfig, Target, build, publish, run_projection
     from drumsbench.experiments.run import ledger_path, make_substrate, new_run_id, open_ledger
     from drumsbench.ledger import Ledger
     from drumsbench.machine import commit, machine_info
@@ -299,5 +305,7 @@ def project(
         runs = [run_id]
         name = "projection.json"
     report = build(ledger, runs, trajectories, steps, tolerance, seed)
+    if not from_runs:
+        publish(ledger, runs[0], report)
     console.print(projection_group(report))
     _write_json(report.dump(), out / runs[0], name, json_path)

@@ -194,3 +194,20 @@ def build(ledger: Ledger, run_ids: list[str], trajectories: int, steps: int, tol
     return ProjectionReport(trajectories=trajectories, steps=steps, runs=run_ids, machine=first["machine"],
                             commit=first["commit"], projections=projections,
                             checks_within=all(checks) if checks else None)
+
+
+def publish(ledger: Ledger, run_id: str, r: ProjectionReport) -> None:
+    """Write each projection as the ``projection`` artifact the HTML report reads (docs/html-report.md)."""
+    for p in r.projections:
+        c = p.check
+        ledger.put_artifact(run_id, "projection", p.label, {
+            "substrate": p.label, "trajectories": p.trajectories, "steps": p.steps,
+            "cold_start_s": p.terms.cold_start.model_dump(mode="json"),
+            "reset_s": p.terms.reset.model_dump(mode="json"),
+            "per_step_s": p.terms.per_step.model_dump(mode="json"),
+            "verify_s": p.terms.verify.model_dump(mode="json"),
+            # with a check: projected at the real runs' step count and start mix, like for like
+            "projected_s_per_trajectory": (c.projected_s.value if c else p.per_trajectory_s.value),
+            **({"measured_s_per_trajectory": c.measured_s.value} if c else {}),
+            "worker_hours": p.worker_hours.model_dump(mode="json"),
+        })

@@ -103,7 +103,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
 
     With ``cfg.window`` set, this runs one *window* of a multi-window run (a sweep, a projection):
     sequence numbers continue after the run's last attempt, the duration and attempt limits apply to
-    this window alone, the run's status is left to the caller, and a ``window`` artifact records
+    this window alone, the run's status is left to the caller, and a ``segment`` artifact records
     when work started, its deadline, when it ended, whether it was interrupted, the window's
     configuration and the host resources sampled during it (``measure.windows``).
     """
@@ -148,7 +148,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         ledger.heartbeat(run_id, seg)
         status = "interrupted" if executor.interrupted else "complete"
         if sampler is not None:
-            ledger.put_artifact(run_id, "window", cfg.window, {
+            ledger.put_artifact(run_id, "segment", cfg.window, {
                 "concurrency": cfg.concurrency, "planned_s": duration_left, "max_attempts": attempts_left,
                 "work_started": work_started, "ended": time.time(), "interrupted": executor.interrupted,
                 "config": cfg.model_dump(mode="json", exclude={"price"}), "resources": sampler.stop()})

@@ -275,3 +275,45 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
         n_max_reason=n_max_reason, soak=soak, soak_held=soak_held, steady_state=steady, bursts=bursts,
         prices=figures, attribution=attribution, conditions=conditions,
     )
+
+
+def publish(ledger: Ledger, run_id: str, r: SweepReport) -> None:
+    """Write the judged sweep as the artifacts the HTML report reads (docs/html-report.md).
+
+    ``window`` (one per window: role, verdict, reasons, rate, flat resources), ``sweep``/``summary``
+    and ``price`` (one per priced host). Derived from the ledger; rewritten by every rebuild.
+    """
+    roles = {"step": "window", "soak": "soak", "burst": "burst", "window": "other"}
+    for v in r.windows:
+        res = v.resources
+        ledger.put_artifact(run_id, "window", v.label, {
+            "concurrency": v.concurrency, "role": roles[v.kind], "planned_s": v.planned_s, "ran_s": v.ran_s,
+            "attempts": v.attempts, "valid": v.valid, "invalid": v.invalid,
+            "invalid_rate": v.invalid_rate.model_dump(mode="json"),
+            "valid_per_host_hour": v.valid_per_host_hour.model_dump(mode="json"),
+            "confirmed": v.confirmed, "counted": v.counted,
+            "reasons": [("ok: " if c.passed else "FAIL: ") + c.detail for c in v.checks],
+            "resources": {"cpu_busy": (res.get("cpu_busy") or {}).get("mean"),
+                          "mem_gib": (res.get("memory_used_gib") or {}).get("mean"),
+                          "sandboxes": (res.get("live_sandboxes") or {}).get("max")},
+        })
+    ledger.put_artifact(run_id, "sweep", "summary", {
+        "n_max": r.n_max, "soak": r.soak.label if r.soak else None,
+        "invalid_threshold": r.criteria["invalid_threshold"],
+        "valid_per_host_hour": r.steady_state.valid_per_host_hour.model_dump(mode="json"),
+        "stopped": r.climb_stopped, "soak_held": r.soak_held, "note": r.steady_state.note,
+    })
+    publish_prices(ledger, run_id, r.prices)
+
+
+def publish_prices(ledger: Ledger, run_id: str, figures: list[HostFigure]) -> None:
+    for f in figures:
+        billed = f.usd_per_host_hour * f.billed_hours / f.run_hours if f.run_hours > 0 else f.usd_per_host_hour
+        ledger.put_artifact(run_id, "price", f.name, {
+            "kind": f.kind, "usd_per_host_hour": f.usd_per_host_hour,
+            **({"billed_usd_per_host_hour": billed} if f.billed_hours > f.run_hours else {}),
+            "usd_per_valid_rollout": f.usd_per_valid_rollout.model_dump(mode="json"),
+            "note": f.derivation,
+            "inputs": {"minimum_billed_hours": f.minimum_billed_hours, "run_hours": f.run_hours,
+                       "billed_hours": f.billed_hours},
+        })

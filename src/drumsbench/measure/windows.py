@@ -1,7 +1,7 @@
 """Windows: the only place a throughput figure may come from.
 
 A **window** is one segment of a run at a fixed concurrency N, labelled in the ledger (the
-segment's label, each attempt's ``window``, the positive control's ``window`` and a ``window``
+segment's label, each attempt's ``window``, the positive control's ``window`` and a ``segment``
 artifact written by ``experiments.run.execute``). A window is **confirmed** when all four checks
 pass:
 
@@ -201,8 +201,11 @@ def _fmt_s(s: float | None) -> str:
 
 
 def window_info(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
-    """The ``window`` artifacts of a run, by label."""
-    return ledger.artifacts(run_id, "window")
+    """The ``segment`` artifacts of a run (what ``execute`` recorded about each labelled segment), by label."""
+    found = ledger.artifacts(run_id, "segment")
+    if not found:  # ledgers written before the record was called ``segment`` kept it under ``window``
+        found = {k: v for k, v in ledger.artifacts(run_id, "window").items() if "work_started" in v}
+    return found
 
 
 WINDOW_COLUMNS = ("window", "outcome", "cause", "injected", "t_start", "t_end", "provision_s", "reset_s",
