@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from drumsbench.errors import UsageError
@@ -209,8 +209,24 @@ def sweep(
 
 def special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None,
                    price: list[Path] | None) -> bool:
-    """``drumsbench report`` for a sweep or a projection run; False for other kinds."""
-    kind = ledger.run(run_id)["kind"]
+    """``drumsbench report`` for a sweep or a projection run; False for other kinds.
+
+    A run whose configuration is not the sweep's or the projection's (e.g. one written by another
+    tool under the same kind) gets the plain run report.
+    """
+    from drumsbench.experiments.project import ProjectConfig
+    from drumsbench.experiments.sweep import SweepConfig
+
+    run = ledger.run(run_id)
+    kind = run["kind"]
+    models: dict[str, type[BaseModel]] = {"sweep": SweepConfig, "project": ProjectConfig}
+    model = models.get(kind)
+    if model is None:
+        return False
+    try:
+        model.model_validate(run["config"])
+    except (ValidationError, UsageError):
+        return False
     if kind == "sweep":
         from drumsbench.experiments.sweep import build, publish
         from drumsbench.report.sweep import print_sweep
@@ -222,7 +238,6 @@ def special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | Non
         _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
         return True
     if kind == "project":
-        from drumsbench.experiments.project import ProjectConfig
         from drumsbench.experiments.project import build as build_projection
         from drumsbench.experiments.project import publish as publish_projection
         from drumsbench.report.sweep import projection_group
