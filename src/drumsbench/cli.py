@@ -105,10 +105,12 @@ def run(
             if ray_address is not None and executor != "ray":
                 raise UsageError("--ray-address: only with --executor ray")
             if executor == "ray":
+                from drumsbench.executors.ray import check_address
                 from drumsbench.executors.ray import missing as ray_missing
 
                 if ray_missing():
                     raise UsageError(f"--executor ray: {ray_missing()}")
+                check_address(ray_address)
                 extra["executor"] = executor
                 extra["ray_address"] = ray_address
             if usd_per_host_hour is not None:

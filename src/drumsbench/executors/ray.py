@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -57,6 +58,18 @@ def missing() -> str | None:
     if importlib.util.find_spec("ray") is None:
         return "Ray is not installed; install it with: pip install 'drumsbench[ray]'"
     return None
+
+
+def check_address(address: str | None) -> None:
+    """``UsageError`` unless ``address`` (``--ray-address``) can be joined on loopback."""
+    if not address:
+        return
+    if not ray_env.is_loopback_address(address):
+        raise UsageError(f"--ray-address: {address} is not a loopback address; on these machines Ray must stay "
+                         "on 127.0.0.1 (see docs/ray.md)")
+    if "RAY_AUTH_TOKEN_PATH" not in os.environ:
+        raise UsageError("--ray-address: set RAY_AUTH_TOKEN_PATH to the token file the cluster was started with "
+                         "(every process that joins it must share it; see docs/ray.md)")
 
 
 @dataclass(frozen=True)
@@ -161,22 +174,22 @@ class NodeRunner:
             with contextlib.suppress(Exception):
                 box.destroy()
 
-    def close(self) -> list[str]:
-        """Destroy every sandbox of this node; returns what the substrate says is left over."""
+    def close(self) -> None:
+        """Destroy every sandbox of this node."""
         for slot, _ in self.slots.values():
             with contextlib.suppress(Exception):
                 slot.destroy()
-        left: list[str] = []
         if self.substrate is not None:
             with contextlib.suppress(Exception):
                 self.substrate.close()
-            with contextlib.suppress(Exception):
-                left = self.substrate.leftovers()
         if self._registered:
             from drumsbench import state
 
             state.unregister(self.spec.run_id)
-        return left
+
+    def leftovers(self) -> list[str]:
+        """What the substrate says is left of the run on this host (after every node here closed)."""
+        return self.substrate.leftovers() if self.substrate is not None else []
 
 
 @dataclass
@@ -221,17 +234,9 @@ class RayExecutor:
 
     # -- connection ----------------------------------------------------------------------------
     def _connect(self) -> tuple[Any, Callable[[], None]]:
-        import os
-
         if "ray" in sys.modules and sys.modules["ray"].is_initialized():
             return sys.modules["ray"], lambda: None
-        if self.address:
-            if not ray_env.is_loopback_address(self.address):
-                raise UsageError(f"--ray-address: {self.address} is not a loopback address; on these machines "
-                                 "Ray must stay on 127.0.0.1 (see docs/ray.md)")
-            if "RAY_AUTH_TOKEN_PATH" not in os.environ:
-                raise UsageError("--ray-address: set RAY_AUTH_TOKEN_PATH to the token file the cluster was started "
-                                 "with (every process that joins it must share it; see docs/ray.md)")
+        check_address(self.address)
         imported = "ray" in sys.modules
         env = ray_env.apply(new_token=not self.address)  # before Ray reads its settings
         import ray
@@ -414,23 +419,28 @@ class RayExecutor:
         flights.clear()  # in-flight attempts were cut short by the operator: not recorded
 
     def _close(self, ray: Any, job: Job, substrate: Substrate) -> None:
+        """Every live node destroys its sandboxes; then what is left is looked for once per host."""
         live = [n for n in self.nodes if not n.lost]
-        refs = {n.actor.close.remote(): n for n in live}
-        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=60) if refs else ([], [])
+        closing = [n.actor.close.remote() for n in live]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=60)
+        here = socket.gethostname()
+        if any(n.lost and n.host == here for n in self.nodes):
+            # A lost node on this host could not clean up; every live node has closed, so what
+            # remains of this run here is the lost node's.
+            removed = type(substrate).gc(Path(substrate.state_dir), {job.run_id})
+            if removed:
+                self._event(f"removed what the lost node(s) left on {here}: {'; '.join(removed[:5])}")
+        one_per_host = {n.host: n for n in live}
+        checks = {n.actor.leftovers.remote(): n for n in one_per_host.values()}
+        done, _ = ray.wait(list(checks), num_returns=len(checks), timeout=30) if checks else ([], [])
         for ref in done:
-            try:
+            with contextlib.suppress(Exception):
                 left = ray.get(ref)
-            except Exception as e:
-                left = [f"close failed: {type(e).__name__}"]
-            if left:
-                self._event(f"node {refs[ref].node_id[:8]} left: {'; '.join(left[:5])}")
+                if left:
+                    self._event(f"left on {checks[ref].host}: {'; '.join(left[:5])}")
+        for host in sorted({n.host for n in self.nodes if n.lost} - set(one_per_host) - {here}):
+            self._event(f"the run's sandboxes on {host} may remain (its node was lost): run `drumsbench gc` there")
         for n in self.nodes:
             with contextlib.suppress(Exception):
                 ray.kill(n.actor, no_restart=True)
-        here = socket.gethostname()
-        if any(n.lost and n.host == here for n in self.nodes):
-            # A lost node on this host could not clean up; every other node has closed, so what
-            # remains of this run here is its garbage.
-            removed = type(substrate).gc(Path(substrate.state_dir), {job.run_id})
-            if removed:
-                self._event(f"removed what lost node(s) left on {here}: {'; '.join(removed[:5])}")

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
-from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, wilson
+from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, scale, wilson
 from drumsbench.outcome import InvalidCause
 
 REPORT_SCHEMA = "drumsbench.run-report/1"
@@ -33,6 +33,17 @@ class TaskLine(BaseModel):
     success: int
     failed: int
     invalid: int
+
+
+class HostLine(BaseModel):
+    """One host (a machine, by hostname) of a run; several Ray nodes on one machine are one host."""
+
+    attempts: int
+    success: int
+    failed: int
+    invalid: int
+    nodes: int  # distinct Ray nodes seen on this host (1 in process)
+    valid_per_host_hour: Estimate
 
 
 class Control(BaseModel):
@@ -72,6 +83,10 @@ class RunReport(BaseModel):
     controls: list[Control]
     isolation_confirmed: bool
     conditions: str
+    # host-hours = hosts x wall hours: ``host_seconds`` = ``host_count`` x ``wall_seconds``
+    wall_seconds: float = 0.0
+    host_count: int = 1
+    hosts: dict[str, HostLine] = {}
 
     model_config = {"populate_by_name": True}
 
@@ -92,9 +107,9 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None) -> RunRep
     if price is None:
         price = HostPrice(**cfg["price"]) if "price" in cfg else DEFAULT_PRICE
     segs = ledger.segments(run_id)
-    host_s = sum(max(0.0, e - s) for s, e, _ in segs)
+    wall_s = sum(max(0.0, e - s) for s, e, _ in segs)
     cols = ("task", "outcome", "cause", "injected", "t_end", "provision_s", "reset_s", "steps_s",
-            "verify_s", "teardown_s", "t_start")
+            "verify_s", "teardown_s", "t_start", "host", "extra")
     rows = ledger.attempts(run_id, cols)
 
     invalid = {c.value: 0 for c in InvalidCause}
@@ -105,9 +120,16 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None) -> RunRep
     success = failed = 0
     valid_times: list[float] = []
     phase_values: dict[str, list[float]] = {p: [] for p in PHASES}
-    for task, outcome, cause, inj, t_end, prov, reset, steps, verify, teardown, t_start in rows:
+    per_host: dict[str, list[Any]] = {}  # host -> [attempts, success, failed, invalid, nodes, valid times]
+    for task, outcome, cause, inj, t_end, prov, reset, steps, verify, teardown, t_start, host, extra in rows:
         line = tasks.setdefault(task, TaskLine(attempts=0, success=0, failed=0, invalid=0))
         line.attempts += 1
+        h = per_host.setdefault(host, [0, 0, 0, 0, set(), []])
+        h[0] += 1
+        h[{"success": 1, "failed": 2}.get(outcome, 3)] += 1
+        h[4].add(json.loads(extra or "{}").get("node", ""))
+        if outcome != "invalid":
+            h[5].append(_offset(segs, t_end))
         if inj:
             injected[inj] += 1
             if cause == inj:
@@ -137,10 +159,16 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None) -> RunRep
 
     n = len(rows)
     valid = success + failed
-    throughput = rate_per_hour(valid_times, host_s)
+    host_count = max(1, len(per_host))
+    host_s = wall_s * host_count
+    throughput = scale(rate_per_hour(valid_times, wall_s), 1 / host_count)  # per host-hour
+    hosts = {h: HostLine(attempts=v[0], success=v[1], failed=v[2], invalid=v[3], nodes=len(v[4]),
+                         valid_per_host_hour=rate_per_hour(v[5], wall_s)) for h, v in sorted(per_host.items())}
     controls = [Control(**c) for c in ledger.controls(run_id)]
     machine = run["machine"]
-    conditions = (f"{cfg.get('substrate', '?')} substrate, concurrency {cfg.get('concurrency', '?')}, "
+    executor = cfg.get("executor", "local")
+    spread = "" if executor == "local" else f" per node, executor {executor} on {host_count} host(s)"
+    conditions = (f"{cfg.get('substrate', '?')} substrate, concurrency {cfg.get('concurrency', '?')}{spread}, "
                   f"policy {cfg.get('policy', '?')}, on {machine.get('cores', '?')} cores "
                   f"({machine.get('cpu_model', '?')}), {machine.get('os', '?')}, commit {run['commit']}; "
                   f"95% intervals")
@@ -172,6 +200,9 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None) -> RunRep
         controls=controls,
         isolation_confirmed=bool(controls) and all(c.fired for c in controls if c.kind == "isolation"),
         conditions=conditions,
+        wall_seconds=wall_s,
+        host_count=host_count,
+        hosts=hosts,
     )
 
 
