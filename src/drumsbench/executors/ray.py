@@ -72,6 +72,45 @@ def check_address(address: str | None) -> None:
                          "(every process that joins it must share it; see docs/ray.md)")
 
 
+def connect(address: str | None = None, object_store_bytes: int = ray_env.OBJECT_STORE_BYTES
+            ) -> tuple[Any, Callable[[], None]]:
+    """Connect this process to Ray on loopback; returns (the ``ray`` module, disconnect).
+
+    Already connected: that connection, and a disconnect that does nothing. ``address`` None:
+    start a single-node Ray of our own (loopback settings, no dashboard, capped object store),
+    which disconnect stops. Otherwise join ``address`` (``auto`` or HOST:PORT on loopback).
+    """
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return sys.modules["ray"], lambda: None
+    check_address(address)
+    imported = "ray" in sys.modules
+    env = ray_env.apply(new_token=not address)  # before Ray reads its settings
+    import ray
+
+    if imported:  # Ray read its settings at import: make it read them again
+        ray_env.reload_auth()
+    try:
+        kwargs: dict[str, Any] = {"_node_ip_address": ray_env.LOOPBACK, "logging_level": logging.WARNING,
+                                  "log_to_driver": True}
+        if address:
+            kwargs["address"] = address
+        else:
+            kwargs.update(ray_env.NODE_KWARGS, object_store_memory=object_store_bytes, address="local")
+        ray.init(**kwargs)
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        env.restore()
+        flag, where = ("--ray-address", f"join {address}") if address else ("--executor ray", "start a local Ray")
+        raise UsageError(f"{flag}: cannot {where}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+
+    def disconnect() -> None:
+        ray.shutdown()
+        env.restore()
+
+    return ray, disconnect
+
+
 @dataclass(frozen=True)
 class RemoteJob:
     """The picklable part of a ``Job`` that every node needs (sent once, at actor creation)."""
@@ -234,38 +273,7 @@ class RayExecutor:
 
     # -- connection ----------------------------------------------------------------------------
     def _connect(self) -> tuple[Any, Callable[[], None]]:
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            return sys.modules["ray"], lambda: None
-        check_address(self.address)
-        imported = "ray" in sys.modules
-        env = ray_env.apply(new_token=not self.address)  # before Ray reads its settings
-        import ray
-
-        if imported:  # Ray read its settings at import: make it read them again
-            ray_env.reload_auth()
-        try:
-            kwargs: dict[str, Any] = {"_node_ip_address": ray_env.LOOPBACK, "logging_level": logging.WARNING,
-                                      "log_to_driver": True}
-            if self.address:
-                kwargs["address"] = self.address
-            else:
-                kwargs.update(ray_env.NODE_KWARGS, object_store_memory=self.object_store_bytes,
-                              address="local")
-            ray.init(**kwargs)
-        except Exception as e:
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            env.restore()
-            flag, where = ("--ray-address", f"join {self.address}") if self.address else \
-                ("--executor ray", "start a local Ray")
-            raise UsageError(f"{flag}: cannot {where}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                             ) from None
-
-        def disconnect() -> None:
-            ray.shutdown()
-            env.restore()
-
-        return ray, disconnect
+        return connect(self.address, self.object_store_bytes)
 
     def _event(self, line: str) -> None:
         log.warning(line)
