@@ -304,9 +304,10 @@ class RayExecutor:
             ).remote(spec, i, self.concurrency, node_id)
             nodes.append(_Node(i, node_id, actor))
         infos = []
-        for node in nodes:
+        setups = [node.actor.setup.remote() for node in nodes]  # all nodes at once
+        for ref in setups:
             try:
-                infos.append(ray.get(node.actor.setup.remote(), timeout=300))
+                infos.append(ray.get(ref, timeout=300))
             except Exception as e:
                 infos.append({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
         ready = []
@@ -348,15 +349,16 @@ class RayExecutor:
             ref = node.actor.attempt.remote(k, work.seq, work.task.id, work.fault)
             flights[ref] = _Flight(node, k, work, time.time())
 
-        def lost_record(f: _Flight, reason: str) -> AttemptRecord:
+        def lost_record(f: _Flight, reason: str, what: str = "lost mid-attempt") -> AttemptRecord:
             return AttemptRecord(
                 run_id=job.run_id, seq=f.work.seq, task=f.work.task.id, substrate=substrate.name, env=f.node.env,
                 policy=policy_name, executor=self.name, host=f.node.host,
                 worker=f.node.index * self.concurrency + f.slot, concurrency=self.concurrency,
                 window=str(job.meta.get("window", "")), outcome=Outcome.INVALID,
                 cause=InvalidCause.SUBSTRATE_FAILURE, reward=None, injected=f.work.fault,
-                detail=f"ray node {f.node.node_id[:8]} on {f.node.host} lost mid-attempt: {reason}"[:500],
-                t_start=f.t_submit, t_end=time.time(), extra={"node": f.node.node_id, "lost_node": True})
+                detail=f"ray node {f.node.node_id[:8]} on {f.node.host} {what}: {reason}"[:500],
+                t_start=f.t_submit, t_end=time.time(),
+                extra={"node": f.node.node_id, "lost_node": what == "lost mid-attempt"})
 
         def lose(node: _Node, err: BaseException) -> None:
             node.lost = True
@@ -373,10 +375,10 @@ class RayExecutor:
         def on_signal(signum: int, frame: Any) -> None:
             stop_requested.set()
 
-        restore: dict[int, Any] = {}
+        restore: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                restore[sig] = signal.signal(sig, on_signal)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                restore[signum] = signal.signal(signum, on_signal)
         try:
             for node in self.nodes:
                 for k in range(self.concurrency):
@@ -401,8 +403,7 @@ class RayExecutor:
                         lose(f.node, e)
                         continue
                     except Exception as e:  # the call itself failed (not the attempt): never a silent gap
-                        rec = lost_record(f, f"remote call failed: {type(e).__name__}: {e}")
-                        rec.detail = rec.detail.replace("lost mid-attempt", "failed mid-attempt")[:500]
+                        rec = lost_record(f, f"{type(e).__name__}: {e}", what="remote call failed")
                     if stop_requested.is_set():
                         continue  # interrupted: dropped, as in process
                     sink(rec)
@@ -412,8 +413,8 @@ class RayExecutor:
                 self.interrupted = True
                 self._event("every node was lost; the run stopped early (resume it when the cluster is back)")
         finally:
-            for sig, handler in restore.items():
-                signal.signal(sig, handler)
+            for signum, handler in restore.items():
+                signal.signal(signum, handler)
             self._close(ray, job, substrate)
             if tick is not None:
                 tick()

@@ -124,7 +124,7 @@ def health_check_config(fast: bool) -> dict[str, int]:
 
 def reload_auth() -> None:
     """Make an already imported Ray read the authentication settings again (after ``apply``)."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
