@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import require
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.outcome import InvalidCause, Outcome
@@ -13,6 +12,8 @@ from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout import RolloutConfig, run_attempt
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import ResetStrategy
+
+from conftest import require
 from helpers import MINI, slot_on
 
 FAST = RolloutConfig(step_timeout_s=1.0, episode_timeout_s=2.5)
