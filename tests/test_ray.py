@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require
-from helpers import MINI, ROOT, cli
 
 from drumsbench.executors import ray_env
 from drumsbench.executors.ray import missing as ray_missing
@@ -32,6 +30,9 @@ from drumsbench.measure.summary import build
 from drumsbench.outcome import Outcome
 from drumsbench.records import AttemptRecord
 from drumsbench.rollout import RolloutConfig
+
+from conftest import require
+from helpers import MINI, ROOT, cli
 
 MiB = 1024 * 1024
 FAST_HEALTH = ray_env.health_check_config(fast=True)

@@ -60,7 +60,7 @@ def render(r: RunReport) -> Group:
         tasks.add_column(col, justify="right" if col != "task" else "left")
     for name, t in r.tasks.items():
         tasks.add_row(name, str(t.attempts), str(t.success), str(t.failed), str(t.invalid))
-    parts = [head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks]
+    parts: list[Table | Text] = [head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks]
     if r.host_count > 1 or any(h.nodes > 1 for h in r.hosts.values()):
         hosts = Table(title="per host", show_edge=False)
         for col in ("host", "nodes", "attempts", "success", "failed", "invalid", "valid per host-hour"):
