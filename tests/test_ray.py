@@ -280,7 +280,7 @@ def test_cli_starts_its_own_loopback_ray_and_stops_it_on_ctrl_c(tmp_path):
     env = {**os.environ, "DRUMSBENCH_STATE": str(tmp_path / "state"), "RAY_TMPDIR": tmpdir}
     for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
         env.pop(key, None)
-    proc = subprocess.Popen([sys.executable, "-m", "drumsbench.cli", "run", "--executor", "ray", "--tasks", MINI,
+    proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "run", "--executor", "ray", "--tasks", MINI,
                              "--concurrency", "2", "--duration", "10m", "--out", str(out), "--no-progress"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
