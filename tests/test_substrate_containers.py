@@ -7,11 +7,12 @@ import socket
 import time
 
 import pytest
-from conftest import require
 
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates import containers as C
 from drumsbench.substrates import registry
+
+from conftest import require
 
 ENGINES = ["docker", "podman"]
 

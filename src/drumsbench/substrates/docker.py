@@ -47,6 +47,7 @@ from drumsbench.substrates.base import (
     Sandbox,
     Substrate,
 )
+from drumsbench.substrates.hostproc import HeadTail
 
 try:  # the SDK is optional: missing() says how to get it
     import docker
@@ -355,9 +356,9 @@ class _ChunkReader(io.RawIOBase):
 def _read_frames(
     raw: socket.socket, deadline: float, limit: int
 ) -> tuple[bytes, bytes, list[int], bool]:
-    """Read Docker's multiplexed stream to EOF or ``deadline``; keep ``limit`` bytes per stream."""
-    bufs = [bytearray(), bytearray()]
-    totals = [0, 0]
+    """Read Docker's multiplexed stream to EOF or ``deadline``; keep ``limit`` bytes per stream
+    (head and tail, as ``hostproc.HeadTail``)."""
+    keep = [HeadTail(limit), HeadTail(limit)]
     pending = bytearray()
     raw.setblocking(False)
     poller = select.poll()  # not select(): descriptors above 1024 are common at high concurrency
@@ -366,7 +367,7 @@ def _read_frames(
         while True:
             wait = deadline - time.monotonic()
             if wait <= 0:
-                return bytes(bufs[0]), bytes(bufs[1]), totals, True
+                return keep[0].value(), keep[1].value(), [keep[0].total, keep[1].total], True
             if not poller.poll(max(1, int(wait * 1000))):
                 continue
             try:
@@ -376,7 +377,7 @@ def _read_frames(
             except OSError:
                 chunk = b""
             if not chunk:
-                return bytes(bufs[0]), bytes(bufs[1]), totals, False
+                return keep[0].value(), keep[1].value(), [keep[0].total, keep[1].total], False
             pending += chunk
             while len(pending) >= _HEADER.size:
                 kind, size = _HEADER.unpack_from(pending)
@@ -384,11 +385,7 @@ def _read_frames(
                     break
                 payload = pending[_HEADER.size : _HEADER.size + size]
                 del pending[: _HEADER.size + size]
-                i = 1 if kind == 2 else 0
-                totals[i] += size
-                room = limit - len(bufs[i])
-                if room > 0:
-                    bufs[i].extend(payload[:room])
+                keep[1 if kind == 2 else 0].add(bytes(payload))
     finally:
         with contextlib.suppress(OSError):
             raw.setblocking(True)
