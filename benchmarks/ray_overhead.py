@@ -19,6 +19,7 @@ import argparse
 import itertools
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,7 @@ def main() -> None:
         raw = raw_round_trip_ms(ray, args.concurrency)
     finally:
         disconnect()
+        shutil.rmtree(state, ignore_errors=True)
     try:
         rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True).stdout.strip()

@@ -280,6 +280,13 @@ def test_cli_starts_its_own_loopback_ray_and_stops_it_on_ctrl_c(tmp_path):
     env = {**os.environ, "DRUMSBENCH_STATE": str(tmp_path / "state"), "RAY_TMPDIR": tmpdir}
     for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
         env.pop(key, None)
+    try:
+        _ctrl_c_own_ray(tmp_path, out, env, tmpdir)
+    finally:
+        subprocess.run(["rm", "-rf", tmpdir], check=False)
+
+
+def _ctrl_c_own_ray(tmp_path: Path, out: Path, env: dict[str, str], tmpdir: str) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "run", "--executor", "ray", "--tasks", MINI,
                              "--concurrency", "2", "--duration", "10m", "--out", str(out), "--no-progress"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -301,18 +308,15 @@ def test_cli_starts_its_own_loopback_ray_and_stops_it_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    try:
-        assert proc.returncode == 130, stdout + stderr
-        assert "interrupted" in stderr
-        db = sqlite3.connect(out / "ledger.sqlite")
-        assert db.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
-        rows = db.execute("SELECT outcome, executor, host FROM attempts").fetchall()
-        assert len(rows) >= 4 and {r[:2] for r in rows} == {("success", "ray")}
-        time.sleep(0.5)
-        assert not _processes_with_env("RAY_TMPDIR", tmpdir), "Ray processes left behind"
-        assert not any((tmp_path / "state" / "sandboxes").glob("*/*")), "sandboxes left behind"
-    finally:
-        subprocess.run(["rm", "-rf", tmpdir], check=False)
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted" in stderr
+    db = sqlite3.connect(out / "ledger.sqlite")
+    assert db.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+    rows = db.execute("SELECT outcome, executor, host FROM attempts").fetchall()
+    assert len(rows) >= 4 and {r[:2] for r in rows} == {("success", "ray")}
+    time.sleep(0.5)
+    assert not _processes_with_env("RAY_TMPDIR", tmpdir), "Ray processes left behind"
+    assert not any((tmp_path / "state" / "sandboxes").glob("*/*")), "sandboxes left behind"
 
 
 def test_host_hours_are_hosts_times_hours(tmp_path):
