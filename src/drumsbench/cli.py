@@ -162,7 +162,7 @@ def run(
         raise typer.Exit(130)
 
 
-def _report(ledger, run_id: str, out: Path, json_path: Path | None) -> None:
+def _report(ledger, run_id: str, out: Path, json_path: Path | None):
     from drumsbench.measure.summary import build
     from drumsbench.report.terminal import print_report
 
@@ -178,21 +178,33 @@ def _report(ledger, run_id: str, out: Path, json_path: Path | None) -> None:
             json_path.write_text(data)
         except OSError as e:
             raise UsageError(f"--json: cannot write {json_path} ({e.strerror}); choose a writable path") from None
+    return report
 
 
 @app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(help="Run id (see the ledger).")],
+    run_ids: Annotated[list[str], typer.Argument(help="Run id(s) (see the ledger); with --html, side by side.")],
     out: Annotated[Path, typer.Option(help="Folder of the ledger.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
+    html_path: Annotated[Path | None, typer.Option("--html", help="Also write one offline HTML report here.")] = None,
 ) -> None:
-    """Rebuild a run's report from the ledger alone."""
+    """Rebuild runs' reports from the ledger alone."""
     from drumsbench.experiments.run import ledger_path
     from drumsbench.ledger import Ledger
 
     if not ledger_path(out).exists():
         raise UsageError(f"--out: no ledger at {ledger_path(out)}; give the folder a run wrote to")
-    _report(Ledger(ledger_path(out)), run_id, out, json_path)
+    if json_path is not None and len(run_ids) > 1:
+        raise UsageError("--json: the JSON report is one run's; give one run id, or use --html for several")
+    ledger = Ledger(ledger_path(out))
+    for run_id in run_ids:
+        ledger.run(run_id)  # every id known before anything is printed
+    reports = {run_id: _report(ledger, run_id, out, json_path) for run_id in run_ids}
+    if html_path is not None:
+        from drumsbench.report.html import write_html
+
+        write_html(ledger, run_ids, html_path, reports)
+        err.print(f"html report: {html_path}")
 
 
 @app.command()
