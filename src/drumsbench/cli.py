@@ -69,6 +69,8 @@ def run(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this run id from the ledger in --out.")] = None,
     progress: Annotated[bool, typer.Option(help="Live progress display.")] = True,
+    executor: Annotated[str, typer.Option(help="local (in process) or ray (--concurrency per node).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
 ) -> None:
     """Run attempts and print the report."""
     from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
@@ -102,6 +104,19 @@ def run(
                 extra["concurrency"] = concurrency
             if price:
                 extra["price"] = cs.run_price(price)
+            if executor not in ("local", "ray"):
+                raise UsageError(f"--executor: {executor!r} is not one of local, ray")
+            if ray_address is not None and executor != "ray":
+                raise UsageError("--ray-address: only with --executor ray")
+            if executor == "ray":
+                from drumsbench.executors.ray import check_address
+                from drumsbench.executors.ray import missing as ray_missing
+
+                if ray_missing():
+                    raise UsageError(f"--executor ray: {ray_missing()}")
+                check_address(ray_address)
+                extra["executor"] = executor
+                extra["ray_address"] = ray_address
             if usd_per_host_hour is not None:
                 extra["price"] = HostPrice(name="given", usd_per_host_hour=usd_per_host_hour,
                                            note="given with --usd-per-host-hour")

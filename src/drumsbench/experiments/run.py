@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -33,6 +34,9 @@ from drumsbench.rollout import RolloutConfig
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Substrate
 
+if TYPE_CHECKING:
+    from drumsbench.executors.ray import RayExecutor
+
 
 class RunConfig(BaseModel):
     substrate: str = "process"
@@ -48,6 +52,8 @@ class RunConfig(BaseModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     price: HostPrice = DEFAULT_PRICE
     window: str = ""
+    executor: Literal["local", "ray"] = "local"  # ray: --concurrency is per node
+    ray_address: str | None = None  # None: a local single-node Ray of the run's own
 
     @model_validator(mode="after")
     def _bounded(self) -> RunConfig:
@@ -136,7 +142,14 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
                   make_env=suite.make_env, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
                   first_seq=first_seq, max_seq=max_seq, deadline=deadline,
                   meta={"window": cfg.window})
-        executor = LocalExecutor(cfg.concurrency)
+        executor: LocalExecutor | RayExecutor
+        if cfg.executor == "ray":
+            from drumsbench.executors.ray import RayExecutor
+
+            executor = RayExecutor(cfg.concurrency, cfg.ray_address, on_control=lambda fired, detail:
+                                   ledger.record_control(run_id, cfg.window, "isolation", fired, detail))
+        else:
+            executor = LocalExecutor(cfg.concurrency)
 
         def sink(rec: AttemptRecord) -> None:
             ledger.record(rec, seg)

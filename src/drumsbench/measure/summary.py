@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
-from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, wilson
+from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, scale, wilson
 from drumsbench.outcome import InvalidCause
 
 REPORT_SCHEMA = "drumsbench.run-report/1"
@@ -33,6 +33,17 @@ class TaskLine(BaseModel):
     success: int
     failed: int
     invalid: int
+
+
+class HostLine(BaseModel):
+    """One host (a machine, by hostname) of a run; several Ray nodes on one machine are one host."""
+
+    attempts: int
+    success: int
+    failed: int
+    invalid: int
+    nodes: int  # distinct Ray nodes seen on this host (1 in process)
+    valid_per_host_hour: Estimate
 
 
 class Control(BaseModel):
@@ -72,6 +83,10 @@ class RunReport(BaseModel):
     controls: list[Control]
     isolation_confirmed: bool
     conditions: str
+    # host-hours = hosts x wall hours: ``host_seconds`` = ``host_count`` x ``wall_seconds``
+    wall_seconds: float = 0.0
+    host_count: int = 1
+    hosts: dict[str, HostLine] = {}
 
     model_config = {"populate_by_name": True}
 
@@ -123,7 +138,7 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
     if price is None:
         price = HostPrice(**cfg["price"]) if "price" in cfg else DEFAULT_PRICE
     segs = ledger.segments(run_id)
-    host_s = sum(max(0.0, e - s) for s, e, _ in segs)
+    wall_s = sum(max(0.0, e - s) for s, e, _ in segs)
     db = ledger.db
 
     # Counts: one GROUP BY instead of a pass over every attempt in Python (100,000 attempts in ms).
@@ -164,10 +179,15 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
     valid_times = _offsets(segs, c.t_end[c.ok])
 
     valid = success + failed
-    throughput = rate_per_hour(valid_times, host_s)
+    hosts = _hosts(db, run_id, segs, wall_s)
+    host_count = max(1, len(hosts))
+    host_s = wall_s * host_count  # host-hours = hosts x hours
+    throughput = scale(rate_per_hour(valid_times, wall_s), 1 / host_count)  # per host-hour
     controls = [Control(**c) for c in ledger.controls(run_id)]
     machine = run["machine"]
-    conditions = (f"{cfg.get('substrate', '?')} substrate, concurrency {cfg.get('concurrency', '?')}, "
+    executor = cfg.get("executor", "local")
+    spread = "" if executor == "local" else f" per node, executor {executor} on {host_count} host(s)"
+    conditions = (f"{cfg.get('substrate', '?')} substrate, concurrency {cfg.get('concurrency', '?')}{spread}, "
                   f"policy {cfg.get('policy', '?')}, on {machine.get('cores', '?')} cores "
                   f"({machine.get('cpu_model', '?')}), {machine.get('os', '?')}, commit {run['commit']}; "
                   f"95% intervals")
@@ -199,7 +219,29 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
         controls=controls,
         isolation_confirmed=bool(controls) and all(c.fired for c in controls if c.kind == "isolation"),
         conditions=conditions,
+        wall_seconds=wall_s,
+        host_count=host_count,
+        hosts=hosts,
     )
+
+
+def _hosts(db: Any, run_id: str, segs: list[tuple[float, float, str]], wall_s: float) -> dict[str, HostLine]:
+    """Per host (hostname): counts, Ray nodes seen, valid rollouts per hour of that host."""
+    lines: dict[str, dict[str, int]] = {}
+    for host, outcome, k in db.execute("SELECT host, outcome, COUNT(*) FROM attempts WHERE run_id = ? "
+                                       "GROUP BY host, outcome", (run_id,)):
+        lines.setdefault(host, {"success": 0, "failed": 0, "invalid": 0})[outcome] = k
+    nodes = dict(db.execute("SELECT host, COUNT(DISTINCT COALESCE(json_extract(extra, '$.node'), '')) "
+                            "FROM attempts WHERE run_id = ? GROUP BY host", (run_id,)).fetchall())
+    ends: dict[str, list[float]] = {}
+    for host, t_end in db.execute("SELECT host, t_end FROM attempts WHERE run_id = ? AND outcome != 'invalid'",
+                                  (run_id,)):
+        ends.setdefault(host, []).append(t_end)
+    return {h: HostLine(attempts=sum(v.values()), success=v["success"], failed=v["failed"], invalid=v["invalid"],
+                        nodes=nodes.get(h, 1),
+                        valid_per_host_hour=rate_per_hour(_offsets(segs, np.array(ends.get(h, []), dtype=float)),
+                                                          wall_s))
+            for h, v in sorted(lines.items())}
 
 
 def _offsets(segs: list[tuple[float, float, str]], t: np.ndarray) -> np.ndarray:
