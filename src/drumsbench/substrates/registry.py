@@ -18,6 +18,7 @@ ENTRY_POINT_GROUP = "drumsbench.substrates"
 # only matters when that substrate is chosen.
 BUILTINS: dict[str, str] = {
     "process": "drumsbench.substrates.process:ProcessSubstrate",
+    "vm": "drumsbench.substrates.vm:VmSubstrate",
 }
 
 
