@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -144,6 +145,27 @@ class HeadTail:
         return bytes(self.head + self.tail)
 
 
+def spawn(argv, cwd, env, fds):
+    """posix_spawn (vfork-like: no copy of the agent's memory) in a new session, in ``cwd``.
+
+    The agent's own working folder is changed around the call; spawns are serialised by
+    ``_spawn_lock`` and nothing else in the agent uses relative paths.
+    """
+    path = argv[0]
+    if "/" not in path:
+        found = shutil.which(path, path=env.get("PATH", os.environ["PATH"]))
+        if found is None:
+            raise FileNotFoundError(2, "not found")
+        path = found
+    actions = [(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
+               (os.POSIX_SPAWN_DUP2, fds[2], 2)]
+    os.chdir(cwd)
+    try:
+        return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True)
+    finally:
+        os.chdir("/")
+
+
 def do_exec(req):
     global _exec_seq
     argv = req["argv"]
@@ -161,26 +183,21 @@ def do_exec(req):
         in_r, in_w = os.pipe()
     else:
         in_r, in_w = os.open("/dev/null", os.O_RDONLY), None
+    entry = [threading.Event(), None]
     with _spawn_lock:
         _exec_seq += 1
         token = str(_exec_seq)
         env[EXEC_VAR] = token
-        pid = os.fork()
-        if pid == 0:  # child: only plain system calls until exec
-            try:
-                os.setsid()
-                os.dup2(in_r, 0)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                os.closerange(3, 65536)
-                os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)
-            except BaseException as e:
-                try:
-                    os.write(2, (f"{argv[0]}: {e}\n").encode())
-                finally:
-                    os._exit(127 if isinstance(e, FileNotFoundError) else 126)
-        entry = [threading.Event(), None]
+        try:
+            pid = spawn(argv, cwd, env, (in_r, out_w, err_w))
+        except OSError as e:  # not found / not executable: what a shell would say and exit with
+            for fd in (out_w, err_w, in_r, in_w, out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            msg = f"{argv[0]}: {e.strerror or e}\n".encode()
+            return {"code": code, "out": "", "err": base64.b64encode(msg).decode(), "out_total": 0,
+                    "err_total": len(msg), "timed_out": False, "duration": time.monotonic() - t0}
         _children[pid] = entry
     with _have_children:
         _have_children.notify_all()

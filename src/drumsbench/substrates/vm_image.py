@@ -321,11 +321,17 @@ def ensure_disk() -> Path:
     return target / "base.qcow2"
 
 
+_image: GuestImage | None = None
+
+
 def ensure_image() -> GuestImage:
-    """The cached guest (kernel, initramfs, disk), built first if missing.
+    """The cached guest (kernel, initramfs, disk), built first if missing; looked up once per process.
 
     About 20 s the first time (kernel download, mkfs), plus the rootfs if that is missing too.
     """
+    global _image
+    if _image is not None and (_image.folder / ".complete").exists():
+        return _image
     with cache_lock("vm-image"):
         disk = ensure_disk()
         kernel_dir, kver = ensure_kernel()
@@ -341,7 +347,8 @@ def ensure_image() -> GuestImage:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
     full_key = _key({"boot": key, "disk": disk.parent.name})
-    return GuestImage(target, target / "vmlinuz", target / "initrd.img", disk, full_key, kver)
+    _image = GuestImage(target, target / "vmlinuz", target / "initrd.img", disk, full_key, kver)
+    return _image
 
 
 if __name__ == "__main__":
