@@ -56,6 +56,8 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
+from drumsbench.fingerprint import DIGEST_SCRIPT
+from drumsbench.scan import SCAN_SCRIPT
 from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
@@ -599,10 +601,42 @@ class VmSandbox(Sandbox):
                              timeout=timeout, limit=output_limit)
         except AgentError as e:
             raise SubstrateError(f"sandbox {self.id}: exec failed: {e}") from e
+        return self._result(res, t0)
+
+    @staticmethod
+    def _result(res: dict[str, Any], t0: float) -> ExecResult:
         return ExecResult(
             exit_code=int(res["code"]), stdout=base64.b64decode(res["out"]), stderr=base64.b64decode(res["err"]),
             stdout_total=int(res["out_total"]), stderr_total=int(res["err_total"]),
             timed_out=bool(res["timed_out"]), duration_s=time.monotonic() - t0)
+
+    def run_python(self, source: str, args: Sequence[str], *, timeout: float = 60.0,
+                   output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        """Run Python ``source`` with ``args`` as a script in a fork of the guest agent (already
+        started, hashlib loaded): what ``python3 -c`` does, without the interpreter's start-up."""
+        t0 = time.monotonic()
+        try:
+            res = self._call("py", timeout + AGENT_SLACK_S, source=source, argv=["-c", *args], cwd=self.paths.root,
+                             env={}, stdin=None, timeout=timeout, limit=output_limit)
+        except AgentError as e:
+            raise SubstrateError(f"sandbox {self.id}: python failed: {e}") from e
+        return self._result(res, t0)
+
+    def _checked_python(self, source: str, args: Sequence[str], what: str) -> str:
+        res = self.run_python(source, args)
+        if res.exit_code != 0 or res.timed_out:
+            raise SubstrateError(f"vm: {what} failed (exit {res.exit_code}): "
+                                 f"{res.stderr.decode(errors='replace')[-300:]}")
+        return res.stdout.decode().strip()
+
+    def tree_digest(self, path: str) -> str:
+        return self._checked_python(DIGEST_SCRIPT, [path], "tree digest")
+
+    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        if not tokens:
+            return set()
+        out = self._checked_python(SCAN_SCRIPT, [",".join(folders), ",".join(tokens)], "canary scan")
+        return {t for t in out.split(",") if t}
 
     def write_file(self, path: str, data: bytes) -> None:
         try:
