@@ -81,7 +81,8 @@ SANDBOX_ROOT = "/sandbox"
 KERNEL_CMDLINE = ("console=ttyS0 quiet loglevel=3 panic=-1 root=/dev/vda i8042.noaux i8042.nokbd tsc=reliable "
                   # Hardening that costs a lot under emulation and guards only processes inside one sandbox
                   # from each other (the VM boundary is what isolates sandboxes):
-                  "mitigations=off init_on_alloc=0 randomize_kstack_offset=off apparmor=0 audit=0")
+                  "mitigations=off init_on_alloc=0 randomize_kstack_offset=off apparmor=0 audit=0 "
+                  "transparent_hugepage=never psi=0")
 # Seconds an answer may take beyond a command's own timeout (software emulation under load is slow).
 AGENT_SLACK_S = 30.0
 BOOT_TIMEOUT_S = 240.0
@@ -460,12 +461,25 @@ def ensure_snapshot(run_id: str) -> Snapshot:
     target = images.cache_dir() / f"vm-snap-{key}"
     with cache_lock("vm-snapshot"):
         if not (target / ".complete").exists():
+            _prune_snapshots()
             _build_snapshot(image, accel, target, run_id)
         meta = json.loads((target / ".complete").read_text())
+        with contextlib.suppress(OSError):
+            (target / ".used").touch()
     snap = Snapshot(target, image, accel, why, float(meta.get("boot_s", 0.0)))
     with _facts_lock:
         _snapshots[key] = snap
     return snap
+
+
+def _prune_snapshots(unused_for_s: float = 2 * 86400) -> None:
+    """Remove booted snapshots of other recipes that no process has used for two days (about
+    150 MB each); a snapshot in use is touched by every process that uses it."""
+    for folder in images.cache_dir().glob("vm-snap-*"):
+        stamp = folder / ".used" if (folder / ".used").exists() else folder / ".complete"
+        with contextlib.suppress(OSError):
+            if time.time() - stamp.stat().st_mtime > unused_for_s:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _build_snapshot(image: GuestImage, accel: str, target: Path, run_id: str) -> None:
