@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install what the `vm` substrate needs (idempotent):
 #   qemu-system-x86 (the emulator), qemu-utils (qemu-img), busybox-static (the initramfs's shell),
-#   e2fsprogs (mkfs.ext4 -d), cpio (the initramfs archive), debootstrap (the shared Debian rootfs).
+#   e2fsprogs (mkfs.ext4 -d), debootstrap (the shared Debian rootfs), gcc + libc6-dev (the guest
+#   agent is C, compiled static when the image is built).
 # The guest kernel is not installed on the host: the image builder fetches Debian's
 # linux-image-<abi>-amd64 package with `apt-get download` into its cache and extracts it there.
 # With a Python environment given (PYTHON=.venv/bin/python), also build the cached guest image and
 # booted snapshot now, so the first test does not pay for it.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static e2fsprogs cpio debootstrap zstd)
+pkgs=(qemu-system-x86 qemu-utils busybox-static e2fsprogs debootstrap gcc libc6-dev)
 need=()
 for pkg in "${pkgs[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
 if [ ${#need[@]} -gt 0 ]; then

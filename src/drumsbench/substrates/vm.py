@@ -2,7 +2,7 @@
 
 The guest (``vm_image``) is Debian's kernel, a small initramfs and a qcow2 disk made from the same
 Debian root filesystem the container substrates use; it has no network device. Its init is a
-small agent (``vm_agent``) that speaks JSON lines over virtio-serial: exec with a timeout and
+small C agent (``vm_agent.c``) that speaks JSON lines over virtio-serial: exec with a timeout and
 bounded output, read and write files, set the clock, reseed randomness, reset in place.
 
 How a sandbox is made (see docs/vm.md for the measurements):
@@ -56,8 +56,6 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import DIGEST_SCRIPT
-from drumsbench.scan import SCAN_SCRIPT
 from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
@@ -624,33 +622,23 @@ class VmSandbox(Sandbox):
             stdout_total=int(res["out_total"]), stderr_total=int(res["err_total"]),
             timed_out=bool(res["timed_out"]), duration_s=time.monotonic() - t0)
 
-    def run_python(self, source: str, args: Sequence[str], *, timeout: float = 60.0,
-                   output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
-        """Run Python ``source`` with ``args`` as a script in a fork of the guest agent (already
-        started, hashlib loaded): what ``python3 -c`` does, without the interpreter's start-up."""
-        t0 = time.monotonic()
-        try:
-            res = self._call("py", timeout + AGENT_SLACK_S, source=source, argv=["-c", *args], cwd=self.paths.root,
-                             env={}, stdin=None, timeout=timeout, limit=output_limit)
-        except AgentError as e:
-            raise SubstrateError(f"sandbox {self.id}: python failed: {e}") from e
-        return self._result(res, t0)
-
-    def _checked_python(self, source: str, args: Sequence[str], what: str) -> str:
-        res = self.run_python(source, args)
-        if res.exit_code != 0 or res.timed_out:
-            raise SubstrateError(f"vm: {what} failed (exit {res.exit_code}): "
-                                 f"{res.stderr.decode(errors='replace')[-300:]}")
-        return res.stdout.decode().strip()
-
     def tree_digest(self, path: str) -> str:
-        return self._checked_python(DIGEST_SCRIPT, [path], "tree digest")
+        """``fingerprint.tree_digest`` computed by the agent itself (no interpreter to start)."""
+        try:
+            return str(self._call("digest", 120, path=self._abs(path))["digest"])
+        except AgentError as e:
+            raise SubstrateError(f"sandbox {self.id}: tree digest failed: {e}") from e
 
     def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        """``scan.scan_tokens`` computed by the agent itself."""
         if not tokens:
             return set()
-        out = self._checked_python(SCAN_SCRIPT, [",".join(folders), ",".join(tokens)], "canary scan")
-        return {t for t in out.split(",") if t}
+        try:
+            res = self._call("scan", 120, folders=[self._abs(f) for f in folders], tokens=list(tokens),
+                             max_bytes=8 << 20)
+        except AgentError as e:
+            raise SubstrateError(f"sandbox {self.id}: canary scan failed: {e}") from e
+        return {str(t) for t in res["hits"]}
 
     def write_file(self, path: str, data: bytes) -> None:
         try:

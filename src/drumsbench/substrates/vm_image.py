@@ -8,10 +8,11 @@ temporary folder, then renamed):
   nothing is installed on the host). Debian's kernel has virtio, virtio_blk, virtio_console and
   ext4 as modules, so a small initramfs loads them in dependency order (read from each module's
   ``.modinfo``; the package ships no ``modules.dep``).
-- ``vm-image-<recipe hash>/``: ``initrd.img`` (busybox-static, those modules, ``/init`` and the
-  guest agent), ``vmlinuz`` and ``base.qcow2`` (``mkfs.ext4 -d`` of ``images.ensure_rootfs()``
-  then ``qemu-img convert``). The hash covers the rootfs recipe, the kernel version, the init
-  script, the agent's source and this recipe, so a change to any of them rebuilds.
+- ``vm-disk-<hash>/base.qcow2``: ``mkfs.ext4 -d`` of ``images.ensure_rootfs()`` then ``qemu-img
+  convert``; the hash covers the rootfs recipe and ``IMAGE_RECIPE``.
+- ``vm-boot-<hash>/``: ``vmlinuz`` and ``initrd.img`` (busybox-static, those modules, ``/init`` and
+  the guest agent, ``vm_agent.c`` compiled static with the host's gcc); the hash covers the
+  kernel version, the init script, the agent's source and its compiler flags.
 
 ``python -m drumsbench.substrates.vm_image`` builds the image and the booted snapshot ahead of
 time (``scripts/setup-vm.sh`` calls it).
@@ -43,7 +44,8 @@ IMAGE_RECIPE: dict[str, object] = {"disk_size": "2G", "fs": "ext4", "version": 1
 WANT_MODULES = ("crc32c_generic", "virtio_pci", "virtio_blk", "virtio_console", "ext4")
 BUSYBOX_APPLETS = ("sh", "mount", "insmod", "switch_root", "mkdir", "cat", "cp", "echo", "grep",
                    "poweroff", "sleep", "ls")
-AGENT_SOURCE = Path(__file__).with_name("vm_agent.py")
+AGENT_SOURCE = Path(__file__).with_name("vm_agent.c")
+AGENT_CFLAGS = ("-static", "-O2", "-pthread", "-s", "-Wall")
 PROBE_MARK = "DRUMSBENCH-PROBE-OK"
 
 INIT_SCRIPT = """#!/bin/sh
@@ -67,11 +69,11 @@ mkdir -p /newroot
 mount -t ext4 -o rw,noatime /dev/vda /newroot || { echo "drumsbench init: mount failed"; poweroff -f; }
 mount -t tmpfs -o mode=0755,size=16m tmpfs /newroot/run
 mkdir -p /newroot/run/drumsbench
-cp /agent.py /newroot/run/drumsbench/agent.py
+cp /agent /newroot/run/drumsbench/agent
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
 mount --move /dev /newroot/dev
-exec switch_root /newroot /usr/bin/python3 -u -S /run/drumsbench/agent.py ctl
+exec switch_root /newroot /run/drumsbench/agent ctl
 """.replace("{probe}", PROBE_MARK)
 
 _build_lock = threading.Lock()
@@ -253,6 +255,15 @@ def is_static(binary: Path) -> bool:
     return all(struct.unpack_from("<I", table, i * phentsize)[0] != 3 for i in range(phnum))
 
 
+def build_agent(out: Path) -> bytes:
+    """Compile the guest agent (static, so it needs nothing from the guest's libraries)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise SubstrateError("vm image: gcc is missing to build the guest agent: apt-get install gcc libc6-dev")
+    run([cc, *AGENT_CFLAGS, "-o", str(out), str(AGENT_SOURCE)], "compiling the guest agent (gcc -static)")
+    return out.read_bytes()
+
+
 def build_initrd(kernel_dir: Path, agent: bytes) -> bytes:
     bb = busybox_path()
     if not is_static(bb):
@@ -268,7 +279,7 @@ def build_initrd(kernel_dir: Path, agent: bytes) -> bytes:
     entries += [
         ("modules.order", 0o100644, "\n".join(order).encode() + b"\n"),
         ("init", 0o100755, INIT_SCRIPT.encode()),
-        ("agent.py", 0o100644, agent),
+        ("agent", 0o100755, agent),
     ]
     return gzip.compress(newc(entries), compresslevel=6, mtime=0)
 
@@ -283,13 +294,13 @@ def disk_key(rootfs_hash: str) -> str:
 
 
 def boot_key(kernel_version: str) -> str:
-    return _key({"kernel": kernel_version, "init": INIT_SCRIPT, "modules": WANT_MODULES,
+    return _key({"kernel": kernel_version, "init": INIT_SCRIPT, "modules": WANT_MODULES, "cflags": AGENT_CFLAGS,
                  "agent": hashlib.sha256(AGENT_SOURCE.read_bytes()).hexdigest()})
 
 
 def missing_tools() -> str | None:
     for tool, pkg in (("qemu-system-x86_64", "qemu-system-x86"), ("qemu-img", "qemu-utils"),
-                      ("mkfs.ext4", "e2fsprogs"), ("debootstrap", "debootstrap")):
+                      ("mkfs.ext4", "e2fsprogs"), ("debootstrap", "debootstrap"), ("gcc", "gcc libc6-dev")):
         if shutil.which(tool) is None:
             return f"{tool} is missing: apt-get install {pkg} (or run scripts/setup-vm.sh)"
     try:
@@ -340,7 +351,8 @@ def ensure_image() -> GuestImage:
         if not (target / ".complete").exists():
             tmp = new_build_dir("vm-boot")
             try:
-                (tmp / "initrd.img").write_bytes(build_initrd(kernel_dir, AGENT_SOURCE.read_bytes()))
+                agent = build_agent(tmp / "agent")
+                (tmp / "initrd.img").write_bytes(build_initrd(kernel_dir, agent))
                 shutil.copy(kernel_dir / "vmlinuz", tmp / "vmlinuz")
                 publish(tmp, target, {"kernel": kver, "key": key})
             except BaseException:
