@@ -140,7 +140,7 @@ def main() -> None:
     sub = VmSubstrate(run_id, state)
     results: dict[str, object] = {"machine": machine_info(), "commit": commit(), "load_start": load()}
     try:
-        snap = sub.snapshot()
+        snap = sub.booted()
         print(f"machine: {results['machine']}  commit {results['commit']}")
         print(f"{qemu_version()}; guest kernel {snap.image.kernel_version}; accel {snap.accel}: {snap.accel_why}")
         print(f"load average at start: {results['load_start']}")

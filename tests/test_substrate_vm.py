@@ -154,3 +154,29 @@ def test_is_static(tmp_path):
     assert not is_static(Path("/bin/sh"))
     (tmp_path / "x").write_bytes(b"not an elf")
     assert not is_static(tmp_path / "x")
+
+
+def test_live_snapshot_forks_carry_running_processes(vm):
+    """The branch experiment's `snapshot` method: a live VM frozen once, continuations forked from it."""
+    parent = vm.create()
+    try:
+        parent.exec("echo prepared > /sandbox/work/state.txt; (setsid sleep 63.5 > /dev/null 2>&1 &)", timeout=30)
+        snap = parent.snapshot()
+        parent.exec("echo later > /sandbox/work/after.txt", timeout=30)  # the parent runs on
+        kids = [vm.fork(snap) for _ in range(2)]
+        try:
+            for k in kids:
+                res = k.exec("cat /sandbox/work/state.txt; ls /sandbox/work; ps -eo args | grep -c '^sleep 63.5'",
+                             timeout=30)
+                assert res.stdout.split() == [b"prepared", b"state.txt", b"1"], res.stdout
+            assert len({_random_bytes(k) for k in kids}) == 2
+            kids[0].write_file("/sandbox/work/only-0", b"x")
+            assert b"only-0" not in kids[1].exec("ls /sandbox/work", timeout=30).stdout
+        finally:
+            for k in kids:
+                k.destroy()
+        vm.drop_snapshot(snap)
+        with pytest.raises(SubstrateError):
+            vm.fork(snap)
+    finally:
+        parent.destroy()
