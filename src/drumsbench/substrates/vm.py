@@ -919,6 +919,8 @@ class VmSubstrate(Substrate):
                         removed.append(f"qemu process {pid} of run {run} (pidfile)")
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(f"vm folder {folder}")
+        with contextlib.suppress(OSError):
+            (state_dir / "vm").rmdir()  # only when empty
         return removed
 
 

@@ -169,18 +169,23 @@ def module_order(modules: dict[str, Path], want: tuple[str, ...]) -> list[str]:
 
 
 def ensure_kernel() -> tuple[Path, str]:
-    """(folder with ``vmlinuz`` and ``modules/``, kernel version) from Debian's kernel package."""
+    """(folder with ``vmlinuz`` and ``modules/``, kernel version) from Debian's kernel package.
+
+    The first kernel fetched is kept (pinned: every figure is measured with the same guest
+    kernel, and apt is not asked at every start); ``DRUMSBENCH_VM_KERNEL_REFRESH=1`` fetches the
+    one ``linux-image-amd64`` depends on now.
+    """
     base = images.cache_dir()
-    pkg = kernel_package()
     cached = sorted(base.glob("vm-kernel-*/.complete"), key=lambda p: p.stat().st_mtime)
+    if cached and os.environ.get("DRUMSBENCH_VM_KERNEL_REFRESH") != "1":
+        return cached[-1].parent, json.loads(cached[-1].read_text())["version"]
+    pkg = kernel_package()
     if pkg is None:
-        if not cached:
-            raise SubstrateError("vm image: cannot tell Debian's kernel package (apt-cache depends "
-                                 "linux-image-amd64 failed; run apt-get update)")
-        folder = cached[-1].parent
-        return folder, json.loads(cached[-1].read_text())["version"]
+        raise SubstrateError("vm image: cannot tell Debian's kernel package (apt-cache depends "
+                             "linux-image-amd64 failed; run apt-get update)")
     target = base / f"vm-kernel-{pkg.removeprefix('linux-image-')}"
     if (target / ".complete").exists():
+        (target / ".complete").touch()
         return target, json.loads((target / ".complete").read_text())["version"]
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise SubstrateError("vm image: apt-get and dpkg-deb are needed to fetch Debian's kernel")
