@@ -116,6 +116,6 @@ fi
 # -- 6. Components of other parts, each with its own idempotent script ---------------------------
 for part in "$ROOT"/scripts/setup-*.sh; do
   [ -e "$part" ] || continue
-  bash "$part" || die "$(basename "$part") failed"
+  PYTHON="$VENV/bin/python" bash "$part" || die "$(basename "$part") failed"
 done
 say "ok"

@@ -22,6 +22,7 @@ BUILTINS: dict[str, str] = {
     "overlay": "drumsbench.substrates.overlay:OverlaySubstrate",
     "docker": "drumsbench.substrates.docker:DockerSubstrate",
     "podman": "drumsbench.substrates.podman:PodmanSubstrate",
+    "vm": "drumsbench.substrates.vm:VmSubstrate",
 }
 
 
