@@ -19,6 +19,7 @@ from drumsbench.errors import UsageError
 # kind -> (environment class, loader function), as "module:attr" so optional kinds load lazily.
 KINDS: dict[str, tuple[str, str]] = {
     "coding": ("drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite"),
+    "desktop": ("drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite"),
 }
 
 
