@@ -33,8 +33,8 @@ the active window's title, the profile's lock (own/foreign/missing) and the scre
 lock left beside the document, or a "Document in Use" dialog that would open it read-only, can
 never pass for a clean start. The reset removes stale locks before LibreOffice starts.
 
-Fault injection: ``break_observation_channel`` blanks the X server's screen for real (the screen
-saver, forced on, preferring blanking) — or, with ``observation_fault = "frozen"``, stops the X
+Fault injection: ``break_observation_channel`` blanks the X server's screen for real (its screen
+saver forced on, which maps a black window over everything) — or, with ``observation_fault = "frozen"``, stops the X
 server with SIGSTOP; ``break_verifier`` corrupts the staged runner; ``plant_stale_lock`` (for
 tests and positive controls) writes a foreign lock beside the document after the reset's clean-up
 and before LibreOffice opens it.
@@ -344,16 +344,32 @@ class DesktopEnv(Environment):
             return self._look(deadline, extra={"error": f"bad {action.kind} action: {e!r}"})
         if args is None:
             return self._look(deadline, extra={"error": f"unknown action kind {action.kind!r}"})
-        res = inst.xdotool(args, timeout=max(0.05, deadline - time.monotonic()))
-        if res.timed_out:
-            return self._observation(None, False, None, timed_out=True)
         extra = None
-        if res.exit_code != 0:
-            extra = {"error": f"xdotool exit {res.exit_code}: {res.stderr.decode(errors='replace')[-200:]}"}
+        for one in args:
+            res = inst.xdotool(one, timeout=max(0.05, deadline - time.monotonic()))
+            if res.timed_out:
+                return self._observation(None, False, None, timed_out=True)
+            if res.exit_code != 0:
+                extra = {"error": f"xdotool exit {res.exit_code}: {res.stderr.decode(errors='replace')[-200:]}"}
+                break
         return self._look(deadline, extra=extra)
 
     @staticmethod
-    def _xdotool_args(kind: str, p: dict[str, Any], s: Settings) -> list[str] | None:
+    def _xdotool_args(kind: str, p: dict[str, Any], s: Settings) -> list[list[str]] | None:
+        """The xdotool invocations (one or more, run in turn) for an action; None for an unknown kind."""
+        if kind == "type":  # xdotool types a newline as a keysym applications ignore: press Return
+            calls: list[list[str]] = []
+            for i, part in enumerate(str(p["text"]).split("\n")):
+                if i:
+                    calls.append(["key", "Return"])
+                if part:
+                    calls.append(["type", "--delay", str(s.type_delay_ms), "--", part])
+            return calls
+        one = DesktopEnv._xdotool_one(kind, p, s)
+        return None if one is None else [one]
+
+    @staticmethod
+    def _xdotool_one(kind: str, p: dict[str, Any], s: Settings) -> list[str] | None:
         def xy(kx: str = "x", ky: str = "y") -> list[str]:
             return [str(int(p[kx])), str(int(p[ky]))]
 
@@ -362,8 +378,6 @@ class DesktopEnv(Environment):
             keys = p["keys"]
             keys = [keys] if isinstance(keys, str) else [str(k) for k in keys]
             return ["key", "--delay", str(s.key_delay_ms), *keys]
-        if kind == "type":
-            return ["type", "--delay", str(s.type_delay_ms), "--", str(p["text"])]
         if kind == "click":
             return ["mousemove", *xy(), "click", button]
         if kind == "double_click":

@@ -297,9 +297,14 @@ class XClient:
         return Grab(self.grab_rgb(), self.active_title())
 
     def blank_screen(self) -> None:
-        """Blank the screen for real: the server's screen saver, preferring blanking, forced on."""
+        """Blank the screen for real: the server's screen saver, forced on.
+
+        Xvfb has no hardware blanking (it would pretend and draw nothing), so blanking is not
+        preferred and exposures are allowed: the server maps its screen-saver window over the whole
+        screen, painted with the root's black background.
+        """
         lib, conn = _xcb(), self.conn
-        for cookie in (lib.xcb_set_screen_saver_checked(conn, 0, 0, 1, 0),  # prefer blanking
+        for cookie in (lib.xcb_set_screen_saver_checked(conn, 0, 0, 0, 1),  # DontPreferBlanking, AllowExposures
                        lib.xcb_force_screen_saver_checked(conn, 1)):  # ScreenSaverActive
             err = self._bounded(lambda c=cookie: lib.xcb_request_check(conn, c), "screen saver")
             if err:
