@@ -46,6 +46,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -166,8 +167,21 @@ class DesktopEnv(Environment):
             (inst.work / lock_name(task.document)).write_text(stale)
         inst.prepare()
         inst.launch(str(doc))
+        self._check_box(inst)
         self._wait_ready(inst, task, t0 + self.settings.start_timeout_s)
         self.last_start_s = time.monotonic() - t0
+
+    def _check_box(self, inst: DesktopInstance) -> None:
+        """The sandbox may be destroyed behind our back (Ctrl-C destroys live sandboxes from another
+        thread): then stop what we started and remove the folders we may have recreated."""
+        try:
+            self.box.host_path(self.box.paths.root)  # type: ignore[attr-defined]
+        except SubstrateError:
+            inst.stop()
+            root = getattr(self.box, "host_root", None)
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+            raise SubstrateError(f"desktop: sandbox {self.box.id} was destroyed during start-up") from None
 
     @staticmethod
     def _clean(inst: DesktopInstance) -> None:
@@ -187,6 +201,7 @@ class DesktopEnv(Environment):
         last: Frame | None = None
         foreign_since: float | None = None
         while time.monotonic() < deadline:
+            self._check_box(inst)
             if not inst.alive():
                 raise SubstrateError("desktop: the instance exited during start-up (Xvfb or the namespaces failed)")
             try:
