@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import require
+
 from drumsbench.envs import suites
 from drumsbench.envs.base import ActionSpec
 from drumsbench.envs.desktop import instance, odf
 from drumsbench.envs.desktop.env import DesktopEnv
-from drumsbench.envs.desktop.task import compute_fingerprints, lock_name, load_suite
+from drumsbench.envs.desktop.task import compute_fingerprints, load_suite, lock_name
 from drumsbench.errors import InvalidAttempt, UsageError
 from drumsbench.isolation import CanaryRegistry
 from drumsbench.outcome import InvalidCause, Outcome
@@ -135,7 +135,7 @@ def test_a_wrong_fingerprint_is_refused_with_the_fix(tmp_path):
     shutil.copytree(src, dst)
     spec = dst / "writer-fix-typo" / "task.toml"
     spec.write_text(spec.read_text().replace("Teh report", "Teh reports"))
-    with pytest.raises(UsageError, match="start_fingerprint.*update it"):
+    with pytest.raises(UsageError, match=r"start_fingerprint.*update it"):
         load_suite(str(dst))
 
 

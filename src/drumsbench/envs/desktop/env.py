@@ -146,6 +146,7 @@ class DesktopEnv(Environment):
         self.history: list[ActionSpec] = []  # actions applied in this episode (replay records these)
         self.frames: list[tuple[str, bytes]] = []  # (title, png) of each observation of this episode
         self.last_start_s = 0.0
+        self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
 
     # -- reset -----------------------------------------------------------------------------------
     def _write_start(self, task: Task) -> None:
@@ -166,10 +167,12 @@ class DesktopEnv(Environment):
             stale = ",someone,other-host,01.01.2024 00:00,file:///home/someone/.config/libreoffice/4;"
             (inst.work / lock_name(task.document)).write_text(stale)
         inst.prepare()
+        self.start_phases = {"prepare": time.monotonic() - t0}
         inst.launch(str(doc))
         self._check_box(inst)
         self._wait_ready(inst, task, t0 + self.settings.start_timeout_s)
         self.last_start_s = time.monotonic() - t0
+        self.start_phases["ready"] = self.last_start_s
 
     def _check_box(self, inst: DesktopInstance) -> None:
         """The sandbox may be destroyed behind our back (Ctrl-C destroys live sandboxes from another
@@ -196,35 +199,44 @@ class DesktopEnv(Environment):
 
     def _wait_ready(self, inst: DesktopInstance, task: DesktopTask, deadline: float) -> None:
         """Until the document's window is drawn (title and menu bar) and still, or another window
-        (a dialog) has held the focus on a still screen for a while: the fingerprint judges that."""
+        (a dialog) has held the focus for a while: the fingerprint judges that.
+
+        While LibreOffice starts, only the title and the menu bar's strip are polled (a full
+        screenshot costs CPU that LibreOffice needs on a small host)."""
         s = self.settings
-        last: Frame | None = None
-        foreign_since: float | None = None
+        top, left = MENU_BAND[0].start, MENU_BAND[1].start
+        height, width = MENU_BAND[0].stop - top, MENU_BAND[1].stop - left
+        title = ""
+        foreign: tuple[str, float] | None = None
         while time.monotonic() < deadline:
             self._check_box(inst)
             if not inst.alive():
                 raise SubstrateError("desktop: the instance exited during start-up (Xvfb or the namespaces failed)")
             try:
-                frame = inst.grab(min(s.grab_timeout_s, max(0.2, deadline - time.monotonic())))
+                band, title = inst.region(left, top, width, height,
+                                          min(s.grab_timeout_s, max(0.2, deadline - time.monotonic())))
             except xcb.XError:
                 time.sleep(0.02)
                 continue
-            drawn = int(np.ptp(frame.rgb[MENU_BAND])) > 64
-            if frame.title == task.title and drawn:
-                try:
-                    inst.settle(deadline, frame)
-                except xcb.XError:
-                    continue
-                return
-            if frame.title and frame.title != task.title:
-                foreign_since = foreign_since or time.monotonic()
-                if time.monotonic() - foreign_since > 1.5 and last is not None and last.title == frame.title:
+            since = time.monotonic() - inst.t_launch + self.start_phases.get("prepare", 0.0)
+            self.start_phases.setdefault("display", since)
+            if title == task.title:
+                self.start_phases.setdefault("window", since)
+                if int(np.ptp(band)) > 64:  # the menu bar is drawn: the window is laid out
+                    self.start_phases.setdefault("drawn", since)
+                    try:
+                        inst.settle(deadline)
+                    except xcb.XError:
+                        continue
                     return
-            else:
-                foreign_since = None
-            last = frame
+                foreign = None
+            elif title:
+                if foreign is None or foreign[0] != title:
+                    foreign = (title, time.monotonic())
+                elif time.monotonic() - foreign[1] > 1.5:
+                    return  # e.g. "Document in Use": the fingerprint turns it into dirty_reset
             time.sleep(0.03)
-        if last is None or not last.title:
+        if not title:
             raise SubstrateError(f"desktop: LibreOffice showed no window within {s.start_timeout_s:g} s")
 
     def stop(self) -> None:

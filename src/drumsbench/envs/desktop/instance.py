@@ -91,6 +91,7 @@ class Settings:
     settle_min_frames: int = 2
     type_delay_ms: int = 8
     key_delay_ms: int = 20
+    wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
 
 
 @dataclass
@@ -174,6 +175,7 @@ class DesktopInstance:
             "screen": f"{s.width}x{s.height}x24",
             "env": env,
             "app": app,
+            "wm_first": s.wm_first,
         }
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
         argv = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
@@ -249,6 +251,12 @@ class DesktopInstance:
     def grab(self, timeout: float | None = None) -> Frame:
         g = xcb.grab(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s)
         return Frame(g.rgb, g.title)
+
+    def region(self, left: int, top: int, width: int, height: int,
+               timeout: float | None = None) -> tuple[np.ndarray, str]:
+        """A rectangle of the screen and the active title: cheap enough to poll during start-up."""
+        with xcb.XClient(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s) as x:
+            return x.grab_rgb(left, top, width, height), x.active_title()
 
     def title(self, timeout: float | None = None) -> str:
         with xcb.XClient(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s) as x:

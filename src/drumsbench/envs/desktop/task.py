@@ -166,7 +166,8 @@ def load_task(folder: Path) -> DesktopTask:
     digest = start_digest(spec.app, document, data)
     if digest != spec.start_fingerprint:
         raise UsageError(f"{spec_file}: field 'start_fingerprint' is {spec.start_fingerprint} but the start state "
-                         f"digests to {digest}; update it (python -m drumsbench.envs.desktop.task {folder.parent})")
+                         f"digests to {digest}; update it "
+                         f"(python -m drumsbench.envs.desktop.task --write {folder.parent})")
     return DesktopTask(spec, folder, data, check.read_bytes())
 
 
@@ -201,8 +202,29 @@ def compute_fingerprints(name_or_path: str) -> dict[str, str]:
     return out
 
 
-if __name__ == "__main__":  # python -m drumsbench.envs.desktop.task <suite>: print the fingerprints
+def write_fingerprints(name_or_path: str) -> list[str]:
+    """Rewrite each task.toml's start_fingerprint to the computed value; returns the ids changed."""
+    changed = []
+    folder = suite_dir(name_or_path)
+    for task_id, fp in compute_fingerprints(name_or_path).items():
+        for spec_file in folder.glob("*/task.toml"):
+            text = spec_file.read_text()
+            if str(_raw(spec_file).get("id")) != task_id:
+                continue
+            new = re.sub(r'^start_fingerprint = "[^"]*"', f'start_fingerprint = "{fp}"', text, flags=re.M)
+            if new != text:
+                spec_file.write_text(new)
+                changed.append(task_id)
+    return changed
+
+
+if __name__ == "__main__":  # python -m drumsbench.envs.desktop.task [--write] [suite]
     import sys
 
-    for task_id, fp in compute_fingerprints(sys.argv[1] if len(sys.argv) > 1 else "desktop").items():
-        print(f"{task_id}\t{fp}")
+    argv = [a for a in sys.argv[1:] if a != "--write"]
+    suite_arg = argv[0] if argv else "desktop"
+    if "--write" in sys.argv[1:]:
+        print("updated:", ", ".join(write_fingerprints(suite_arg)) or "nothing")
+    else:
+        for task_id, fp in compute_fingerprints(suite_arg).items():
+            print(f"{task_id}\t{fp}")

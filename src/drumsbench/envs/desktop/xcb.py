@@ -273,9 +273,12 @@ class XClient:
     def active_title(self) -> str:
         return self.window_title(self.active_window())
 
-    def grab_rgb(self) -> np.ndarray:
+    def grab_rgb(self, x: int = 0, y: int = 0, width: int | None = None, height: int | None = None) -> np.ndarray:
+        """RGB pixels of the screen, or of the rectangle given."""
         lib, conn = _xcb(), self.conn
-        cookie = lib.xcb_get_image(conn, 2, self.root, 0, 0, self.width, self.height, 0xFFFFFFFF)  # ZPixmap
+        w = self.width - x if width is None else width
+        h = self.height - y if height is None else height
+        cookie = lib.xcb_get_image(conn, 2, self.root, x, y, w, h, 0xFFFFFFFF)  # ZPixmap
         err = ctypes.POINTER(_GenericError)()
         reply = self._bounded(lambda: lib.xcb_get_image_reply(conn, cookie, ctypes.byref(err)), "GetImage")
         if not reply:
@@ -288,9 +291,9 @@ class XClient:
             raw = ctypes.string_at(lib.xcb_get_image_data(reply), n)
         finally:
             _libc.free(reply)
-        if n != self.width * self.height * 4:
-            raise XError(f"GetImage returned {n} bytes for {self.width}x{self.height}: not a 24/32-bit screen")
-        bgrx = np.frombuffer(raw, dtype=np.uint8).reshape(self.height, self.width, 4)
+        if n != w * h * 4:
+            raise XError(f"GetImage returned {n} bytes for {w}x{h}: not a 24/32-bit screen")
+        bgrx = np.frombuffer(raw, dtype=np.uint8).reshape(h, w, 4)
         return np.ascontiguousarray(bgrx[:, :, 2::-1])
 
     def grab(self) -> Grab:
