@@ -189,6 +189,18 @@ def test_replay_of_a_recorded_episode_succeeds(slot, tmp_path):
     assert attempt(slot, "calc-sum-formula", prefix, seq=2).outcome is Outcome.FAILED
 
 
+def test_closing_libreoffice_is_the_policys_doing_not_an_infrastructure_fault(slot):
+    # An empty (black) desktop after the policy quit LibreOffice is a valid observation, and the
+    # verifier says "not done" (failed, reward 0) instead of "could not run" (invalid).
+    quit_ = [ActionSpec("key", {"keys": "ctrl+q"}), ActionSpec("wait", {"seconds": 1.5})]
+    rec = attempt(slot, "writer-fix-typo", replay.Replay(quit_))
+    assert rec.outcome is Outcome.FAILED, rec.detail
+    # a check that reads only the stored file still passes after the policy saved and quit
+    task = next(t for t in load_suite("desktop") if t.id == "writer-save-docx")
+    rec = attempt(slot, "writer-save-docx", replay.Replay(task.oracle_plan()[:-1] + quit_), seq=1)
+    assert rec.outcome is Outcome.SUCCESS, rec.detail
+
+
 # -- gates ---------------------------------------------------------------------------------------------
 def test_black_screen_is_a_bad_observation(slot):
     rec = attempt(slot, "writer-fix-typo", Oracle(), fault=InvalidCause.BAD_OBSERVATION)

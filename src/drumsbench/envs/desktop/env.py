@@ -305,11 +305,26 @@ class DesktopEnv(Environment):
             content.update(png=png, screen=frame.rgb, title=frame.title,
                            size=(frame.rgb.shape[1], frame.rgb.shape[0]))
             if problem is None:
-                content["problem"] = screen_problem(frame.rgb)
+                blank = screen_problem(frame.rgb)
+                if blank and self.inst is not None and self._app_closing(self.inst):
+                    content["note"] = f"LibreOffice was closed: an empty desktop ({blank}) is what there is to see"
+                else:
+                    content["problem"] = blank
             self.frames.append((frame.title, png))
         if extra:
             content.update(extra)
         return Observation(self.generation, self.step_count, content, timed_out=timed_out)
+
+    @staticmethod
+    def _app_closing(inst: DesktopInstance, grace_s: float = 2.0) -> bool:
+        """True when LibreOffice exited normally (the policy closed it), waiting ``grace_s`` for an
+        exit in progress: its window goes before its process does."""
+        end = time.monotonic() + grace_s
+        while True:
+            code = inst.app_exit()
+            if code is not None or time.monotonic() >= end:
+                return code == 0
+            time.sleep(0.05)
 
     def _fire_fault(self) -> None:
         if not self._fault_armed:
@@ -443,7 +458,8 @@ class DesktopEnv(Environment):
     def stage_verifier(self, task: Task) -> None:
         assert isinstance(task, DesktopTask)
         box = self.box
-        files = {"runner.py": RUNNER, **task.verify_files(box.paths.work)}
+        exit_file = str(self.inst.app_exit_file) if self.inst is not None else ""
+        files = {"runner.py": RUNNER, **task.verify_files(box.paths.work, exit_file)}
         box.put_files(box.paths.verify, files)
         self._keep_screenshots(task)
 
@@ -453,11 +469,17 @@ class DesktopEnv(Environment):
     def run_verifier(self, task: Task, timeout: float) -> bool:
         inst = self.inst
         if inst is None or not inst.alive():
-            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "LibreOffice is not running: nothing to ask")
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "the desktop instance is gone: nothing to ask")
+        code = inst.app_exit()
+        if code is not None and code != 0:
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
+                                 f"LibreOffice exited with status {code} (crashed or killed): nothing to ask")
         box = self.box
+        argv = [SYSTEM_PYTHON, "-I", f"{box.paths.verify}/runner.py", box.paths.verify]
+        if code == 0:  # the policy closed LibreOffice: a valid end; only stored files can be checked
+            argv.append("--office-closed")
         try:
-            res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{box.paths.verify}/runner.py", box.paths.verify],
-                                   timeout=timeout, output_limit=OUTPUT_LIMIT)
+            res = inst.exec_inside(argv, timeout=timeout, output_limit=OUTPUT_LIMIT)
         except SubstrateError as e:
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier could not start: {e}") from None
         out = res.stdout.decode(errors="replace")

@@ -105,15 +105,19 @@ def main() -> int:
             return 3
         time.sleep(0.01)
 
+    app = list(cfg.get("app") or ["true"])
+    if cfg.get("app_exit_file"):
+        # a shell waits for the application and writes its exit status: 0 when the user (the
+        # policy) closed it, anything else when it crashed or was killed
+        app = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', cfg["app_exit_file"], *app]
     if cfg.get("wm_first", True):
         # the application starts once openbox manages windows (openbox runs --startup then)
-        startup = shlex.join(cfg["app"]) if cfg.get("app") else "true"
-        subprocess.Popen(["openbox", "--startup", startup], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen(["openbox", "--startup", shlex.join(app)], env=env,
+                         stdin=devnull, stdout=devnull, stderr=devnull)
     else:
         # both at once: openbox is up long before LibreOffice maps its first window
         subprocess.Popen(["openbox"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
-        if cfg.get("app"):
-            subprocess.Popen(cfg["app"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen(app, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     while True:
         try:
             pid, _status = os.wait()  # reaps our children and every orphan of the instance

@@ -133,6 +133,7 @@ class DesktopInstance:
         self.tmp = Path(host_path(box.paths.tmp))
         self.x_dir = self.tmp / ".X11-unix"
         self.profile = self.home / PROFILE_NAME
+        self.app_exit_file = self.tmp / ".drumsbench-app-exit"
         self.proc: subprocess.Popen | None = None
         self.holder_pid: int | None = None
         self.t_launch = 0.0
@@ -143,6 +144,7 @@ class DesktopInstance:
         for d in (self.x_dir, self.tmp / "xkb"):
             d.mkdir(parents=True, exist_ok=True)
         self.x_dir.chmod(0o1777)
+        self.app_exit_file.unlink(missing_ok=True)
         if self.profile.exists():
             shutil.rmtree(self.profile)
         copy_profile(self.profile)
@@ -176,6 +178,7 @@ class DesktopInstance:
             "env": env,
             "app": app,
             "wm_first": s.wm_first,
+            "app_exit_file": str(self.app_exit_file),
         }
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
         argv = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
@@ -209,6 +212,13 @@ class DesktopInstance:
             time.sleep(0.005)
         code = self.proc.poll() if self.proc is not None else None
         raise SubstrateError(f"desktop: the namespace holder did not start (unshare exit {code})")
+
+    def app_exit(self) -> int | None:
+        """LibreOffice's exit status once it has exited (0: closed by the user), else None."""
+        try:
+            return int(self.app_exit_file.read_text().strip() or "-1")
+        except (OSError, ValueError):
+            return None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

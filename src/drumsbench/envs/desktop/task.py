@@ -134,8 +134,9 @@ class DesktopTask(Task):
         x, y = points[i % len(points)]
         return ActionSpec("move", {"x": x, "y": y})
 
-    def verify_files(self, work: str) -> dict[str, bytes]:
-        meta = {"task": self.id, "app": self.app, "document": self.document, "work": work}
+    def verify_files(self, work: str, app_exit_file: str = "") -> dict[str, bytes]:
+        meta = {"task": self.id, "app": self.app, "document": self.document, "work": work,
+                "app_exit_file": app_exit_file}
         return {"check.py": self.check, "task.json": json.dumps(meta).encode()}
 
 

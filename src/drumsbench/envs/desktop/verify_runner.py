@@ -4,8 +4,10 @@ Run as ``python3 runner.py <verify folder>`` under the system's Python (python3-
 ``/usr/lib/python3/dist-packages``). It connects to LibreOffice over UNO on 127.0.0.1 inside the
 instance's private network, prints ``DRUMSBENCH_VERIFIER_READY`` once connected, finds the task's
 document, calls the task's ``check(doc, ctx)`` from ``check.py`` (``ctx`` is this module: helpers
-below) and prints ``DRUMSBENCH_VERDICT {"passed": bool, "why": str}``. No READY line means the
-verifier could not run (UNO not answering): the attempt is invalid, never a failure.
+below; a check that reads only stored files sets ``FILE_ONLY = True`` and also runs after
+the policy closed LibreOffice, with ``doc`` None — any other check then fails) and prints
+``DRUMSBENCH_VERDICT {"passed": bool, "why": str}``. No READY line means the verifier could not
+run (UNO not answering): the attempt is invalid, never a failure.
 """
 
 import importlib.util
@@ -26,7 +28,17 @@ with open(os.path.join(folder, "task.json")) as _f:
 work = spec["work"]
 
 
+def app_exit():
+    """LibreOffice's exit status when it has exited (0: closed by the policy), else None."""
+    try:
+        with open(spec.get("app_exit_file") or "/nonexistent") as f:
+            return int(f.read().strip() or "-1")
+    except (OSError, ValueError):
+        return None
+
+
 def connect(deadline_s: float = 10.0):
+    """The UNO desktop; None when LibreOffice turns out to have been closed normally meanwhile."""
     import uno  # only under the system Python
 
     local = uno.getComponentContext()
@@ -37,6 +49,8 @@ def connect(deadline_s: float = 10.0):
             ctx = resolver.resolve(UNO_URL)
             return ctx.ServiceManager.createInstanceWithContext("com.sun.star.frame.Desktop", ctx)
         except Exception:
+            if app_exit() == 0:
+                return None
             if time.monotonic() > end:
                 raise
             time.sleep(0.1)
@@ -60,7 +74,7 @@ def find_document(desktop):
     for d in docs:  # saved under another name (Save As): the one document in the work folder
         if "/" + os.path.basename(work) + "/" in d.getURL():
             return d
-    return desktop.getCurrentComponent()
+    return None
 
 
 # -- helpers for check.py ------------------------------------------------------------------------
@@ -122,14 +136,18 @@ def stored_zip_text(name, member):
 
 
 def main() -> int:
-    desktop = connect()
+    closed = "--office-closed" in sys.argv  # LibreOffice was closed by the policy: only stored files remain
+    desktop = None if closed else connect()
+    closed = closed or desktop is None
     print("DRUMSBENCH_VERIFIER_READY", flush=True)
-    doc = find_document(desktop)
+    doc = None if desktop is None else find_document(desktop)
     module_spec = importlib.util.spec_from_file_location("check", os.path.join(folder, "check.py"))
+    if module_spec is None or module_spec.loader is None:
+        raise SystemExit("cannot load check.py")
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    if doc is None:
-        passed, why = False, "no document is open"
+    if doc is None and not getattr(module, "FILE_ONLY", False):
+        passed, why = False, "no document is open" + (" (LibreOffice was closed)" if closed else "")
     else:
         passed, why = module.check(doc, sys.modules[__name__])
     print("DRUMSBENCH_VERDICT " + json.dumps({"passed": bool(passed), "why": str(why)[:300]}), flush=True)

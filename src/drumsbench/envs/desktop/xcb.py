@@ -23,7 +23,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -309,7 +309,10 @@ class XClient:
         lib, conn = _xcb(), self.conn
         for cookie in (lib.xcb_set_screen_saver_checked(conn, 0, 0, 0, 1),  # DontPreferBlanking, AllowExposures
                        lib.xcb_force_screen_saver_checked(conn, 1)):  # ScreenSaverActive
-            err = self._bounded(lambda c=cookie: lib.xcb_request_check(conn, c), "screen saver")
+            def check(c: _Cookie = cookie) -> Any:
+                return lib.xcb_request_check(conn, c)
+
+            err = self._bounded(check, "screen saver")
             if err:
                 code = err.contents.error_code
                 _libc.free(ctypes.cast(err, ctypes.c_void_p))
