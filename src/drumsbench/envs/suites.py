@@ -23,6 +23,13 @@ KINDS: dict[str, tuple[str, str]] = {
 }
 
 
+# kind -> the function computing a suite's start fingerprints (``drumsbench tasks fingerprint``).
+FINGERPRINTS: dict[str, str] = {
+    "coding": "drumsbench.envs.coding.task:compute_fingerprints",
+    "desktop": "drumsbench.envs.desktop.task:compute_fingerprints",
+}
+
+
 def _obj(spec: str):  # noqa: ANN202
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -55,3 +62,8 @@ def load(name_or_path: str) -> Suite:
     env_spec, loader_spec = KINDS[kind]
     tasks = _obj(loader_spec)(name_or_path)
     return Suite(name_or_path, kind, tasks, _obj(env_spec))
+
+
+def fingerprints(name_or_path: str) -> dict[str, str]:
+    """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
+    return dict(_obj(FINGERPRINTS[suite_kind(name_or_path)])(name_or_path))
