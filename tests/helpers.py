@@ -23,7 +23,7 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600, che
         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``drumsbench ARGS`` in a subprocess, exactly as a user would."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "drumsbench.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "drumsbench", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"drumsbench {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")

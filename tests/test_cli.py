@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from drumsbench.outcome import InvalidCause
+
 from helpers import MINI, ROOT, cli
 
 
@@ -104,7 +105,7 @@ def test_kill_9_then_gc_then_resume(tmp_path, env):
     out = tmp_path / "runs"
     ledger = out / "ledger.sqlite"
     full_env = {**os.environ, **env}
-    proc = subprocess.Popen([sys.executable, "-m", "drumsbench.cli", "run", "--tasks", "coding", "--policy", "noisy",
+    proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "run", "--tasks", "coding", "--policy", "noisy",
                              "--concurrency", "2", "--attempts", "150", "--duration", "10m", "--out", str(out),
                              "--no-progress"], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     deadline = time.monotonic() + 120
@@ -142,3 +143,25 @@ def test_default_run_is_short_and_reports(tmp_path, env):
     proc = cli("run", "--duration", "3s", "--out", str(tmp_path / "runs"), env=env, check=True)
     for needle in ("valid rollouts per", "USD per valid rollout", "positive", "policy_unavailable", "p95"):
         assert needle in proc.stdout, needle
+
+
+def test_ctrl_c_stops_cleanly(tmp_path, env):
+    from drumsbench.substrates.hostproc import pids_with_env
+
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "run", "--tasks", "coding", "--policy", "explorer",
+                             "--explorer-steps", "30", "--duration", "5m", "--out", str(out), "--no-progress"],
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while _count(out / "ledger.sqlite") < 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr and "attempts" in stdout  # the report of what was done is still printed
+    db = sqlite3.connect(out / "ledger.sqlite")
+    run_id, status = db.execute("SELECT run_id, status FROM runs").fetchone()
+    assert status == "interrupted"
+    assert not (Path(env["DRUMSBENCH_STATE"]) / "sandboxes" / run_id).exists()
+    assert not pids_with_env("DRUMSBENCH_RUN", run_id)

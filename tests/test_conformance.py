@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import require
 
 from drumsbench.substrates import registry
 from drumsbench.substrates.conformance import CHECKS
+
+from conftest import require
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)

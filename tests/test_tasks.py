@@ -6,6 +6,7 @@ import pytest
 
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.errors import UsageError
+
 from helpers import MINI
 
 

@@ -95,7 +95,7 @@ def run(
                 episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
                 think_time_s=0.0 if think_time.strip() in ("0", "0s") else parse_duration(think_time, "--think-time"),
                 reset=None if reset == "auto" else ResetStrategy(reset))
-            extra = {}
+            extra: dict[str, object] = {}
             if concurrency is not None:
                 extra["concurrency"] = concurrency
             if usd_per_host_hour is not None:
@@ -222,6 +222,9 @@ def doctor() -> None:
         except Exception as e:
             t.add_row(name, "broken", "", "", str(e))
     console.print(t)
+    from drumsbench import criu
+
+    console.print(f"CRIU (live fork): {criu.describe()}")
 
 
 @app.command()
@@ -260,12 +263,12 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
 
 
 def main() -> None:
+    import drumsbench.cli_branch
+    import drumsbench.cli_substrates  # noqa: F401 - registers coldstart and isolation
+
     try:
         app()
     except DrumsError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()

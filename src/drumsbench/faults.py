@@ -56,7 +56,8 @@ class FaultPlan(BaseModel, frozen=True):
                 raise UsageError(f"--inject: rate {rate} for {cause} is outside 0..1")
             rates[cause] = rate
         if sum(rates.values()) > 1.0 + 1e-9:
-            raise UsageError(f"--inject: rates add up to {sum(rates.values()):.3f}; at most one fault per attempt, keep the sum <= 1")
+            raise UsageError(f"--inject: rates add up to {sum(rates.values()):.3f}; "
+                             "an attempt gets at most one fault, keep the sum <= 1")
         return cls(rates=rates, seed=seed)
 
     def draw(self, seq: int) -> InvalidCause | None:

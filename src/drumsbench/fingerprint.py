@@ -25,7 +25,8 @@ def tree_digest(root: str) -> str:
             rel_dir = os.path.relpath(dirpath, root)
             if not dirnames and not filenames and rel_dir != ".":
                 h.update(b"D " + rel_dir.encode("utf-8", "surrogateescape") + b"\n")
-            for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            for name in sorted([*filenames, *links]):
                 path = os.path.join(dirpath, name)
                 rel = os.path.relpath(path, root).encode("utf-8", "surrogateescape")
                 if os.path.islink(path):
@@ -46,9 +47,9 @@ def files_digest(files: dict[str, bytes]) -> str:
     """
     h = hashlib.sha256()
     # os.walk order: files of a directory before its subdirectories, each sorted by name.
-    def walk_key(path: str) -> tuple:
-        parts = path.split("/")
-        return tuple((1, p) for p in parts[:-1]) + ((0, parts[-1]),)
+    def walk_key(path: str) -> tuple[tuple[int, str], ...]:
+        *dirs, name = path.split("/")
+        return (*((1, d) for d in dirs), (0, name))
 
     for rel in sorted(files, key=walk_key):
         fh = hashlib.sha256(files[rel]).hexdigest()

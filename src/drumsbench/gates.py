@@ -20,6 +20,13 @@ def check_reset(env: Environment, task: Task) -> None:
                              f"start state digests to {got[:19]}..., task expects {task.start_fingerprint[:19]}...")
 
 
+def check_faithful(env: Environment, prepared: dict[str, object]) -> None:
+    """A continuation must reproduce its prepared state on every dimension; else it is never used."""
+    diff = [dim for dim, same in env.compare(prepared, env.capture()).items() if not same]
+    if diff:
+        raise InvalidAttempt(InvalidCause.DIRTY_RESET, f"continuation unfaithful on: {', '.join(sorted(diff))}")
+
+
 def check_observation(env: Environment, obs: Observation) -> None:
     problem = env.observation_problem(obs)
     if problem:

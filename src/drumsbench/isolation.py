@@ -109,7 +109,8 @@ def positive_control(substrate: Substrate) -> ControlResult:
             in_b = contamination(b, folders_b, tb, registry)
             in_a = contamination(a, folders_a, ta, registry)
             fired = in_b is not None and ta in in_b and in_a is None
-            return ControlResult(fired, f"leak A->B detected: {in_b is not None}; clean A reported clean: {in_a is None}")
+            detail = f"leak A->B detected: {in_b is not None}; clean A reported clean: {in_a is None}"
+            return ControlResult(fired, detail)
         finally:
             b.destroy()
     finally:

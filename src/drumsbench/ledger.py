@@ -160,7 +160,8 @@ class Ledger:
     def start_segment(self, run_id: str, pid: int, label: str = "") -> int:
         now = time.time()
         with self.tx() as db:
-            seg = db.execute("SELECT COALESCE(MAX(seg), -1) + 1 FROM segments WHERE run_id = ?", (run_id,)).fetchone()[0]
+            seg = db.execute("SELECT COALESCE(MAX(seg), -1) + 1 FROM segments WHERE run_id = ?",
+                             (run_id,)).fetchone()[0]
             db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?)", (run_id, seg, now, now, pid, label))
         return int(seg)
 
@@ -203,7 +204,8 @@ class Ledger:
     # -- controls and artifacts ------------------------------------------------------------------
     def record_control(self, run_id: str, window: str, kind: str, fired: bool, detail: str) -> None:
         with self.tx() as db:
-            db.execute("INSERT INTO controls VALUES (?, ?, ?, ?, ?, ?)", (run_id, window, kind, int(fired), detail, time.time()))
+            db.execute("INSERT INTO controls VALUES (?, ?, ?, ?, ?, ?)",
+                       (run_id, window, kind, int(fired), detail, time.time()))
 
     def controls(self, run_id: str) -> list[dict[str, Any]]:
         return [{"window": r[0], "kind": r[1], "fired": bool(r[2]), "detail": r[3]} for r in self.db.execute(

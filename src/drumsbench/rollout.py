@@ -92,9 +92,13 @@ def run_attempt(
     seed: int,
     fault: InvalidCause | None = None,
     meta: dict[str, object] | None = None,
+    prepared: dict[str, object] | None = None,
 ) -> AttemptRecord:
+    """One attempt. With ``prepared`` (a continuation of a branch) the slot's sandbox already holds
+    a forked state: it is not reset, and gate 1 checks that it is faithful to ``prepared`` (the
+    parent's ``Environment.capture()``) instead of the task's start fingerprint."""
     t_start = time.time()
-    ep = _Episode(slot, task, policy, cfg, canaries, random.Random(f"{seed}:{seq}"), fault)
+    ep = _Episode(slot, task, policy, cfg, canaries, random.Random(f"{seed}:{seq}"), fault, prepared)
     try:
         verdict = ep.run()
     except InvalidAttempt as e:
@@ -144,9 +148,10 @@ class _Episode:
     """The body of one attempt; raises ``InvalidAttempt`` (or a substrate/policy error) on a fault."""
 
     def __init__(self, slot: Slot, task: Task, policy: Policy, cfg: RolloutConfig,
-                 canaries: CanaryRegistry, rng: random.Random, fault: InvalidCause | None) -> None:
+                 canaries: CanaryRegistry, rng: random.Random, fault: InvalidCause | None,
+                 prepared: dict[str, object] | None = None) -> None:
         self.slot, self.env, self.task, self.policy, self.cfg = slot, slot.env, task, policy, cfg
-        self.canaries, self.rng, self.fault = canaries, rng, fault
+        self.canaries, self.rng, self.fault, self.prepared = canaries, rng, fault, prepared
         self.phases: dict[str, float] = {}
         self.steps: list[float] = []
         self.token: str | None = None
@@ -154,13 +159,17 @@ class _Episode:
 
     def run(self) -> Verdict:
         env, fault, cfg = self.env, self.fault, self.cfg
-        self._reset()
+        if self.prepared is None:
+            self._reset()
         box = env.box
-        self.token = self.canaries.issue(box.id)
-        plant(box, self.token)
         if fault is InvalidCause.DIRTY_RESET:
             box.write_file(f"{box.paths.work}/.stray-from-earlier-attempt", b"left behind\n")
-        gates.check_reset(env, self.task)  # gate 1
+        if self.prepared is None:
+            gates.check_reset(env, self.task)  # gate 1
+        else:
+            gates.check_faithful(env, self.prepared)  # gate 1 for a continuation
+        self.token = self.canaries.issue(box.id)  # planted after gate 1: the digests never see it
+        plant(box, self.token)
 
         self.deadline = time.monotonic() + cfg.episode_timeout_s
         if fault is InvalidCause.BAD_OBSERVATION:
@@ -247,7 +256,9 @@ class _Episode:
         elif fault is InvalidCause.STEP_TIMEOUT:
             self._step(Action("shell", env.generation, {"command": "sleep 3600"}))
         elif fault is InvalidCause.EPISODE_TIMEOUT:
-            pause = f"sleep {self.cfg.step_timeout_s * 0.8:.3f}"
+            # Each pause fits the step timeout with room for the substrate's exec overhead, so it is
+            # the episode deadline that ends the attempt.
+            pause = f"sleep {self.cfg.step_timeout_s * 0.5:.3f}"
             while True:
                 self._step(Action("shell", env.generation, {"command": pause}))
 

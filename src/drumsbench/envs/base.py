@@ -79,6 +79,10 @@ class Task(ABC):
     def wrong_choices(self) -> int:
         return 1
 
+    def branch_prefix(self, k: int) -> list[ActionSpec]:
+        """The k actions that lead to a branch's prepared state (default: k exploring actions)."""
+        return [self.explore_action(i) for i in range(k)]
+
 
 class Environment(ABC):
     kind: ClassVar[str]
@@ -135,6 +139,18 @@ class Environment(ABC):
     @abstractmethod
     def break_verifier(self) -> None:
         """Really break the staged verifier (fault injection): it must crash when run."""
+
+    def capture(self) -> dict[str, Any]:
+        """The live state a continuation of a branch must reproduce, by dimension (JSON values).
+
+        Environments that support branching override it (coding: the work tree; desktop: pixels,
+        text, cursor, selection, undo stack, modified flag, dialogs, lock files)."""
+        raise NotImplementedError(f"{self.kind} cannot be branched")
+
+    def compare(self, prepared: dict[str, Any], now: dict[str, Any]) -> dict[str, bool]:
+        """Per dimension: is ``now`` faithful to ``prepared``? Exact equality unless overridden
+        (e.g. a pixel tolerance for a blinking cursor)."""
+        return {dim: now.get(dim) == value for dim, value in prepared.items()}
 
     def canary_folders(self) -> list[str]:
         """In-sandbox folders searched for other sandboxes' canaries."""

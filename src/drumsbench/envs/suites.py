@@ -30,7 +30,7 @@ FINGERPRINTS: dict[str, str] = {
 }
 
 
-def _obj(spec: str):  # noqa: ANN202
+def _obj(spec: str):
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
 

@@ -4,6 +4,7 @@ passes each finished ``AttemptRecord`` to a sink in the driver (the only ledger 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -74,7 +75,8 @@ class Job:
 
         return Slot(substrate, self.make_env(), worker=worker, on_sandbox=track)
 
-    def attempt(self, slot: Slot, policy: Policy, work: Work, extra_meta: dict[str, object] | None = None) -> AttemptRecord:
+    def attempt(self, slot: Slot, policy: Policy, work: Work,
+                extra_meta: dict[str, object] | None = None) -> AttemptRecord:
         return run_attempt(slot, work.task, policy, self.rollout, self.canaries, run_id=self.run_id, seq=work.seq,
                            seed=self.seed, fault=work.fault, meta={**self.meta, **(extra_meta or {})})
 
@@ -84,7 +86,5 @@ class Job:
         with self._lock:
             boxes = list(self._live.values())
         for box in boxes:
-            try:
+            with contextlib.suppress(Exception):  # best effort on the way out; gc catches the rest
                 box.destroy()
-            except Exception:
-                pass

@@ -37,6 +37,7 @@ class LocalExecutor:
         limiter = anyio.CapacityLimiter(self.concurrency)
         host = socket.gethostname()
         slots = [job.make_slot(substrate, w) for w in range(self.concurrency)]
+        meta: dict[str, object] = {"host": host, "executor": self.name, "concurrency": self.concurrency}
 
         async def worker(slot: Slot) -> None:
             policy = job.make_policy()
@@ -45,10 +46,7 @@ class LocalExecutor:
                     work = job.next_work()
                     if work is None:
                         return
-                    rec = await anyio.to_thread.run_sync(
-                        lambda: job.attempt(slot, policy, work, {"host": host, "executor": self.name,
-                                                                 "concurrency": self.concurrency}),
-                        limiter=limiter)
+                    rec = await anyio.to_thread.run_sync(job.attempt, slot, policy, work, meta, limiter=limiter)
                     if job.stopped.is_set():
                         return  # interrupted: the attempt was cut short by the operator, not the infra
                     sink(rec)

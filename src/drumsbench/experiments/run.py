@@ -44,7 +44,7 @@ class RunConfig(BaseModel):
     max_attempts: int | None = Field(None, ge=1)
     inject: str = ""
     seed: int = 0
-    rollout: RolloutConfig = RolloutConfig()
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     price: HostPrice = DEFAULT_PRICE
     window: str = ""
 

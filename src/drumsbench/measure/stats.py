@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
 from statistics import NormalDist
 
 import numpy as np
@@ -83,14 +82,16 @@ def rate_per_hour(event_times: Sequence[float], span_s: float, bins: int = 20, s
     a = (1 - conf) / 2
     low = stats.chi2.ppf(a, 2 * n) / 2 if n > 0 else 0.0
     high = stats.chi2.ppf(1 - a, 2 * n + 2) / 2
-    return Estimate(value=value, low=low / span_s * 3600, high=high / span_s * 3600, n=n, method="exact poisson")
+    per_hour = 3600 / span_s
+    return Estimate(value=value, low=low * per_hour, high=high * per_hour, n=n, method="exact poisson")
 
 
 def scale(e: Estimate, factor: float) -> Estimate:
     """An estimate multiplied by a positive constant."""
     if e.value is None:
         return e
-    return e.model_copy(update={"value": e.value * factor, "low": (e.low or 0) * factor, "high": (e.high or 0) * factor})
+    return e.model_copy(update={"value": e.value * factor, "low": (e.low or 0) * factor,
+                                "high": (e.high or 0) * factor})
 
 
 def inverse(e: Estimate, numerator: float) -> Estimate:

@@ -180,6 +180,12 @@ class Substrate(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the substrate holds for the run (after every sandbox is destroyed)."""
 
+    def raw_floor(self) -> list[str] | None:
+        """The cheapest host command line that does what create + first command + destroy does,
+        the way harnesses commonly do it (``true`` for processes, ``docker run --rm IMAGE true``
+        for docker, ...). ``drumsbench coldstart`` measures it side by side as the floor."""
+        return None
+
     def leftovers(self) -> list[str]:
         """Processes, containers, mounts or folders of this run that still exist (one line each)."""
         return []

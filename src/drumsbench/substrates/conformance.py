@@ -8,6 +8,7 @@ from the command line for a plugin author.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,15 +66,26 @@ def check_output_bounded(sub: Substrate) -> None:
         expect(res.stdout.endswith(b"\0END\n"), "the last bytes of a long output must be kept")
 
 
+def _unique_sleep() -> str:
+    """A sleep whose command line no other process on the host has (the process substrate sees all)."""
+    return f"sleep 60.{random.randrange(10**6):06d}"
+
+
+def _survivors(box: Sandbox, sleep: str) -> bytes:
+    probe = box.exec(f"ps -eo args 2>/dev/null | grep -c '^{sleep}' || true", timeout=10)
+    return probe.stdout.strip()
+
+
 def check_timeout_kills(sub: Substrate) -> None:
     with sandbox(sub) as box:
         t0 = time.monotonic()
-        res = box.exec("sleep 60 & sleep 60", timeout=0.5)
+        sleep = _unique_sleep()
+        res = box.exec(f"{sleep} & {sleep}", timeout=0.5)
         took = time.monotonic() - t0
         expect(res.timed_out, "a command past its timeout must report timed_out")
         expect(took < 5, f"timeout of 0.5 s took {took:.1f} s")
-        probe = box.exec("ps -eo args 2>/dev/null | grep -c '^sleep 60' || true", timeout=10)
-        expect(probe.stdout.strip() in (b"0", b""), f"processes of the timed-out command survive: {probe.stdout!r}")
+        left = _survivors(box, sleep)
+        expect(left in (b"0", b""), f"processes of the timed-out command survive: {left!r}")
         res = box.exec("echo alive", timeout=10)
         expect(res.stdout == b"alive\n", "the sandbox must stay usable after a timeout")
 
@@ -148,12 +160,12 @@ def check_reset_in_place(sub: Substrate) -> None:
     with sandbox(sub) as box:
         box.write_file(f"{box.paths.work}/f", b"1")
         box.write_file(f"{box.paths.home}/g", b"1")
-        box.exec("(sleep 60 > /dev/null 2>&1 &)", timeout=10)
+        sleep = _unique_sleep()
+        box.exec(f"({sleep} > /dev/null 2>&1 &)", timeout=10)
         box.reset_in_place()
         res = box.exec("ls -A; ls -A \"$HOME\"", timeout=10)
         expect(res.stdout == b"", f"work/home not empty after in-place reset: {res.stdout!r}")
-        probe = box.exec("ps -eo args 2>/dev/null | grep -c '^sleep 60' || true", timeout=10)
-        expect(probe.stdout.strip() in (b"0", b""), "processes survive an in-place reset")
+        expect(_survivors(box, sleep) in (b"0", b""), "processes survive an in-place reset")
 
 
 def check_destroy(sub: Substrate) -> None:

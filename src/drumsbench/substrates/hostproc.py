@@ -51,10 +51,8 @@ def run_bounded(
         on_start(proc.pid)
     if stdin is not None:
         assert proc.stdin is not None
-        try:
+        with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(stdin)
-        except BrokenPipeError:
-            pass
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
 

@@ -206,6 +206,9 @@ class ProcessSubstrate(Substrate):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
 
+    def raw_floor(self) -> list[str] | None:
+        return ["true"]
+
     def leftovers(self) -> list[str]:
         left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
         folder = sandbox_root(self.state_dir, self.run_id)

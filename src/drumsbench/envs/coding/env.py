@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import posixpath
 from pathlib import Path
+from typing import Any
 
 from drumsbench.envs.base import Action, Environment, Observation, Task
 from drumsbench.envs.coding.task import CodingTask
@@ -38,6 +39,10 @@ class CodingEnv(Environment):
 
     def fingerprint(self) -> str:
         return self.box.tree_digest(self.box.paths.work)
+
+    def capture(self) -> dict[str, Any]:
+        """A coding state is its work tree (the shell keeps no state between actions)."""
+        return {"files": self.box.tree_digest(self.box.paths.work)}
 
     # -- observations ------------------------------------------------------------------------
     def _shell(self, command: str, timeout: float) -> Observation:
@@ -71,6 +76,10 @@ class CodingEnv(Environment):
         self._break_next = True
 
     # -- actions -----------------------------------------------------------------------------
+    def _result(self, code: int, stderr: str) -> Observation:
+        content = {"exit_code": code, "stdout": "", "stderr": stderr, "truncated": False}
+        return Observation(self.generation, self.step_count, content)
+
     def _apply(self, action: Action, timeout: float) -> Observation:
         p = action.payload
         if action.kind == "shell":
@@ -78,17 +87,14 @@ class CodingEnv(Environment):
         if action.kind == "write":
             rel = posixpath.normpath(str(p["path"]))
             if rel.startswith(("/", "..")):
-                return Observation(self.generation, self.step_count,
-                                   {"exit_code": 1, "stdout": "", "stderr": f"refused path {rel}", "truncated": False})
+                return self._result(1, f"refused path {rel}: give a path inside the work folder")
             self.box.write_file(f"{self.box.paths.work}/{rel}", str(p["content"]).encode())
-            return Observation(self.generation, self.step_count,
-                               {"exit_code": 0, "stdout": "", "stderr": "", "truncated": False})
+            return self._result(0, "")
         if action.kind == "patch":
             patch_path = f"{self.box.paths.tmp}/.drumsbench-{self.step_count}.patch"
             self.box.write_file(patch_path, str(p["patch"]).encode())
             return self._shell(f"git apply --whitespace=nowarn {patch_path} && rm -f {patch_path}", timeout)
-        return Observation(self.generation, self.step_count,
-                           {"exit_code": 2, "stdout": "", "stderr": f"unknown action {action.kind!r}", "truncated": False})
+        return self._result(2, f"unknown action {action.kind!r}")
 
     # -- verifier ----------------------------------------------------------------------------
     def stage_verifier(self, task: Task) -> None:
@@ -103,11 +109,12 @@ class CodingEnv(Environment):
         res = self.box.exec(["python3", f"{self.box.paths.verify}/runner.py", self.box.paths.verify],
                             timeout=timeout, output_limit=OBS_LIMIT)
         out = res.stdout.decode(errors="replace")
+        err = res.stderr.decode(errors="replace")[-200:]
         if res.timed_out:
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier timed out after {timeout:g} s")
         if "DRUMSBENCH_VERIFIER_READY" not in out:
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
-                                 f"verifier did not start (exit {res.exit_code}): {res.stderr.decode(errors='replace')[-200:]}")
+                                 f"verifier did not start (exit {res.exit_code}): {err}")
         for line in reversed(out.splitlines()):
             if line.startswith("DRUMSBENCH_VERDICT "):
                 try:
@@ -115,5 +122,4 @@ class CodingEnv(Environment):
                 except (ValueError, KeyError) as e:
                     raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"unreadable verdict: {e}") from None
         raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
-                             f"verifier crashed before its verdict (exit {res.exit_code}): "
-                             f"{res.stderr.decode(errors='replace')[-200:]}")
+                             f"verifier crashed before its verdict (exit {res.exit_code}): {err}")

@@ -42,7 +42,7 @@ class TaskSpec(BaseModel):
     wrong_patches: list[str] = Field(min_length=1)
     hidden_tests: list[str] = Field(min_length=1)
     start_fingerprint: str
-    verify: VerifySpec = VerifySpec()
+    verify: VerifySpec = Field(default_factory=VerifySpec)
 
     @field_validator("id")
     @classmethod
@@ -93,6 +93,12 @@ class CodingTask(Task):
     @property
     def wrong_choices(self) -> int:
         return len(self.wrong_patches)
+
+    def branch_prefix(self, k: int) -> list[ActionSpec]:
+        """Exploring actions interleaved with notes the agent writes: every step changes the state."""
+        return [self.explore_action(i // 2) if i % 2 else
+                ActionSpec("write", {"path": f"notes/step-{i}.md", "content": f"step {i}: looked around\n"})
+                for i in range(k)]
 
     def explore_action(self, i: int) -> ActionSpec:
         names = sorted(self.files)
@@ -191,7 +197,8 @@ def _load_suite_cached(resolved: str) -> tuple[CodingTask, ...]:
     seen: dict[str, Path] = {}
     for t in tasks:
         if t.id in seen:
-            raise UsageError(f"{t.folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; ids must be unique")
+            raise UsageError(f"{t.folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; "
+                             "ids must be unique")
         seen[t.id] = t.folder
     return tuple(sorted(tasks, key=lambda t: t.id))
 

@@ -1,0 +1,5 @@
+"""`python -m drumsbench` = the `drumsbench` command."""
+
+from drumsbench.cli import main
+
+main()

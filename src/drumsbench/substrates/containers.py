@@ -1,0 +1,236 @@
+"""What the container substrates (``docker``, ``podman``) share.
+
+Both run the same image: the Debian rootfs of ``drumsbench.images`` (imported under
+``images.rootfs_tag()``) plus one small layer, the **sandbox image** (``sandbox_tag()``), that
+adds the folders ``/sandbox/{work,home,tmp,verify}``. A sandbox is one container of it:
+
+- pid 1 is ``REAPER``, a few lines of Python that reap orphans and nothing else. A process inside
+  the container cannot signal pid 1 (it has no handlers), so ``kill -9 -1`` from a command kills
+  every process but pid 1 and the caller: that is the in-place reset (``RESET_SCRIPT``).
+- every command runs with ``DRUMSBENCH_EXEC=<token>`` in its environment, and each container
+  exec is its own session. On timeout ``KILL_SCRIPT`` kills every process carrying the token and
+  every process in the sessions the command's processes lead, then the exec ends.
+- no network (``--network none``), a pids limit and a memory limit, labels
+  ``drumsbench.run=<run id>`` and ``drumsbench.sandbox=<sandbox id>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+import posixpath
+import sys
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from drumsbench import images
+from drumsbench.errors import SubstrateError
+from drumsbench.substrates.base import SandboxPaths
+
+LABEL_RUN = "drumsbench.run"
+LABEL_SANDBOX = "drumsbench.sandbox"
+# Name prefix of the throw-away container the sandbox image is committed from (a name, not a
+# label: labels of the container would be inherited by the image and every sandbox).
+BUILD_PREFIX = "drumsbench-build-"
+EXEC_VAR = "DRUMSBENCH_EXEC"
+
+ROOT = "/sandbox"
+PATHS = SandboxPaths(
+    root=ROOT, work=f"{ROOT}/work", home=f"{ROOT}/home", tmp=f"{ROOT}/tmp", verify=f"{ROOT}/verify"
+)
+FOLDERS = (PATHS.work, PATHS.home, PATHS.tmp, PATHS.verify)
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Resource limits of every sandbox container (per container, not reserved).
+PIDS_LIMIT = 2048
+MEMORY_LIMIT = "4g"
+
+# Bump when the sandbox layer (folders, reaper) changes: the tag changes, the image is rebuilt.
+SANDBOX_LAYER_VERSION = 1
+
+# pid 1 of every sandbox: reap every child (orphans are re-parented to pid 1), never exit.
+# SIGCHLD is blocked so that it stays pending for sigtimedwait even though its action is default.
+REAPER = """\
+import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        os.waitpid(-1, 0)
+    except ChildProcessError:
+        signal.sigtimedwait({signal.SIGCHLD}, 5)
+    except InterruptedError:
+        pass
+"""
+REAPER_ARGV = ["python3", "-S", "-E", "-c", REAPER]
+
+# Kill every process of one exec: those whose environment has the token, and the members of the
+# sessions those processes lead (catches children that cleared their environment). Repeats until
+# none is left, so processes forked while it runs die too. argv[1] is "DRUMSBENCH_EXEC=<token>".
+KILL_SCRIPT = """\
+import os, signal, sys, time
+marker = sys.argv[1].encode()
+me = os.getpid()
+for _ in range(50):
+    marked, sid_of = set(), {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in (1, me):
+            continue
+        try:
+            with open("/proc/" + d + "/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                continue
+            sid_of[int(d)] = int(fields[3])
+            with open("/proc/" + d + "/environ", "rb") as f:
+                if marker in f.read().split(b"\\0"):
+                    marked.add(int(d))
+        except (OSError, IndexError, ValueError):
+            continue
+    leaders = {p for p in marked if sid_of.get(p) == p}
+    victims = marked | {p for p, s in sid_of.items() if s in leaders}
+    if not victims:
+        break
+    for p in victims:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.01)
+"""
+
+# In-place reset: kill everything but pid 1 (twice, for processes forked meanwhile), then empty
+# the four folders and the container's shared temp folders.
+RESET_SCRIPT = f"""\
+kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null
+rm -rf {" ".join(FOLDERS)} /tmp/* /tmp/.[!.]* /var/tmp/* /var/tmp/.[!.]* /dev/shm/* 2>/dev/null
+mkdir -p {" ".join(FOLDERS)} && chmod 1777 {PATHS.tmp} && cd {PATHS.work}
+"""
+
+# read_file through a command: exit 3 when missing, 4 when a folder; $2 = byte limit or "".
+READ_SCRIPT = """\
+[ -e "$1" ] || exit 3
+[ -d "$1" ] && exit 4
+if [ -n "$2" ]; then exec head -c "$2" -- "$1"; else exec cat -- "$1"; fi
+"""
+READ_MISSING, READ_IS_DIR = 3, 4
+
+
+def build_name(tag: str) -> str:
+    return BUILD_PREFIX + tag.partition(":")[2]
+
+
+def new_sandbox_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def sandbox_tag() -> str:
+    """Tag of the sandbox image: changes whenever the rootfs recipe or the sandbox layer does."""
+    h = hashlib.sha256(f"{images.rootfs_tag()}|{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:12]
+    return f"drumsbench-sandbox:{h}"
+
+
+def exec_env(token: str, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {
+        "PATH": CONTAINER_PATH,
+        "HOME": PATHS.home,
+        "TMPDIR": PATHS.tmp,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if extra:
+        env.update(extra)
+    env[EXEC_VAR] = token  # last: a caller's env cannot hide a command from the killer
+    return env
+
+
+def argv_of(command: str | Sequence[str]) -> list[str]:
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+def check_path(path: str) -> str:
+    """A normalised absolute in-container path; refuses relative paths."""
+    if not path.startswith("/"):
+        raise SubstrateError(f"{path!r}: paths in a container sandbox must be absolute")
+    norm = posixpath.normpath(path)
+    return "/" + norm.lstrip("/")
+
+
+def files_tar(files: Mapping[str, bytes]) -> bytes:
+    """An uncompressed tar of absolute in-container path -> bytes (members relative to /).
+
+    It holds only files: parent folders are created by the extractor and existing ones keep their
+    owner and mode.
+    """
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(check_path(path).lstrip("/"))
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = now
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def layer_tar() -> bytes:
+    """The sandbox layer: the four folders (tmp world-writable with the sticky bit)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for folder in (ROOT, *FOLDERS):
+            info = tarfile.TarInfo(folder.lstrip("/"))
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o1777 if folder == PATHS.tmp else 0o755
+            info.mtime = 0
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def rootfs_tar_cached() -> bool:
+    return (images.cache_dir() / f"rootfs-{images.recipe_hash()}.tar").exists()
+
+
+def ensure_rootfs_tar_verbose(engine: str) -> Path:
+    """``images.ensure_rootfs_tar()``, saying so when it has to run debootstrap."""
+    if not rootfs_tar_cached():
+        progress(f"{engine}: building the Debian rootfs with debootstrap (about a minute, once)")
+    with build_lock("rootfs"):
+        return images.ensure_rootfs_tar()
+
+
+def progress(message: str) -> None:
+    print(f"drumsbench: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def build_lock(name: str, wait: bool = True) -> Iterator[bool]:
+    """An exclusive lock between processes (and threads) building the same thing.
+
+    With ``wait=False`` it yields ``False`` at once when someone else holds it.
+    """
+    folder = images.cache_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def decode_tail(data: bytes, n: int = 300) -> str:
+    return data.decode(errors="replace").strip()[-n:]

@@ -1,0 +1,534 @@
+"""``docker``: each sandbox is a container of the real Docker daemon, driven through the Python SDK.
+
+Isolation: a container (own mount, pid, ipc, uts and network namespaces, a cgroup with a pids
+and a memory limit), **no network at all** (``network_mode="none"``: only ``lo``). Commands run
+as root inside the container with Docker's default capability set and ``no-new-privileges``.
+
+Set-up: ``scripts/setup.sh`` installs docker.io and starts ``dockerd --bridge=none
+--iptables=false``. The image (``containers.sandbox_tag()``) is built on first use if absent: the
+Debian rootfs of ``drumsbench.images`` is imported under ``images.rootfs_tag()`` and the sandbox
+layer committed on top (``python -m drumsbench.substrates.docker ensure-image`` does it ahead).
+
+Exec uses the exec API over a hijacked socket: stdin is written then half-closed, the multiplexed
+output is read with a deadline and kept up to ``output_limit`` bytes per stream. On timeout a
+second exec runs ``containers.KILL_SCRIPT`` with the command's token.
+
+Known Docker behaviour: when a command leaves a background process holding its stdout or stderr,
+the daemon keeps the exec's stream open for about 2 s after the command exits (and the next exec
+in that container may wait about as long). Redirect the output of background processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import select
+import socket
+import struct
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from drumsbench import images
+from drumsbench.errors import SubstrateError
+from drumsbench.substrates import containers as C
+from drumsbench.substrates.base import (
+    DEFAULT_OUTPUT_LIMIT,
+    Capabilities,
+    ExecResult,
+    Isolation,
+    ResetStrategy,
+    Sandbox,
+    Substrate,
+)
+from drumsbench.substrates.hostproc import HeadTail
+
+try:  # the SDK is optional: missing() says how to get it
+    import docker
+    import docker.errors
+    import requests.exceptions
+except ImportError:  # pragma: no cover - exercised only without the SDK
+    docker = None  # type: ignore[assignment]
+
+SOCKET_HINT = "run scripts/setup.sh (it starts dockerd --bridge=none --iptables=false)"
+_HEADER = struct.Struct(">BxxxL")
+
+
+def _client(timeout: float = 60) -> Any:
+    if docker is None:
+        raise SubstrateError("docker: the Python SDK is missing: pip install 'drumsbench[docker]'")
+    try:
+        return docker.from_env(version="auto", timeout=timeout)
+    except docker.errors.DockerException as e:
+        raise SubstrateError(f"docker: the daemon does not answer ({e}); {SOCKET_HINT}") from e
+
+
+def _api_errors() -> tuple[type[BaseException], ...]:
+    return (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+
+
+def image_exists(client: Any, tag: str) -> bool:
+    try:
+        client.api.inspect_image(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def ensure_image(client: Any | None = None) -> str:
+    """The sandbox image's tag, importing the rootfs and building the layer first when absent."""
+    if client is None:
+        client = _client(timeout=900)
+        try:
+            return ensure_image(client)
+        finally:
+            client.close()
+    tag = C.sandbox_tag()
+    if image_exists(client, tag):
+        return tag
+    with C.build_lock("docker-image"):
+        if image_exists(client, tag):
+            return tag
+        t0 = time.monotonic()
+        rootfs = images.rootfs_tag()
+        if not image_exists(client, rootfs):
+            tar = C.ensure_rootfs_tar_verbose("docker")
+            C.progress(f"docker: importing {tar.name} as {rootfs} (a few seconds, once)")
+            repo, _, rtag = rootfs.partition(":")
+            try:
+                client.api.import_image_from_file(str(tar), repository=repo, tag=rtag)
+            except _api_errors() as e:
+                raise SubstrateError(f"docker: import of {tar} failed: {e}") from e
+            if not image_exists(client, rootfs):
+                raise SubstrateError(f"docker: import of {tar} did not produce {rootfs}")
+        C.progress(f"docker: building the sandbox image {tag}")
+        repo, _, stag = tag.partition(":")
+        build = None
+        with contextlib.suppress(docker.errors.NotFound):  # left by a crashed build
+            client.api.remove_container(C.build_name(tag), force=True)
+        try:
+            build = client.api.create_container(
+                rootfs,
+                command=["true"],
+                name=C.build_name(tag),
+                host_config=client.api.create_host_config(network_mode="none"),
+            )["Id"]
+            client.api.put_archive(build, "/", C.layer_tar())
+            client.api.commit(
+                build,
+                repository=repo,
+                tag=stag,
+                conf={
+                    "Cmd": C.REAPER_ARGV,
+                    "WorkingDir": C.PATHS.work,
+                    "Env": [f"PATH={C.CONTAINER_PATH}", f"HOME={C.PATHS.home}"],
+                    "Labels": {"drumsbench.image": "sandbox", "drumsbench.rootfs": rootfs},
+                },
+            )
+        except _api_errors() as e:
+            raise SubstrateError(f"docker: building {tag} failed: {e}") from e
+        finally:
+            if build is not None:
+                with contextlib.suppress(*_api_errors()):
+                    client.api.remove_container(build, force=True)
+        C.progress(f"docker: {tag} ready ({time.monotonic() - t0:.1f} s)")
+        return tag
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, sub: DockerSubstrate, cid: str, sid: str) -> None:
+        self.substrate = sub.name
+        self.run_id = sub.run_id
+        self.id = sid
+        self.container_id = cid
+        self.paths = C.PATHS
+        self._api = sub.client.api
+        self._destroyed = False
+
+    # -- exec -----------------------------------------------------------------------------------
+    def _gone(self, e: BaseException, what: str) -> SubstrateError:
+        return SubstrateError(f"docker: sandbox {self.id} ({self.container_id[:12]}): {what}: {e}")
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        if self._destroyed:
+            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        t0 = time.monotonic()
+        token = C.new_token()
+        environment = [f"{k}={v}" for k, v in C.exec_env(token, env).items()]
+        try:
+            eid = self._api.exec_create(
+                self.container_id,
+                C.argv_of(command),
+                stdout=True,
+                stderr=True,
+                stdin=stdin is not None,
+                environment=environment,
+                workdir=cwd or C.PATHS.work,
+            )["Id"]
+            sock = self._api.exec_start(eid, socket=True)
+        except _api_errors() as e:
+            raise self._gone(e, "exec failed") from e
+        raw: socket.socket = getattr(sock, "_sock", sock)
+        try:
+            if stdin is not None:
+                self._send_stdin(raw, stdin)
+            out, err, totals, timed_out = _read_frames(raw, t0 + timeout, output_limit)
+            if timed_out:
+                self._kill(token)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+        code = -9 if timed_out else self._exit_code(eid)
+        if code == 126 and not err and out.startswith(b"OCI runtime exec failed"):
+            # The runtime could not start the program: say so on stderr, as a shell (and podman)
+            # would, with 127 when it does not exist.
+            out, err = b"", out
+            totals = [0, len(err)]
+            if b"not found" in err or b"no such file" in err:
+                code = 127
+        return ExecResult(
+            exit_code=code,
+            stdout=out,
+            stderr=err,
+            stdout_total=totals[0],
+            stderr_total=totals[1],
+            timed_out=timed_out,
+            duration_s=time.monotonic() - t0,
+        )
+
+    @staticmethod
+    def _send_stdin(raw: socket.socket, data: bytes) -> None:
+        # Written from a thread so a command that does not read cannot block us past the deadline.
+        def feed() -> None:
+            with contextlib.suppress(OSError):
+                raw.sendall(data)
+                raw.shutdown(socket.SHUT_WR)
+
+        if len(data) <= 65536:
+            feed()
+        else:
+            threading.Thread(target=feed, daemon=True).start()
+
+    def _exit_code(self, eid: str) -> int:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                info = self._api.exec_inspect(eid)
+            except _api_errors() as e:
+                raise self._gone(e, "exec inspect failed") from e
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if time.monotonic() > deadline:
+                raise SubstrateError(
+                    f"docker: sandbox {self.id}: exec ended but reports no exit code"
+                )
+            time.sleep(0.005)
+
+    def _kill(self, token: str) -> None:
+        """Kill every process of the exec that carries ``token`` (and their sessions)."""
+        try:
+            eid = self._api.exec_create(
+                self.container_id,
+                ["python3", "-S", "-c", C.KILL_SCRIPT, f"{C.EXEC_VAR}={token}"],
+                stdout=True,
+                stderr=True,
+                environment=[f"PATH={C.CONTAINER_PATH}"],
+            )["Id"]
+            self._api.exec_start(eid)
+        except _api_errors() as e:
+            raise self._gone(e, "cannot kill a timed-out command") from e
+
+    # -- files ----------------------------------------------------------------------------------
+    def write_file(self, path: str, data: bytes) -> None:
+        self._put({path: data})
+
+    def put_files(self, base: str, files: Mapping[str, bytes]) -> None:
+        self._put({f"{base.rstrip('/')}/{rel}": data for rel, data in files.items()})
+
+    def _put(self, files: Mapping[str, bytes]) -> None:
+        if self._destroyed:
+            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        try:
+            self._api.put_archive(self.container_id, "/", C.files_tar(files))
+        except _api_errors() as e:
+            raise self._gone(e, f"cannot write {', '.join(list(files)[:3])}") from e
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        if self._destroyed:
+            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        path = C.check_path(path)
+        for _ in range(20):  # follow symlinks, as cat would
+            try:
+                stream, _stat = self._api.get_archive(self.container_id, path)
+            except docker.errors.NotFound as e:
+                if self._container_missing():
+                    raise self._gone(e, "the container is gone") from e
+                raise FileNotFoundError(path) from e
+            except _api_errors() as e:
+                raise self._gone(e, f"cannot read {path}") from e
+            try:
+                with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as tar:
+                    member = tar.next()
+                    if member is None:
+                        raise FileNotFoundError(path)
+                    if member.issym():
+                        path = C.check_path(posixpath_join(path, member.linkname))
+                        continue
+                    if member.isdir():
+                        raise IsADirectoryError(path)
+                    f = tar.extractfile(member)
+                    if f is None:
+                        raise SubstrateError(f"docker: {path} is not a regular file")
+                    return f.read(-1 if limit is None else limit)
+            except (FileNotFoundError, IsADirectoryError):
+                raise
+            except (tarfile.TarError, docker.errors.DockerException, OSError) as e:
+                raise self._gone(e, f"cannot read {path}") from e
+            finally:
+                with contextlib.suppress(Exception):
+                    stream.close()
+        raise SubstrateError(f"docker: too many levels of symbolic links at {path}")
+
+    def _container_missing(self) -> bool:
+        try:
+            self._api.inspect_container(self.container_id)
+            return False
+        except docker.errors.NotFound:
+            return True
+
+    # -- reset and destroy ----------------------------------------------------------------------
+    def reset_in_place(self) -> None:
+        self._run_checked(["/bin/sh", "-c", C.RESET_SCRIPT], "in-place reset")
+
+    def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        try:
+            self._api.remove_container(self.container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except _api_errors() as e:
+            raise self._gone(e, "cannot remove the container") from e
+
+
+def posixpath_join(path: str, target: str) -> str:
+    return target if target.startswith("/") else posixpath.join(posixpath.dirname(path), target)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over the SDK's chunk iterator (for ``tarfile`` in stream mode)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _read_frames(
+    raw: socket.socket, deadline: float, limit: int
+) -> tuple[bytes, bytes, list[int], bool]:
+    """Read Docker's multiplexed stream to EOF or ``deadline``; keep ``limit`` bytes per stream
+    (head and tail, as ``hostproc.HeadTail``)."""
+    keep = [HeadTail(limit), HeadTail(limit)]
+    pending = bytearray()
+    raw.setblocking(False)
+    poller = select.poll()  # not select(): descriptors above 1024 are common at high concurrency
+    poller.register(raw, select.POLLIN)
+    try:
+        while True:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                return keep[0].value(), keep[1].value(), [keep[0].total, keep[1].total], True
+            if not poller.poll(max(1, int(wait * 1000))):
+                continue
+            try:
+                chunk = raw.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return keep[0].value(), keep[1].value(), [keep[0].total, keep[1].total], False
+            pending += chunk
+            while len(pending) >= _HEADER.size:
+                kind, size = _HEADER.unpack_from(pending)
+                if len(pending) < _HEADER.size + size:
+                    break
+                payload = pending[_HEADER.size : _HEADER.size + size]
+                del pending[: _HEADER.size + size]
+                keep[1 if kind == 2 else 0].add(bytes(payload))
+    finally:
+        with contextlib.suppress(OSError):
+            raw.setblocking(True)
+
+
+class DockerSubstrate(Substrate):
+    name = "docker"
+    capabilities = Capabilities(
+        isolation=Isolation.CONTAINER,
+        reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),
+        snapshot=False,
+        network=False,
+        notes="Docker containers via the Python SDK; network_mode=none; pids and memory limits",
+    )
+
+    def __init__(self, run_id: str, state_dir: Path) -> None:
+        super().__init__(run_id, state_dir)
+        self.client = _client()
+        self._image: str | None = None
+        self._image_lock = threading.Lock()
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if docker is None:
+            return (
+                "docker: the Python SDK is missing: pip install 'drumsbench[docker]' "
+                "(or run scripts/setup.sh)"
+            )
+        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        try:
+            client = docker.from_env(version="auto", timeout=5)
+            client.ping()
+        except Exception:
+            return f"docker: the daemon does not answer at {where}: {SOCKET_HINT}"
+        try:
+            if not image_exists(client, C.sandbox_tag()) and not C.rootfs_tar_cached():
+                import shutil
+
+                if shutil.which("debootstrap") is None:
+                    return (
+                        "docker: the image is absent and debootstrap is missing to build it: "
+                        "run scripts/setup.sh"
+                    )
+        finally:
+            client.close()
+        return None
+
+    def image(self) -> str:
+        with self._image_lock:
+            if self._image is None:
+                self._image = ensure_image()
+            return self._image
+
+    def create(self) -> Sandbox:
+        image = self.image()
+        sid = C.new_sandbox_id()
+        api = self.client.api
+        try:
+            cid = api.create_container(
+                image,
+                command=C.REAPER_ARGV,
+                working_dir=C.PATHS.work,
+                labels={C.LABEL_RUN: self.run_id, C.LABEL_SANDBOX: sid},
+                host_config=api.create_host_config(
+                    network_mode="none",
+                    pids_limit=C.PIDS_LIMIT,
+                    mem_limit=C.MEMORY_LIMIT,
+                    security_opt=["no-new-privileges"],
+                ),
+            )["Id"]
+        except _api_errors() as e:
+            raise SubstrateError(f"docker: cannot create a container of {image}: {e}") from e
+        try:
+            api.start(cid)
+        except _api_errors() as e:
+            with contextlib.suppress(*_api_errors()):
+                api.remove_container(cid, force=True)
+            raise SubstrateError(f"docker: cannot start container {cid[:12]}: {e}") from e
+        return DockerSandbox(self, cid, sid)
+
+    def _containers(self, label: str) -> list[dict[str, Any]]:
+        return self.client.api.containers(all=True, filters={"label": label})
+
+    def leftovers(self) -> list[str]:
+        try:
+            found = self._containers(f"{C.LABEL_RUN}={self.run_id}")
+        except _api_errors() as e:
+            return [f"docker: cannot list containers: {e}"]
+        return [f"container {c['Id'][:12]} ({c.get('State', '?')})" for c in found]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    @classmethod
+    def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
+        if docker is None or not dead_runs:
+            return []
+        try:
+            client = docker.from_env(version="auto", timeout=30)
+            found = client.api.containers(all=True, filters={"label": C.LABEL_RUN})
+        except Exception:
+            return []
+        removed = []
+        try:
+            for c in found:
+                run = (c.get("Labels") or {}).get(C.LABEL_RUN)
+                if run in dead_runs:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        client.api.remove_container(c["Id"], force=True)
+                    removed.append(f"docker container {c['Id'][:12]} of run {run}")
+            with C.build_lock("docker-image", wait=False) as free:
+                if free:  # no build in progress: its throw-away containers are leftovers
+                    for c in client.api.containers(all=True, filters={"name": C.BUILD_PREFIX}):
+                        if not any(n.lstrip("/").startswith(C.BUILD_PREFIX) for n in c["Names"]):
+                            continue
+                        with contextlib.suppress(docker.errors.NotFound):
+                            client.api.remove_container(c["Id"], force=True)
+                        removed.append(f"docker build container {c['Id'][:12]}")
+        except _api_errors():
+            pass
+        finally:
+            client.close()
+        return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m drumsbench.substrates.docker")
+    parser.add_argument("action", choices=["ensure-image", "missing"])
+    args = parser.parse_args(argv)
+    if args.action == "missing":
+        what = DockerSubstrate.missing()
+        print(what or "docker: usable")
+        return 1 if what else 0
+    try:
+        ensure_image()
+    except SubstrateError as e:
+        print(f"drumsbench: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Branch from a prepared state (coding environment): forks are faithful or caught, continuations
+are recorded with their method and parent, and the prepared state is never changed by its forks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from drumsbench.branching.methods import METHODS, FileCopy
+from drumsbench.experiments.branch import BranchConfig, run_branch
+from drumsbench.ledger import Ledger
+from drumsbench.substrates.process import ProcessSubstrate
+
+from helpers import cli
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path / "ledger.sqlite")
+    led.create_run("b", "branch", {}, {}, "test")
+    return led
+
+
+def test_replay_and_file_continuations(ledger, state_dir):
+    cfg = BranchConfig(continuations=3, ks=[1, 5], methods=["replay", "file"], growth_forks=2)
+    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    assert report.prepared_unchanged and report.isolation_control_fired
+    for m in report.methods:
+        assert m.faithful_all.value == 1.0, m
+        assert m.valid == 3 and not m.errors
+        assert set(m.creation_by_k) == {"1", "5"}
+    rows = ledger.attempts("b", ("window", "extra", "outcome"))
+    assert len(rows) == 6
+    extra = [json.loads(r[1]) for r in rows]
+    assert {e["fork_method"] for e in extra} == {"replay", "file"}
+    assert all(e["k"] == 5 and e["parent"] and e["faithful"] == {"files": True} for e in extra)
+
+
+class LossyCopy(FileCopy):
+    """A file fork that loses the agent's notes: the faithfulness gate must catch it."""
+
+    name = "lossy"
+
+    def prepare(self, parent):
+        super().prepare(parent)
+        self.files = {p: d for p, d in self.files.items() if not p.startswith("notes/")}
+
+
+def test_unfaithful_continuation_is_invalid_and_never_used(ledger, state_dir, monkeypatch):
+    monkeypatch.setitem(METHODS, "lossy", LossyCopy)
+    cfg = BranchConfig(continuations=2, ks=[5], methods=["lossy"])
+    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    m = report.methods[0]
+    assert m.faithful["files"].value == 0.0
+    assert m.valid == 0 and m.invalid == {"dirty_reset": 2}
+    outcomes = ledger.attempts("b", ("outcome", "cause", "reward"))
+    assert outcomes == [("invalid", "dirty_reset", None)] * 2
+
+
+def test_branch_cli(tmp_path):
+    proc = cli("branch", "--continuations", "2", "--ks", "1,5", "--out", str(tmp_path / "runs"),
+               "--json", str(tmp_path / "b.json"), env={"DRUMSBENCH_STATE": str(tmp_path / "state")}, check=True)
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["schema"] == "drumsbench.branch-report/1"
+    assert [m["method"] for m in data["methods"]] == ["replay", "file"]
+    assert "replay / file creation time" in proc.stdout
+    bad = cli("branch", "--methods", "teleport", "--out", str(tmp_path / "runs"),
+              env={"DRUMSBENCH_STATE": str(tmp_path / "state")})
+    assert bad.returncode == 2 and "unknown fork method 'teleport'" in bad.stderr
