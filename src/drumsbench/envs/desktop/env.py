@@ -42,6 +42,7 @@ and before LibreOffice opens it.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -57,7 +58,15 @@ import numpy as np
 
 from drumsbench.envs.base import Action, ActionSpec, Environment, Observation, Task
 from drumsbench.envs.desktop import xcb
-from drumsbench.envs.desktop.instance import HOSTNAME, SYSTEM_PYTHON, DesktopInstance, Frame, Settings, screen_problem
+from drumsbench.envs.desktop.instance import (
+    HOSTNAME,
+    SYSTEM_PYTHON,
+    DesktopInstance,
+    Frame,
+    Settings,
+    screen_problem,
+)
+from drumsbench.envs.desktop.instance import frames_differ as instance_frames_differ
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
 from drumsbench.errors import InvalidAttempt, SubstrateError
 from drumsbench.outcome import InvalidCause
@@ -502,6 +511,41 @@ class DesktopEnv(Environment):
                              f"{res.stderr.decode(errors='replace')[-200:]}")
 
     last_verdict: dict[str, Any] | None = None
+
+    # -- branching: the live state a continuation must reproduce ------------------------------------
+    PIXEL_TOLERANCE_PX = 64  # pixels that may differ: the blinking text cursor (about 2 x 18)
+
+    def capture(self) -> dict[str, Any]:
+        """Pixels (a PNG, base64), the window title (an open dialog shows there), lock files as
+        own/foreign, and through UNO: document, text, cursor, selection, undo titles, modified flag."""
+        inst, task = self.instance, self.task
+        assert task is not None
+        folder = f"{self.box.paths.tmp}/.drumsbench-capture"
+        files = {"runner.py": RUNNER, **task.verify_files(self.box.paths.work, str(inst.app_exit_file))}
+        self.box.put_files(folder, files)
+        res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--capture"], timeout=30,
+                               output_limit=1 << 20)
+        live: dict[str, Any] | None = None
+        for line in res.stdout.decode(errors="replace").splitlines():
+            if line.startswith("DRUMSBENCH_CAPTURE "):
+                live = json.loads(line.split(" ", 1)[1])
+        if live is None:
+            raise SubstrateError(f"desktop: capture failed (exit {res.exit_code}): "
+                                 f"{res.stderr.decode(errors='replace')[-200:]}")
+        frame, _settled = inst.settle(time.monotonic() + 5.0, quiet_s=0.8)
+        locks = {p.name: self._lock_state(p.read_text(errors="replace"), inst)
+                 for p in sorted(inst.work.iterdir()) if LOCK_RE.match(p.name)}
+        return {"screen": base64.b64encode(xcb.encode_png(frame.rgb)).decode(), "title": frame.title,
+                "locks": locks, "profile_lock": self._profile_lock_state(inst), **live}
+
+    def compare(self, prepared: dict[str, Any], now: dict[str, Any]) -> dict[str, bool]:
+        out = super().compare(prepared, now)
+        if "screen" in prepared:
+            a, b = (xcb.decode_png(base64.b64decode(x["screen"])) if x.get("screen") else None
+                    for x in (prepared, now))
+            out["screen"] = (a is not None and b is not None and a.shape == b.shape
+                             and instance_frames_differ(a, b) <= self.PIXEL_TOLERANCE_PX)
+        return out
 
     # -- screenshots kept for people ---------------------------------------------------------------
     def _keep_screenshots(self, task: DesktopTask) -> None:

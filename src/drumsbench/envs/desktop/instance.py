@@ -85,10 +85,10 @@ class Settings:
     height: int = 800
     start_timeout_s: float = 30.0
     grab_timeout_s: float = 3.0
-    settle_interval_s: float = 0.04
+    settle_interval_s: float = 0.05
+    settle_quiet_s: float = 0.25  # the screen must stay still this long after an action
     settle_max_s: float = 2.0
-    settle_tolerance_px: int = 400  # pixels that may differ between "equal" frames (the text cursor blinks)
-    settle_min_frames: int = 2
+    settle_tolerance_px: int = 64  # pixels that may differ between "equal" frames (the text cursor blinks)
     type_delay_ms: int = 8
     key_delay_ms: int = 20
     wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
@@ -276,27 +276,29 @@ class DesktopInstance:
         with xcb.XClient(str(self.x_dir), DISPLAY, self.settings.grab_timeout_s) as x:
             x.blank_screen()
 
-    def settle(self, deadline: float, first: Frame | None = None) -> tuple[Frame, bool]:
-        """Grab until the screen is stable (consecutive frames within tolerance) or ``deadline``.
+    def settle(self, deadline: float, first: Frame | None = None, quiet_s: float | None = None) -> tuple[Frame, bool]:
+        """Grab until the screen has been still for ``quiet_s`` (frames equal within the pixel
+        tolerance — the text cursor blinks — and the same title), or ``deadline``.
 
+        LibreOffice repaints toolbars, rulers and the status bar from idle handlers a little after
+        an action's own effect, so "two equal frames in a row" is not enough: the quiet period is.
         Returns the last frame and whether it settled. ``xcb.XError`` when the server fails.
         """
         s = self.settings
-        end = min(deadline, time.monotonic() + s.settle_max_s)
+        quiet = s.settle_quiet_s if quiet_s is None else quiet_s
+        end = min(deadline, time.monotonic() + s.settle_max_s + quiet)
         prev = first or self.grab()
-        stable = 0
+        still_since = prev.t
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
                 return prev, False
             time.sleep(min(s.settle_interval_s, remaining))
             cur = self.grab(min(s.grab_timeout_s, max(0.5, deadline - time.monotonic())))
-            if cur.title == prev.title and frames_differ(cur.rgb, prev.rgb) <= s.settle_tolerance_px:
-                stable += 1
-                if stable >= s.settle_min_frames - 1:
-                    return cur, True
-            else:
-                stable = 0
+            if cur.title != prev.title or frames_differ(cur.rgb, prev.rgb) > s.settle_tolerance_px:
+                still_since = cur.t
+            elif cur.t - still_since >= quiet:
+                return cur, True
             prev = cur
 
     # -- commands inside the instance -------------------------------------------------------------

@@ -125,6 +125,12 @@ class DesktopTask(Task):
     def wrong_choices(self) -> int:
         return len(self.spec.wrong)
 
+    def branch_prefix(self, k: int) -> list[ActionSpec]:
+        """The oracle's first k actions (then harmless looks, if k is longer): a prepared state
+        halfway through real work — text typed, a dialog open, a selection made."""
+        oracle = [a for a in self.oracle_plan() if a.kind != SUBMIT]
+        return oracle[:k] + [self.explore_action(i) for i in range(max(0, k - len(oracle)))]
+
     def explore_action(self, i: int) -> ActionSpec:
         """Harmless looks around: hover over the document and toolbars, short waits."""
         w, h = SCREEN

@@ -135,7 +135,47 @@ def stored_zip_text(name, member):
         return ""
 
 
+def live_state(doc):
+    """What a continuation of a branch must reproduce, beyond pixels (JSON values)."""
+    ctrl = doc.getCurrentController()
+    state = {"modified": bool(doc.isModified())}
+    try:
+        state["undo"] = list(doc.getUndoManager().getAllUndoActionTitles())
+    except Exception:
+        state["undo"] = None
+    if doc.supportsService("com.sun.star.text.TextDocument"):
+        state["text"] = doc.getText().getString()
+        vc = ctrl.getViewCursor()
+        pos = vc.getPosition()
+        state["cursor"] = [int(vc.getPage()), int(pos.X), int(pos.Y)]
+        sel = ctrl.getSelection()
+        state["selection"] = [sel.getByIndex(i).getString() for i in range(sel.getCount())] \
+            if hasattr(sel, "getCount") else []
+    elif doc.supportsService("com.sun.star.sheet.SpreadsheetDocument"):
+        sheet = ctrl.getActiveSheet()
+        cur = sheet.createCursor()
+        cur.gotoEndOfUsedArea(False)
+        end = cur.getRangeAddress()
+        area = sheet.getCellRangeByPosition(0, 0, end.EndColumn, end.EndRow)
+        state["text"] = [list(row) for row in area.getFormulaArray()]
+        sel = ctrl.getSelection()
+        if hasattr(sel, "getRangeAddress"):
+            a = sel.getRangeAddress()
+            state["selection"] = [a.Sheet, a.StartColumn, a.StartRow, a.EndColumn, a.EndRow]
+        else:
+            state["selection"] = None
+        state["cursor"] = state["selection"][:3] if state["selection"] else None
+    return state
+
+
 def main() -> int:
+    if "--capture" in sys.argv:  # the live state for branching, not a verdict
+        desktop = connect()
+        doc = None if desktop is None else find_document(desktop)
+        state = {"document": None} if doc is None else {"document": doc.getURL().rsplit("/", 1)[-1],
+                                                         **live_state(doc)}
+        print("DRUMSBENCH_CAPTURE " + json.dumps(state), flush=True)
+        return 0
     closed = "--office-closed" in sys.argv  # LibreOffice was closed by the policy: only stored files remain
     desktop = None if closed else connect()
     closed = closed or desktop is None
