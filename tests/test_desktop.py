@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require
 
 from drumsbench.envs import suites
 from drumsbench.envs.base import ActionSpec
@@ -33,6 +32,8 @@ from drumsbench.policies import replay
 from drumsbench.policies.scripted import Null, Oracle, Policy
 from drumsbench.rollout import RolloutConfig, Slot, run_attempt
 from drumsbench.substrates.process import ProcessSubstrate
+
+from conftest import require
 
 CFG = RolloutConfig(step_timeout_s=20, episode_timeout_s=120)
 TASKS = [t.id for t in load_suite("desktop")]
@@ -281,7 +282,7 @@ def test_verifier_unavailable_when_libreoffice_is_gone(slot):
 # -- nothing left behind -------------------------------------------------------------------------------
 def drumsbench(*args: str, state: Path) -> subprocess.Popen:
     env = {**os.environ, "DRUMSBENCH_STATE": str(state)}
-    return subprocess.Popen([sys.executable, "-m", "drumsbench.cli", *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "drumsbench", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -302,8 +303,12 @@ def test_no_desktop_processes_after_an_interrupted_or_killed_run(desktop_ready, 
     proc = drumsbench("run", "--tasks", "desktop", "--duration", "5m", "--concurrency", "2", "--no-progress",
                       "--out", str(out), state=state)
     try:
-        wait_for(lambda: any(p.endswith(("soffice.bin", "Xvfb")) for p in desktop_processes(str(state))), 120,
-                 "a desktop instance of the run")
+        def started() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended early: {proc.communicate()[0]}")
+            return any(p.endswith(("soffice.bin", "Xvfb")) for p in desktop_processes(str(state)))
+
+        wait_for(started, 120, "a desktop instance of the run")
         time.sleep(1.0)
         if how == "interrupt":
             proc.send_signal(signal.SIGINT)  # Ctrl-C
