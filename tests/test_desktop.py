@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from drumsbench.envs import suites
-from drumsbench.envs.base import ActionSpec
+from drumsbench.envs.base import Action, ActionSpec
 from drumsbench.envs.desktop import instance, odf
 from drumsbench.envs.desktop.env import DesktopEnv
 from drumsbench.envs.desktop.task import compute_fingerprints, load_suite, lock_name
@@ -200,6 +200,39 @@ def test_closing_libreoffice_is_the_policys_doing_not_an_infrastructure_fault(sl
     task = next(t for t in load_suite("desktop") if t.id == "writer-save-docx")
     rec = attempt(slot, "writer-save-docx", replay.Replay(task.oracle_plan()[:-1] + quit_), seq=1)
     assert rec.outcome is Outcome.SUCCESS, rec.detail
+
+
+def test_capture_of_a_replayed_prefix_is_faithful_and_a_file_copy_is_not(slot, state_dir):
+    task = next(t for t in load_suite("desktop") if t.id == "writer-bold-word")
+    parent = slot.env
+    assert isinstance(parent, DesktopEnv)
+    slot.provision()
+    parent.reset(task)
+    for spec in task.branch_prefix(3):
+        parent.step(Action.of(spec, parent.generation), 20)
+    prepared = parent.capture()
+    assert prepared["text"] == "Only verified rollouts count." and prepared["locks"] == {".~lock.start.odt#": "own"}
+    replayed = DesktopEnv()
+    copied = DesktopEnv()
+    boxes = [slot.substrate.create(), slot.substrate.create()]
+    try:
+        replayed.attach(boxes[0])
+        replayed.reset(task)
+        for spec in task.branch_prefix(3):
+            replayed.step(Action.of(spec, replayed.generation), 20)
+        assert all(replayed.compare(prepared, replayed.capture()).values())
+        # a file copy carries the parent's lock (foreign here) and loses the unsaved typing
+        copied.attach(boxes[1])
+        src, dst = parent.instance.work, Path(boxes[1].paths.work)
+        for f in src.iterdir():
+            (dst / f.name).write_bytes(f.read_bytes())
+        copied.resume(task)
+        dims = copied.compare(prepared, copied.capture())
+        assert dims["locks"] and dims["title"] and not dims["text"] and not dims["undo"], dims
+    finally:
+        for env, box in ((replayed, boxes[0]), (copied, boxes[1])):
+            env.stop()
+            box.destroy()
 
 
 # -- gates ---------------------------------------------------------------------------------------------

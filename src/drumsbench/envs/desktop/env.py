@@ -160,6 +160,19 @@ class DesktopEnv(Environment):
     # -- reset -----------------------------------------------------------------------------------
     def _write_start(self, task: Task) -> None:
         assert isinstance(task, DesktopTask)
+        self._start(task, write_document=True)
+
+    def resume(self, task: Task) -> None:
+        """Start LibreOffice on the document already in the work folder (a file-copy fork: the
+        files came from elsewhere). Locks that came with them are removed first; what lived only in
+        the parent's process — undo stack, cursor, selection, dialogs, unsaved edits — is lost,
+        and ``capture()`` shows it. The generation is left as the fork set it."""
+        assert isinstance(task, DesktopTask)
+        if not (Path(self.box.host_path(self.box.paths.work)) / task.document).exists():  # type: ignore[attr-defined]
+            raise SubstrateError(f"desktop: resume: no {task.document} in the work folder")
+        self._start(task, write_document=False)
+
+    def _start(self, task: DesktopTask, write_document: bool) -> None:
         self.stop()
         self.task = task
         self.history = []
@@ -170,7 +183,8 @@ class DesktopEnv(Environment):
         self._clean(inst)
         inst.work.mkdir(parents=True, exist_ok=True)
         doc = inst.work / task.document
-        doc.write_bytes(task.document_bytes)
+        if write_document:
+            doc.write_bytes(task.document_bytes)
         if self.plant_stale_lock:
             self.plant_stale_lock = False
             stale = ",someone,other-host,01.01.2024 00:00,file:///home/someone/.config/libreoffice/4;"
