@@ -64,9 +64,9 @@ from drumsbench.envs.desktop.instance import (
     DesktopInstance,
     Frame,
     Settings,
+    frames_differ,
     screen_problem,
 )
-from drumsbench.envs.desktop.instance import frames_differ as instance_frames_differ
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
 from drumsbench.errors import InvalidAttempt, SubstrateError
 from drumsbench.outcome import InvalidCause
@@ -155,6 +155,7 @@ class DesktopEnv(Environment):
         self.history: list[ActionSpec] = []  # actions applied in this episode (replay records these)
         self.frames: list[tuple[str, bytes]] = []  # (title, png) of each observation of this episode
         self.last_start_s = 0.0
+        self._ready_frame: Frame | None = None  # the still frame the reset ended on
         self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
 
     # -- reset -----------------------------------------------------------------------------------
@@ -174,6 +175,7 @@ class DesktopEnv(Environment):
 
     def _start(self, task: DesktopTask, write_document: bool) -> None:
         self.stop()
+        self._ready_frame = None
         self.task = task
         self.history = []
         self.frames = []
@@ -248,7 +250,7 @@ class DesktopEnv(Environment):
                 if int(np.ptp(band)) > 64:  # the menu bar is drawn: the window is laid out
                     self.start_phases.setdefault("drawn", since)
                     try:
-                        inst.settle(deadline)
+                        self._ready_frame, _ = inst.settle(deadline)
                     except xcb.XError:
                         continue
                     return
@@ -377,6 +379,16 @@ class DesktopEnv(Environment):
         return self._observation(frame, settled, None, extra)
 
     def observe(self, timeout: float) -> Observation:
+        ready, self._ready_frame = self._ready_frame, None
+        if ready is not None and not self._fault_armed:
+            # The reset ended on a still screen: one grab that matches it is the first observation.
+            try:
+                frame = self.instance.grab()
+            except xcb.XError:
+                frame = None
+            if frame is not None and frame.title == ready.title and \
+                    frames_differ(frame.rgb, ready.rgb) <= self.settings.settle_tolerance_px:
+                return self._observation(frame, True, None)
         return self._look(time.monotonic() + timeout)
 
     def observation_problem(self, obs: Observation) -> str | None:
@@ -558,7 +570,7 @@ class DesktopEnv(Environment):
             a, b = (xcb.decode_png(base64.b64decode(x["screen"])) if x.get("screen") else None
                     for x in (prepared, now))
             out["screen"] = (a is not None and b is not None and a.shape == b.shape
-                             and instance_frames_differ(a, b) <= self.PIXEL_TOLERANCE_PX)
+                             and frames_differ(a, b) <= self.PIXEL_TOLERANCE_PX)
         return out
 
     # -- screenshots kept for people ---------------------------------------------------------------
