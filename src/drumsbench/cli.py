@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from drumsbench import commands_sweep as cs
 from drumsbench.errors import DrumsError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -63,10 +64,13 @@ def run(
     reset: Annotated[str, typer.Option(help="auto, in_place or recreate.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for policies and fault draws.")] = 0,
     usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
+    price: cs.PriceOpt = None,
     out: Annotated[Path, typer.Option(help="Folder of the ledger and reports.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this run id from the ledger in --out.")] = None,
     progress: Annotated[bool, typer.Option(help="Live progress display.")] = True,
+    executor: Annotated[str, typer.Option(help="local (in process) or ray (--concurrency per node).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
 ) -> None:
     """Run attempts and print the report."""
     from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
@@ -98,6 +102,21 @@ def run(
             extra: dict[str, object] = {}
             if concurrency is not None:
                 extra["concurrency"] = concurrency
+            if price:
+                extra["price"] = cs.run_price(price)
+            if executor not in ("local", "ray"):
+                raise UsageError(f"--executor: {executor!r} is not one of local, ray")
+            if ray_address is not None and executor != "ray":
+                raise UsageError("--ray-address: only with --executor ray")
+            if executor == "ray":
+                from drumsbench.executors.ray import check_address
+                from drumsbench.executors.ray import missing as ray_missing
+
+                if ray_missing():
+                    raise UsageError(f"--executor ray: {ray_missing()}")
+                check_address(ray_address)
+                extra["executor"] = executor
+                extra["ray_address"] = ray_address
             if usd_per_host_hour is not None:
                 extra["price"] = HostPrice(name="given", usd_per_host_hour=usd_per_host_hour,
                                            note="given with --usd-per-host-hour")
@@ -118,6 +137,7 @@ def run(
         suites.load(cfg.tasks)
         make_substrate(cfg.substrate, run_id)
         ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+        cs.remember_prices(ledger, run_id, price)
 
     err.print(f"run {run_id}: {cfg.substrate}, {cfg.tasks}, policy {cfg.policy}, concurrency {cfg.concurrency}, "
               f"ledger {ledger.path}")
@@ -141,19 +161,22 @@ def run(
     finally:
         if live is not None:
             live.stop()
-    _report(ledger, run_id, out, json_path)
+    _report(ledger, run_id, out, json_path, price)
     if status == "interrupted":
         err.print(f"interrupted: continue with `drumsbench run --resume {run_id} --out {out}`")
         raise typer.Exit(130)
 
 
-def _report(ledger, run_id: str, out: Path, json_path: Path | None) -> None:
+def _report(ledger, run_id: str, out: Path, json_path: Path | None, price: list[Path] | None = None):
     from drumsbench.measure.summary import build
     from drumsbench.report.terminal import print_report
 
+    cs.load_price_files(price)  # a bad price file is a usage error before anything else
+    if cs.special_report(ledger, run_id, out, json_path, price):  # sweep and project runs
+        return None
     report = build(ledger, run_id)
     print_report(report, console)
-    data = json.dumps(report.dump(), indent=2)
+    data = json.dumps(cs.run_costs(ledger, run_id, report, price, report.dump()), indent=2)
     folder = out / run_id
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.json").write_text(data)
@@ -163,21 +186,34 @@ def _report(ledger, run_id: str, out: Path, json_path: Path | None) -> None:
             json_path.write_text(data)
         except OSError as e:
             raise UsageError(f"--json: cannot write {json_path} ({e.strerror}); choose a writable path") from None
+    return report
 
 
 @app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(help="Run id (see the ledger).")],
+    run_ids: Annotated[list[str], typer.Argument(help="Run id(s) (see the ledger); with --html, side by side.")],
     out: Annotated[Path, typer.Option(help="Folder of the ledger.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
+    html_path: Annotated[Path | None, typer.Option("--html", help="Also write one offline HTML report here.")] = None,
+    price: cs.PriceOpt = None,
 ) -> None:
-    """Rebuild a run's report from the ledger alone."""
+    """Rebuild runs' reports from the ledger alone."""
     from drumsbench.experiments.run import ledger_path
     from drumsbench.ledger import Ledger
 
     if not ledger_path(out).exists():
         raise UsageError(f"--out: no ledger at {ledger_path(out)}; give the folder a run wrote to")
-    _report(Ledger(ledger_path(out)), run_id, out, json_path)
+    if json_path is not None and len(run_ids) > 1:
+        raise UsageError("--json: the JSON report is one run's; give one run id, or use --html for several")
+    ledger = Ledger(ledger_path(out))
+    for run_id in run_ids:
+        ledger.run(run_id)  # every id known before anything is printed
+    reports = {run_id: _report(ledger, run_id, out, json_path, price) for run_id in run_ids}
+    if html_path is not None:
+        from drumsbench.report.html import write_html
+
+        write_html(ledger, run_ids, html_path, reports)
+        err.print(f"html report: {html_path}")
 
 
 @app.command()
@@ -260,6 +296,9 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
 
     for task_id, fp in compute_fingerprints(suite).items():
         console.print(f"{task_id} {fp}")
+
+
+cs.register(app)
 
 
 def main() -> None:

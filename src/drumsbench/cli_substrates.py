@@ -78,8 +78,10 @@ def coldstart(
         ("ratio to raw floor (p50)", [f"{r.ratio_to_floor:.2f}" if r.ratio_to_floor else "n/a" for r in results]),
         ("success rate", [r.success.fmt(".3f") for r in results]),
         ("teardown p50", [_ms(r.teardown.p50) for r in results]),
-        ("memory per idle sandbox, MiB", [f"{r.idle_memory_mib:.1f}" if r.idle_memory_mib is not None else "n/a"
-                                          for r in results]),
+        ("idle sandbox, MiB (MemAvailable drop)", [f"{r.idle_memory_mib:.1f}" if r.idle_memory_mib is not None
+                                                   else "n/a" for r in results]),
+        ("idle sandbox, MiB (PSS of its processes)", [f"{r.idle_pss_mib:.1f}" if r.idle_pss_mib is not None
+                                                      else "n/a (not host-labelled)" for r in results]),
     ]
     for strategy in ("in_place", "recreate"):
         rows.append((f"reset {strategy} p50", [_ms(r.reset[strategy].p50) if strategy in r.reset else "n/a"
@@ -89,7 +91,9 @@ def coldstart(
     for label, cells in rows:
         t.add_row(label, *cells)
     console.print(t)
-    console.print(f"run {run_id}; idle memory is the drop of MemAvailable with {cfg.idle} idle sandboxes (approximate)")
+    console.print(f"run {run_id}; idle memory: the drop of MemAvailable with {cfg.idle} idle sandboxes "
+                  "(noisy on a busy "
+                  "host), and the PSS of the host processes labelled with the run")
     data = {"schema": "drumsbench.coldstart/1", "run_id": run_id, "config": cfg.model_dump(mode="json"),
             "results": [r.model_dump(mode="json") for r in results]}
     if json_path:

@@ -59,6 +59,7 @@ class SubstrateColdstart(BaseModel):
     floor: Latency | None
     ratio_to_floor: float | None
     idle_memory_mib: float | None
+    idle_pss_mib: float | None
     reset: dict[str, Latency]
     reset_ratio_recreate_over_in_place: float | None
     errors: list[str]
@@ -101,6 +102,24 @@ def _mem_available_kib() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1])
     raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def _labelled_pss_kib(run_id: str) -> int | None:
+    """Proportional set size of every host process labelled with ``run_id`` (None: none labelled)."""
+    from drumsbench.substrates.hostproc import pids_with_env
+
+    total, found = 0, False
+    for pid in pids_with_env("DRUMSBENCH_RUN", run_id):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        found = True
+                        break
+        except OSError:
+            continue
+    return total if found else None
 
 
 def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
@@ -148,6 +167,8 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
             box.exec("true", timeout=60)
         time.sleep(0.5)
         idle_mib = (before - _mem_available_kib()) / 1024 / cfg.idle
+        pss = _labelled_pss_kib(sub.run_id)
+        idle_pss = None if pss is None else pss / 1024 / cfg.idle
     finally:
         for box in idle:
             box.destroy()
@@ -183,7 +204,8 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
     return SubstrateColdstart(
         substrate=sub.name, mode=cfg.mode, isolation=sub.capabilities.isolation.value,
         first_command=first, success=wilson(len(ok), len(samples)), teardown=latency([s[1] for s in ok]),
-        floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, idle_memory_mib=idle_mib, reset=resets,
+        floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, idle_memory_mib=idle_mib,
+        idle_pss_mib=idle_pss, reset=resets,
         reset_ratio_recreate_over_in_place=reset_ratio, errors=errors)
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -26,11 +27,15 @@ from drumsbench.faults import FaultPlan
 from drumsbench.isolation import positive_control
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice
+from drumsbench.measure.windows import ResourceSampler
 from drumsbench.policies.scripted import make_policy
 from drumsbench.records import AttemptRecord
 from drumsbench.rollout import RolloutConfig
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Substrate
+
+if TYPE_CHECKING:
+    from drumsbench.executors.ray import RayExecutor
 
 
 class RunConfig(BaseModel):
@@ -47,6 +52,8 @@ class RunConfig(BaseModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     price: HostPrice = DEFAULT_PRICE
     window: str = ""
+    executor: Literal["local", "ray"] = "local"  # ray: --concurrency is per node
+    ray_address: str | None = None  # None: a local single-node Ray of the run's own
 
     @model_validator(mode="after")
     def _bounded(self) -> RunConfig:
@@ -98,15 +105,23 @@ class Progress:
 
 def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
             on_progress: Callable[[Progress], None] | None = None) -> tuple[str, Progress]:
-    """Run (or continue) ``run_id`` until its end; returns (final status, progress counts)."""
+    """Run (or continue) ``run_id`` until its end; returns (final status, progress counts).
+
+    With ``cfg.window`` set, this runs one *window* of a multi-window run (a sweep, a projection):
+    sequence numbers continue after the run's last attempt, the duration and attempt limits apply to
+    this window alone, the run's status is left to the caller, and a ``segment`` artifact records
+    when work started, its deadline, when it ended, whether it was interrupted, the window's
+    configuration and the host resources sampled during it (``measure.windows``).
+    """
     suite = suites.load(cfg.tasks)
     faults = FaultPlan.parse(cfg.inject, seed=cfg.seed)
     make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)  # validate before anything starts
     substrate = make_substrate(cfg.substrate, run_id)
 
-    already = ledger.count(run_id) if resume else 0
-    first_seq = ledger.next_seq(run_id) if resume else 0
-    used_s = sum(e - s for s, e, _ in ledger.segments(run_id)) if resume else 0.0
+    windowed = bool(cfg.window)
+    already = ledger.count(run_id) if resume and not windowed else 0
+    first_seq = ledger.next_seq(run_id) if resume or windowed else 0
+    used_s = sum(e - s for s, e, _ in ledger.segments(run_id)) if resume and not windowed else 0.0
     duration_left = None if cfg.duration_s is None else cfg.duration_s - used_s
     attempts_left = None if cfg.max_attempts is None else cfg.max_attempts - already
     if (duration_left is not None and duration_left <= 0) or (attempts_left is not None and attempts_left <= 0):
@@ -119,6 +134,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
     try:
         control = positive_control(substrate)
         ledger.record_control(run_id, cfg.window, "isolation", control.fired, control.detail)
+        work_started = time.time()
         deadline = None if duration_left is None else time.monotonic() + duration_left
         max_seq = None if attempts_left is None else first_seq + attempts_left
         job = Job(run_id=run_id, tasks=list(suite.tasks),
@@ -126,17 +142,31 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
                   make_env=suite.make_env, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
                   first_seq=first_seq, max_seq=max_seq, deadline=deadline,
                   meta={"window": cfg.window})
-        executor = LocalExecutor(cfg.concurrency)
+        executor: LocalExecutor | RayExecutor
+        if cfg.executor == "ray":
+            from drumsbench.executors.ray import RayExecutor
+
+            executor = RayExecutor(cfg.concurrency, cfg.ray_address, on_control=lambda fired, detail:
+                                   ledger.record_control(run_id, cfg.window, "isolation", fired, detail))
+        else:
+            executor = LocalExecutor(cfg.concurrency)
 
         def sink(rec: AttemptRecord) -> None:
             ledger.record(rec, seg)
             progress.add(rec)
 
         tick = (lambda: on_progress(progress)) if on_progress else None
+        sampler = ResourceSampler(lambda: len(job._live), duration_left).start() if windowed else None
         executor.execute(job, substrate, sink, tick)
         ledger.heartbeat(run_id, seg)
         status = "interrupted" if executor.interrupted else "complete"
-        ledger.set_status(run_id, status)
+        if sampler is not None:
+            ledger.put_artifact(run_id, "segment", cfg.window, {
+                "concurrency": cfg.concurrency, "planned_s": duration_left, "max_attempts": attempts_left,
+                "work_started": work_started, "ended": time.time(), "interrupted": executor.interrupted,
+                "config": cfg.model_dump(mode="json", exclude={"price"}), "resources": sampler.stop()})
+        else:
+            ledger.set_status(run_id, status)
         return status, progress
     finally:
         substrate.close()

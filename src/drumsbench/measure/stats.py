@@ -46,22 +46,34 @@ def wilson(k: int, n: int, conf: float = CONFIDENCE) -> Estimate:
     return Estimate(value=p, low=low, high=high, n=n, method="wilson")
 
 
-def quantile(values: Sequence[float] | np.ndarray, q: float, conf: float = CONFIDENCE) -> Estimate:
-    from scipy import stats  # imported here: scipy.stats costs about a second at start-up
+def binom_ppf(q: float, n: int, p: float) -> float:
+    """``scipy.stats.binom.ppf(q, n, p)`` for 0 < q < 1: the very ufunc it calls, without importing
+    scipy.stats (which costs one to a few seconds at start-up); scipy.stats where that ufunc is absent."""
+    try:
+        from scipy.special._ufuncs import _binom_ppf
+    except ImportError:  # another scipy layout
+        from scipy import stats
 
-    x = np.sort(np.asarray(values, dtype=float))
+        return float(stats.binom.ppf(q, n, p))
+    return float(_binom_ppf(q, n, p))
+
+
+def quantile(values: Sequence[float] | np.ndarray, q: float, conf: float = CONFIDENCE) -> Estimate:
+    x = np.asarray(values, dtype=float)
+    if len(x) > 1 and not np.all(x[1:] >= x[:-1]):  # a caller may pass sorted values: sort only when needed
+        x = np.sort(x)
     n = len(x)
     if n == 0:
         return Estimate(value=None, low=None, high=None, n=0, method="order-statistics")
     value = float(np.quantile(x, q))
-    lo_i = int(stats.binom.ppf((1 - conf) / 2, n, q))
-    hi_i = int(stats.binom.ppf(1 - (1 - conf) / 2, n, q))
+    lo_i = int(binom_ppf((1 - conf) / 2, n, q))
+    hi_i = int(binom_ppf(1 - (1 - conf) / 2, n, q))
     low = float(x[max(0, min(n - 1, lo_i - 1))])
     high = float(x[max(0, min(n - 1, hi_i))])
     return Estimate(value=value, low=min(low, value), high=max(high, value), n=n, method="order-statistics")
 
 
-def rate_per_hour(event_times: Sequence[float], span_s: float, bins: int = 20, seed: int = 0,
+def rate_per_hour(event_times: Sequence[float] | np.ndarray, span_s: float, bins: int = 20, seed: int = 0,
                   conf: float = CONFIDENCE) -> Estimate:
     """Events per hour over a measured span; ``event_times`` are offsets in seconds within it."""
     n = len(event_times)

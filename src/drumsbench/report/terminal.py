@@ -17,7 +17,8 @@ def render(r: RunReport) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_row("run", f"{r.run_id} ({r.kind}, {r.status})")
     head.add_row("conditions", r.conditions)
-    head.add_row("host time", f"{r.host_seconds:.1f} s in {r.segments} segment(s)")
+    head.add_row("host time", f"{r.host_seconds:.1f} s in {r.segments} segment(s)" + (
+        f" = {r.host_count} hosts x {r.wall_seconds:.1f} s" if r.host_count > 1 else ""))
 
     out = Table(title="outcomes", show_edge=False)
     out.add_column("outcome")
@@ -59,7 +60,16 @@ def render(r: RunReport) -> Group:
         tasks.add_column(col, justify="right" if col != "task" else "left")
     for name, t in r.tasks.items():
         tasks.add_row(name, str(t.attempts), str(t.success), str(t.failed), str(t.invalid))
-    return Group(head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks)
+    parts: list[Table | Text] = [head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks]
+    if r.host_count > 1 or any(h.nodes > 1 for h in r.hosts.values()):
+        hosts = Table(title="per host", show_edge=False)
+        for col in ("host", "nodes", "attempts", "success", "failed", "invalid", "valid per host-hour"):
+            hosts.add_column(col, justify="right" if col != "host" else "left")
+        for name, h in r.hosts.items():
+            hosts.add_row(name, str(h.nodes), str(h.attempts), str(h.success), str(h.failed), str(h.invalid),
+                          h.valid_per_host_hour.fmt(".4g"))
+        parts += [Text(""), hosts]
+    return Group(*parts)
 
 
 def print_report(r: RunReport, console: Console | None = None) -> None:

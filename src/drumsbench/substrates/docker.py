@@ -469,6 +469,11 @@ class DockerSubstrate(Substrate):
     def _containers(self, label: str) -> list[dict[str, Any]]:
         return self.client.api.containers(all=True, filters={"label": label})
 
+    def raw_floor(self) -> list[str] | None:
+        """How most harnesses start a sandbox: the CLI, one container per command."""
+        cli = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
+        return [cli, "run", "--rm", "--network", "none", ensure_image(), "true"]
+
     def leftovers(self) -> list[str]:
         try:
             found = self._containers(f"{C.LABEL_RUN}={self.run_id}")

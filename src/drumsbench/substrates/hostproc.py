@@ -61,36 +61,40 @@ def run_bounded(
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
     sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    # The process's exit wakes the loop through a pidfd: no polling, no sleeps.
+    pidfd = os.pidfd_open(proc.pid)
+    sel.register(pidfd, selectors.EVENT_READ, "exit")
     deadline = t0 + timeout
     timed_out = False
     exited_at: float | None = None
+    streams = 2
     try:
-        while sel.get_map():
+        while streams or exited_at is None:
             now = time.monotonic()
             if now >= deadline:
-                timed_out = proc.poll() is None
+                timed_out = exited_at is None
                 break
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
             if exited_at is not None and now - exited_at > _DRAIN_GRACE_S:
-                break
-            wait = min(deadline - now, 0.05 if exited_at is None else _DRAIN_GRACE_S)
+                break  # a background child still holds the output open: do not wait for it
+            wait = deadline - now if exited_at is None else min(deadline - now, _DRAIN_GRACE_S)
             for key, _ in sel.select(wait):
+                if key.data == "exit":
+                    sel.unregister(pidfd)
+                    proc.wait()
+                    exited_at = time.monotonic()
+                    continue
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     sel.unregister(key.fileobj)
+                    streams -= 1
                     continue
                 keepers[key.data].add(chunk)
         if timed_out:
             kill_group(proc.pid)
-        try:
-            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc.pid)
-            code = proc.wait()
+        code = proc.wait()
     finally:
         sel.close()
+        os.close(pidfd)
         proc.stdout.close()
         proc.stderr.close()
     return ExecResult(

@@ -434,6 +434,13 @@ class PodmanSubstrate(Substrate):
             )
         return PodmanSandbox(self, cid, sid)
 
+    def raw_floor(self) -> list[str] | None:
+        """`podman run --rm` through the CLI, with the same private configuration."""
+        exe = shutil.which("podman") or "podman"
+        pairs = [f"{k}={v}" for k, v in configure().items()]
+        return ["env", "-i", *pairs, exe, "--log-level=error", "run", "--rm", "--network", "none", ensure_image(),
+                "true"]
+
     def leftovers(self) -> list[str]:
         proc = podman(
             [

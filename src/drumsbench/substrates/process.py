@@ -112,6 +112,12 @@ class HostFolderSandbox(Sandbox):
             with self._lock:
                 self._groups.add(pid)
 
+        started: list[int] = []
+
+        def remember_this(pid: int) -> None:
+            started.append(pid)
+            remember(pid)
+
         res = run_bounded(
             host_argv,
             timeout=timeout,
@@ -119,8 +125,17 @@ class HostFolderSandbox(Sandbox):
             env=host_env,
             stdin=stdin,
             output_limit=output_limit,
-            on_start=remember,
+            on_start=remember_this,
         )
+        # Forget a process group once it is empty: its id may be reused by an unrelated group.
+        for pgid in started:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                with self._lock:
+                    self._groups.discard(pgid)
+            except PermissionError:
+                pass
         return res
 
     def write_file(self, path: str, data: bytes) -> None:
@@ -202,9 +217,9 @@ class ProcessSubstrate(Substrate):
         return ProcessSandbox(self.name, self.run_id, sid, root, paths)
 
     def close(self) -> None:
-        folder = sandbox_root(self.state_dir, self.run_id)
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        """The run is over: nothing of it may remain, even what a sandbox lost track of."""
+        kill_pids(list(pids_with_env(RUN_VAR, self.run_id)))
+        shutil.rmtree(sandbox_root(self.state_dir, self.run_id), ignore_errors=True)
 
     def raw_floor(self) -> list[str] | None:
         return ["true"]

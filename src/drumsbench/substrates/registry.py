@@ -18,6 +18,8 @@ ENTRY_POINT_GROUP = "drumsbench.substrates"
 # only matters when that substrate is chosen.
 BUILTINS: dict[str, str] = {
     "process": "drumsbench.substrates.process:ProcessSubstrate",
+    "bwrap": "drumsbench.substrates.bwrap:BwrapSubstrate",
+    "overlay": "drumsbench.substrates.overlay:OverlaySubstrate",
     "docker": "drumsbench.substrates.docker:DockerSubstrate",
     "podman": "drumsbench.substrates.podman:PodmanSubstrate",
 }

@@ -1,0 +1,455 @@
+"""The Ray executor: attempts run in Ray actors on the cluster's nodes; the driver keeps the ledger.
+
+One ``NodeRunner`` actor per alive node, pinned there (``NodeAffinitySchedulingStrategy``), owns
+that node's substrate and sandboxes: ``concurrency`` slots per node, each with its environment,
+policy and at most one attempt at a time (a threaded actor, ``max_concurrency`` = slots + 1). The
+driver hands out ``Work`` (sequence number, task, fault, drawn from the run's ``Job`` as in
+process), receives ``AttemptRecord`` objects and passes them to the sink on its own thread, so the
+ledger keeps one writer.
+
+Each record says where it ran: ``host`` (the node's hostname), ``executor = "ray"``, a run-wide
+``worker`` number (node index x slots + slot) and ``extra["node"]`` (the Ray node id).
+
+A node that stops answering (``RayActorError``: ``ActorUnavailableError`` or ``ActorDiedError``)
+is lost for the rest of the run: each of its in-flight attempts is recorded by the driver as
+``invalid/substrate_failure`` (never dropped, never retried under the same sequence number), and
+the other nodes go on. When every node is lost the run stops and is marked interrupted, so it can
+be resumed.
+
+SIGINT/SIGTERM in the driver: as in process, work stops, the nodes destroy their sandboxes and
+in-flight attempts are dropped (not recorded).
+
+Ray is imported only here; ``drumsbench.executors.ray_env`` keeps Ray on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drumsbench.envs.base import Environment, Task
+from drumsbench.errors import UsageError
+from drumsbench.executors import ray_env
+from drumsbench.executors.base import Job, Work
+from drumsbench.isolation import CanaryRegistry, positive_control
+from drumsbench.outcome import InvalidCause, Outcome
+from drumsbench.policies.scripted import Policy
+from drumsbench.records import AttemptRecord
+from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.substrates.base import Sandbox, Substrate
+
+log = logging.getLogger("drumsbench.ray")
+
+
+def missing() -> str | None:
+    """``None`` when Ray can be imported, else how to install it."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return "Ray is not installed; install it with: pip install 'drumsbench[ray]'"
+    return None
+
+
+def check_address(address: str | None) -> None:
+    """``UsageError`` unless ``address`` (``--ray-address``) can be joined on loopback."""
+    if not address:
+        return
+    if not ray_env.is_loopback_address(address):
+        raise UsageError(f"--ray-address: {address} is not a loopback address; on these machines Ray must stay "
+                         "on 127.0.0.1 (see docs/ray.md)")
+    if "RAY_AUTH_TOKEN_PATH" not in os.environ:
+        raise UsageError("--ray-address: set RAY_AUTH_TOKEN_PATH to the token file the cluster was started with "
+                         "(every process that joins it must share it; see docs/ray.md)")
+
+
+def connect(address: str | None = None, object_store_bytes: int = ray_env.OBJECT_STORE_BYTES
+            ) -> tuple[Any, Callable[[], None]]:
+    """Connect this process to Ray on loopback; returns (the ``ray`` module, disconnect).
+
+    Already connected: that connection, and a disconnect that does nothing. ``address`` None:
+    start a single-node Ray of our own (loopback settings, no dashboard, capped object store),
+    which disconnect stops. Otherwise join ``address`` (``auto`` or HOST:PORT on loopback).
+    """
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return sys.modules["ray"], lambda: None
+    check_address(address)
+    imported = "ray" in sys.modules
+    env = ray_env.apply(new_token=not address)  # before Ray reads its settings
+    import ray
+
+    if imported:  # Ray read its settings at import: make it read them again
+        ray_env.reload_auth()
+    try:
+        kwargs: dict[str, Any] = {"_node_ip_address": ray_env.LOOPBACK, "logging_level": logging.WARNING,
+                                  "log_to_driver": True}
+        if address:
+            kwargs["address"] = address
+        else:
+            kwargs.update(ray_env.NODE_KWARGS, object_store_memory=object_store_bytes, address="local")
+        ray.init(**kwargs)
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        env.restore()
+        flag, where = ("--ray-address", f"join {address}") if address else ("--executor ray", "start a local Ray")
+        raise UsageError(f"{flag}: cannot {where}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+
+    def disconnect() -> None:
+        ray.shutdown()
+        env.restore()
+
+    return ray, disconnect
+
+
+@dataclass(frozen=True)
+class RemoteJob:
+    """The picklable part of a ``Job`` that every node needs (sent once, at actor creation)."""
+
+    run_id: str
+    tasks: dict[str, Task]
+    make_policy: Callable[[], Policy]
+    make_env: Callable[[], Environment]
+    rollout: RolloutConfig
+    seed: int
+    meta: dict[str, object]
+    substrate_cls: type[Substrate]
+    driver_host: str
+    driver_state_dir: str
+
+    @classmethod
+    def of(cls, job: Job, substrate: Substrate) -> RemoteJob:
+        return cls(run_id=job.run_id, tasks={t.id: t for t in job.tasks}, make_policy=job.make_policy,
+                   make_env=job.make_env, rollout=job.rollout, seed=job.seed, meta=dict(job.meta),
+                   substrate_cls=type(substrate), driver_host=socket.gethostname(),
+                   driver_state_dir=str(substrate.state_dir))
+
+    def state_dir(self) -> Path:
+        """The driver's state folder on the driver's host; the node's own elsewhere."""
+        if socket.gethostname() == self.driver_host:
+            return Path(self.driver_state_dir)
+        from drumsbench import state
+
+        return state.state_dir()
+
+
+class NodeRunner:
+    """Runs attempts on one node (the body of the Ray actor; plain class, testable without Ray)."""
+
+    def __init__(self, spec: RemoteJob, node_index: int, slots: int, node_id: str) -> None:
+        self.spec = spec
+        self.node_index = node_index
+        self.slots_n = slots
+        self.node_id = node_id
+        self.host = socket.gethostname()
+        self.canaries = CanaryRegistry()
+        self.substrate: Substrate | None = None
+        self.slots: dict[int, tuple[Slot, Policy]] = {}
+        self._live: dict[int, Sandbox] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._registered = False
+
+    def setup(self) -> dict[str, Any]:
+        """Create the node's substrate and run the isolation positive control on it."""
+        cls = self.spec.substrate_cls
+        info: dict[str, Any] = {"host": self.host, "node_id": self.node_id, "missing": cls.missing(),
+                                "env": self.spec.make_env().kind}
+        if info["missing"] is not None:
+            return info
+        state_dir = self.spec.state_dir()
+        self.substrate = cls(self.spec.run_id, state_dir)
+        if self.host != self.spec.driver_host:  # let `drumsbench gc` on this host clean after a crash
+            from drumsbench import state
+
+            state.register(self.spec.run_id, [cls.name])
+            self._registered = True
+        control = positive_control(self.substrate)
+        info["control"] = (control.fired, control.detail)
+        return info
+
+    def _slot(self, k: int) -> tuple[Slot, Policy]:
+        if k not in self.slots:
+            worker = self.node_index * self.slots_n + k
+
+            def track(box: Sandbox | None) -> None:
+                with self._lock:
+                    if box is None:
+                        self._live.pop(k, None)
+                    else:
+                        self._live[k] = box
+
+            assert self.substrate is not None
+            self.slots[k] = (Slot(self.substrate, self.spec.make_env(), worker=worker, on_sandbox=track),
+                             self.spec.make_policy())
+        return self.slots[k]
+
+    def attempt(self, k: int, seq: int, task_id: str, fault: InvalidCause | None) -> AttemptRecord:
+        slot, policy = self._slot(k)
+        spec = self.spec
+        meta = {**spec.meta, "host": self.host, "executor": RayExecutor.name, "concurrency": self.slots_n,
+                "extra": {"node": self.node_id}}
+        return run_attempt(slot, spec.tasks[task_id], policy, spec.rollout, self.canaries, run_id=spec.run_id,
+                           seq=seq, seed=spec.seed, fault=fault, meta=meta)
+
+    def ping(self) -> str:
+        return self.node_id
+
+    def stop(self) -> None:
+        """Kill what is running (the driver was interrupted): destroy the live sandboxes."""
+        self._stopped.set()
+        with self._lock:
+            boxes = list(self._live.values())
+        for box in boxes:
+            with contextlib.suppress(Exception):
+                box.destroy()
+
+    def close(self) -> None:
+        """Destroy every sandbox of this node."""
+        for slot, _ in self.slots.values():
+            with contextlib.suppress(Exception):
+                slot.destroy()
+        if self.substrate is not None:
+            with contextlib.suppress(Exception):
+                self.substrate.close()
+        if self._registered:
+            from drumsbench import state
+
+            state.unregister(self.spec.run_id)
+
+    def leftovers(self) -> list[str]:
+        """What the substrate says is left of the run on this host (after every node here closed)."""
+        return self.substrate.leftovers() if self.substrate is not None else []
+
+
+@dataclass
+class _Node:
+    index: int
+    node_id: str
+    actor: Any
+    host: str = ""
+    env: str = ""
+    lost: bool = False
+    lost_reason: str = ""
+
+
+@dataclass
+class _Flight:
+    node: _Node
+    slot: int
+    work: Work
+    t_submit: float
+
+
+@dataclass
+class RayExecutor:
+    """Run a ``Job`` on a Ray cluster: ``concurrency`` attempts at once on each node.
+
+    ``address``: ``None`` starts a single-node Ray of this process's own on loopback (stopped at
+    the end); ``"auto"`` or ``HOST:PORT`` joins a running cluster. When this process is already
+    connected to Ray (``ray.is_initialized()``, e.g. tests), that connection is used as is.
+    ``on_control(fired, detail)`` receives each node's isolation positive control;
+    ``on_event(line)`` receives one line per notable event (node lost, leftovers).
+    """
+
+    concurrency: int
+    address: str | None = None
+    on_control: Callable[[bool, str], None] | None = None
+    on_event: Callable[[str], None] | None = None
+    object_store_bytes: int = ray_env.OBJECT_STORE_BYTES
+    name: str = field(default="ray", init=False)
+    interrupted: bool = field(default=False, init=False)
+    nodes: list[_Node] = field(default_factory=list, init=False)
+    setup_s: float = field(default=0.0, init=False)
+
+    # -- connection ----------------------------------------------------------------------------
+    def _connect(self) -> tuple[Any, Callable[[], None]]:
+        return connect(self.address, self.object_store_bytes)
+
+    def _event(self, line: str) -> None:
+        log.warning(line)
+        if self.on_event is not None:
+            self.on_event(line)
+        else:
+            print(f"ray: {line}", file=sys.stderr, flush=True)
+
+    # -- the run -------------------------------------------------------------------------------
+    def execute(self, job: Job, substrate: Substrate, sink: Callable[[AttemptRecord], None],
+                tick: Callable[[], None] | None = None) -> None:
+        ray, disconnect = self._connect()
+        try:
+            self._run(ray, job, substrate, sink, tick)
+        finally:
+            disconnect()
+
+    def _start_nodes(self, ray: Any, spec: RemoteJob) -> list[_Node]:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor_cls = ray.remote(NodeRunner)
+        alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+        nodes = []
+        for i, node_id in enumerate(alive):
+            actor = actor_cls.options(
+                num_cpus=0, max_concurrency=self.concurrency + 2, max_restarts=0, max_task_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(spec, i, self.concurrency, node_id)
+            nodes.append(_Node(i, node_id, actor))
+        infos = []
+        setups = [node.actor.setup.remote() for node in nodes]  # all nodes at once
+        for ref in setups:
+            try:
+                infos.append(ray.get(ref, timeout=300))
+            except Exception as e:
+                infos.append({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+        ready = []
+        for node, info in zip(nodes, infos, strict=True):
+            problem = info.get("error") or info.get("missing")
+            if problem:
+                self._event(f"node {node.node_id[:8]} left out: {problem}")
+                with contextlib.suppress(Exception):
+                    ray.kill(node.actor)
+                continue
+            node.host, node.env = info["host"], info["env"]
+            fired, detail = info["control"]
+            if self.on_control is not None:
+                self.on_control(fired, f"node {node.node_id[:8]} on {node.host}: {detail}")
+            ready.append(node)
+        if not ready:
+            first = next((i.get("error") or i.get("missing") for i in infos), "the cluster has no alive node")
+            raise UsageError(f"--executor ray: no node can run attempts: {first}")
+        return ready
+
+    def _run(self, ray: Any, job: Job, substrate: Substrate, sink: Callable[[AttemptRecord], None],
+             tick: Callable[[], None] | None) -> None:
+        from ray.exceptions import RayActorError
+
+        t0 = time.monotonic()
+        spec = RemoteJob.of(job, substrate)
+        self.nodes = self._start_nodes(ray, spec)
+        self.setup_s = time.monotonic() - t0
+        policy_name = job.make_policy().name
+        flights: dict[Any, _Flight] = {}
+        stop_requested = threading.Event()
+
+        def submit(node: _Node, k: int) -> None:
+            if stop_requested.is_set() or node.lost:
+                return
+            work = job.next_work()
+            if work is None:
+                return
+            ref = node.actor.attempt.remote(k, work.seq, work.task.id, work.fault)
+            flights[ref] = _Flight(node, k, work, time.time())
+
+        def lost_record(f: _Flight, reason: str, what: str = "lost mid-attempt") -> AttemptRecord:
+            return AttemptRecord(
+                run_id=job.run_id, seq=f.work.seq, task=f.work.task.id, substrate=substrate.name, env=f.node.env,
+                policy=policy_name, executor=self.name, host=f.node.host,
+                worker=f.node.index * self.concurrency + f.slot, concurrency=self.concurrency,
+                window=str(job.meta.get("window", "")), outcome=Outcome.INVALID,
+                cause=InvalidCause.SUBSTRATE_FAILURE, reward=None, injected=f.work.fault,
+                detail=f"ray node {f.node.node_id[:8]} on {f.node.host} {what}: {reason}"[:500],
+                t_start=f.t_submit, t_end=time.time(),
+                extra={"node": f.node.node_id, "lost_node": what == "lost mid-attempt"})
+
+        def lose(node: _Node, err: BaseException) -> None:
+            node.lost = True
+            node.lost_reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            mine = [ref for ref, f in flights.items() if f.node is node]
+            for ref in mine:
+                sink(lost_record(flights.pop(ref), node.lost_reason))
+            live = sum(not n.lost for n in self.nodes)
+            self._event(f"node {node.node_id[:8]} on {node.host} lost ({node.lost_reason}); {len(mine)} in-flight "
+                        f"attempt(s) recorded invalid/substrate_failure; going on with {live} node(s)")
+            with contextlib.suppress(Exception):
+                ray.kill(node.actor, no_restart=True)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            stop_requested.set()
+
+        restore: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                restore[signum] = signal.signal(signum, on_signal)
+        try:
+            for node in self.nodes:
+                for k in range(self.concurrency):
+                    submit(node, k)
+            while flights:
+                if stop_requested.is_set():
+                    self._interrupt(ray, job, flights)
+                    break
+                ready, rest = ray.wait(list(flights), num_returns=1, timeout=0.25)
+                if ready and rest:  # and whatever else has finished meanwhile
+                    ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                if tick is not None:
+                    tick()
+                for ref in ready:
+                    f = flights.pop(ref, None)
+                    if f is None:  # recorded already: its node was lost
+                        continue
+                    try:
+                        rec = ray.get(ref)
+                    except RayActorError as e:
+                        flights[ref] = f  # lose() records it with the node's other in-flight attempts
+                        lose(f.node, e)
+                        continue
+                    except Exception as e:  # the call itself failed (not the attempt): never a silent gap
+                        rec = lost_record(f, f"{type(e).__name__}: {e}", what="remote call failed")
+                    if stop_requested.is_set():
+                        continue  # interrupted: dropped, as in process
+                    sink(rec)
+                    submit(f.node, f.slot)
+            if not stop_requested.is_set() and self.nodes and all(n.lost for n in self.nodes) \
+                    and job.next_work() is not None:
+                self.interrupted = True
+                self._event("every node was lost; the run stopped early (resume it when the cluster is back)")
+        finally:
+            for signum, handler in restore.items():
+                signal.signal(signum, handler)
+            self._close(ray, job, substrate)
+            if tick is not None:
+                tick()
+
+    def _interrupt(self, ray: Any, job: Job, flights: dict[Any, _Flight]) -> None:
+        self.interrupted = True
+        job.stop()
+        stops = [n.actor.stop.remote() for n in self.nodes if not n.lost]
+        with contextlib.suppress(Exception):
+            ray.wait(stops, num_returns=len(stops), timeout=10)
+        flights.clear()  # in-flight attempts were cut short by the operator: not recorded
+
+    def _close(self, ray: Any, job: Job, substrate: Substrate) -> None:
+        """Every live node destroys its sandboxes; then what is left is looked for once per host."""
+        live = [n for n in self.nodes if not n.lost]
+        closing = [n.actor.close.remote() for n in live]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=60)
+        here = socket.gethostname()
+        if any(n.lost and n.host == here for n in self.nodes):
+            # A lost node on this host could not clean up; every live node has closed, so what
+            # remains of this run here is the lost node's.
+            removed = type(substrate).gc(Path(substrate.state_dir), {job.run_id})
+            if removed:
+                self._event(f"removed what the lost node(s) left on {here}: {'; '.join(removed[:5])}")
+        one_per_host = {n.host: n for n in live}
+        checks = {n.actor.leftovers.remote(): n for n in one_per_host.values()}
+        done, _ = ray.wait(list(checks), num_returns=len(checks), timeout=30) if checks else ([], [])
+        for ref in done:
+            with contextlib.suppress(Exception):
+                left = ray.get(ref)
+                if left:
+                    self._event(f"left on {checks[ref].host}: {'; '.join(left[:5])}")
+        for host in sorted({n.host for n in self.nodes if n.lost} - set(one_per_host) - {here}):
+            self._event(f"the run's sandboxes on {host} may remain (its node was lost): run `drumsbench gc` there")
+        for n in self.nodes:
+            with contextlib.suppress(Exception):
+                ray.kill(n.actor, no_restart=True)

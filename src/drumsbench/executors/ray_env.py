@@ -1,0 +1,130 @@
+"""Settings that keep every byte of Ray on loopback (see docs/ray.md).
+
+On the project's machines Ray's defaults bind to and advertise the machine's external address,
+probe cloud metadata over HTTP and DNS, and post a usage report to a public host. Every process
+that starts or joins Ray (driver, nodes, tests) must carry the settings below *before* it starts
+or joins Ray; child processes (raylets, workers) inherit them from the process environment.
+
+This module does not import Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+# Forced: without them Ray sends traffic off the machine.
+LOOPBACK_ENV: dict[str, str] = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # else Ray rewrites 127.0.0.1 to the primary address
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
+    # metadata probes go to a dead loopback proxy: no DNS, no TCP out. Upper case only: gRPC
+    # reads the lower-case names, which must stay unset.
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "NO_PROXY": "127.0.0.1,localhost,::1",
+    "RAY_AUTH_MODE": "token",
+}
+LOWERCASE_PROXIES = ("http_proxy", "https_proxy", "grpc_proxy", "no_proxy", "all_proxy")
+
+# Ray's own settings for nodes this process starts: no dashboard, a capped object store.
+NODE_KWARGS: dict[str, object] = {"include_dashboard": False}
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass
+class RayEnv:
+    """The environment one process applied; ``restore()`` puts the previous values back."""
+
+    folder: Path | None  # our own folder (token + Ray temp dir), removed by ``restore``
+    token_path: str
+    tmpdir: str
+    _saved: dict[str, str | None] = field(default_factory=dict)
+
+    def restore(self, remove_folder: bool = True) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved = {}
+        if remove_folder and self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
+    """Set the loopback settings in ``os.environ`` for this process and its children.
+
+    ``RAY_AUTH_TOKEN_PATH`` and ``RAY_TMPDIR`` are kept when already set (the operator's cluster,
+    whose token every joining process must share); otherwise they point into ``folder`` (a new
+    short folder under /tmp when not given, short because Ray's unix socket paths live there),
+    with a fresh token when ``new_token`` (a cluster of our own) .
+    """
+    saved: dict[str, str | None] = {}
+
+    def put(key: str, value: str | None) -> None:
+        saved.setdefault(key, os.environ.get(key))
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+    for key, value in LOOPBACK_ENV.items():
+        put(key, value)
+    for key in LOWERCASE_PROXIES:
+        if key in os.environ:
+            put(key, None)
+
+    own: Path | None = None
+    token_path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    tmpdir = os.environ.get("RAY_TMPDIR")
+    if token_path is None or tmpdir is None:
+        own = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="dray-", dir="/tmp"))
+        own.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if tmpdir is None:
+        assert own is not None
+        tmpdir = str(own / "t")
+        Path(tmpdir).mkdir(exist_ok=True)
+        put("RAY_TMPDIR", tmpdir)
+    if token_path is None:
+        assert own is not None
+        token_file = own / "auth_token"
+        if new_token and not token_file.exists():
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        token_path = str(token_file)
+        put("RAY_AUTH_TOKEN_PATH", token_path)
+    return RayEnv(folder=own, token_path=token_path, tmpdir=tmpdir, _saved=saved)
+
+
+def is_loopback_address(address: str | None) -> bool:
+    """True for no address, ``auto``, or HOST:PORT whose host is a loopback name."""
+    if address in (None, "", "auto", "local"):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if "://" in host:
+        host = host.split("://", 1)[1]
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def health_check_config(fast: bool) -> dict[str, int]:
+    """``_system_config`` that marks a lost node dead in about a second instead of ~13 s."""
+    if not fast:
+        return {}
+    return {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
+            "health_check_failure_threshold": 2, "health_check_initial_delay_ms": 0}
+
+
+def reload_auth() -> None:
+    """Make an already imported Ray read the authentication settings again (after ``apply``)."""
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -1,0 +1,397 @@
+"""Windows: the only place a throughput figure may come from.
+
+A **window** is one segment of a run at a fixed concurrency N, labelled in the ledger (the
+segment's label, each attempt's ``window``, the positive control's ``window`` and a ``segment``
+artifact written by ``experiments.run.execute``). A window is **confirmed** when all four checks
+pass:
+
+1. ``full_length`` — it ran its planned length and was not interrupted;
+2. ``invalid_rate`` — at least one attempt finished and invalid / attempts <= the threshold;
+3. ``isolation_control`` — the isolation positive control ran in the window and fired;
+4. ``stable`` — the valid-rollout rates of its two halves differ by at most the tolerance
+   (relative to the larger half).
+
+Throughput of a window = valid rollouts that finished inside ``[work start, work start + planned
+length]`` divided by that length (attempts finishing in the drain after the deadline count toward
+the invalid rate and the cost, not toward the rate). Its interval is a bootstrap over time bins
+(``stats.rate_per_hour``).
+
+``ResourceSampler`` records the host beside each window: CPU busy (from ``/proc/stat``), memory
+in use (``/proc/meminfo``: MemTotal - MemAvailable) and live sandboxes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from drumsbench.ledger import Ledger
+from drumsbench.measure.stats import Estimate, rate_per_hour, wilson
+from drumsbench.outcome import InvalidCause
+
+WindowKind = Literal["step", "soak", "burst", "window"]
+FULL_LENGTH_SLACK = 0.995  # clocks: a window that ran 99.5 % of its length ran its full length
+
+
+# -- host resources -----------------------------------------------------------------------------
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
+    except (OSError, IndexError):
+        return 0, 0
+    vals = [int(x) for x in fields]
+    idle = vals[3] + vals[4]  # idle + iowait
+    total = sum(vals)
+    return total - idle, total
+
+
+def _memory_gib() -> tuple[float | None, float | None]:
+    """(used, total) GiB from /proc/meminfo."""
+    info: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                info[key] = int(rest.split()[0])
+    except (OSError, ValueError):
+        return None, None
+    if "MemTotal" not in info or "MemAvailable" not in info:
+        return None, None
+    gib = 1024 * 1024
+    return (info["MemTotal"] - info["MemAvailable"]) / gib, info["MemTotal"] / gib
+
+
+class ResourceSampler:
+    """Samples CPU busy, memory in use and live sandboxes in a background thread.
+
+    ``stop()`` returns a summary (means, maxima and the series) that is stored beside the window.
+    The sampling interval is a 40th of the planned length, between 0.2 s and 5 s.
+    """
+
+    def __init__(self, live_sandboxes: Callable[[], int], planned_s: float | None = None,
+                 interval_s: float | None = None) -> None:
+        self.live_sandboxes = live_sandboxes
+        self.interval_s = interval_s or min(5.0, max(0.2, (planned_s or 40.0) / 40))
+        self.series: list[list[float | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="drumsbench-resources", daemon=True)
+        self._t0 = 0.0
+        self._last = (0, 0)
+
+    def start(self) -> ResourceSampler:
+        self._t0 = time.monotonic()
+        self._last = _cpu_times()
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        busy, total = _cpu_times()
+        d_busy, d_total = busy - self._last[0], total - self._last[1]
+        self._last = (busy, total)
+        cpu = d_busy / d_total if d_total > 0 else None
+        used, _ = _memory_gib()
+        try:
+            live = int(self.live_sandboxes())
+        except Exception:  # a sampler must never break a window
+            live = None
+        self.series.append([round(time.monotonic() - self._t0, 3), cpu, used, live])
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._sample()
+        _, total_gib = _memory_gib()
+
+        def col(i: int) -> list[float]:
+            return [float(s[i]) for s in self.series if s[i] is not None]  # type: ignore[arg-type]
+
+        def stat(values: list[float]) -> dict[str, float | None]:
+            return {"mean": sum(values) / len(values) if values else None, "max": max(values) if values else None}
+
+        import os
+
+        return {
+            "interval_s": self.interval_s,
+            "samples": len(self.series),
+            "cores": os.cpu_count() or 1,
+            "cpu_busy": stat(col(1)),  # fraction of all cores, 0..1
+            "memory_used_gib": stat(col(2)),
+            "memory_total_gib": total_gib,
+            "live_sandboxes": stat(col(3)),
+            "series": {"columns": ["t_s", "cpu_busy", "memory_used_gib", "live_sandboxes"], "rows": self.series},
+        }
+
+
+# -- judging a window ---------------------------------------------------------------------------
+
+class Criteria(BaseModel, frozen=True):
+    """What a window must meet to be confirmed."""
+
+    invalid_threshold: float = Field(0.01, ge=0, lt=1)
+    stability: float = Field(0.25, gt=0, le=1)
+
+
+class Check(BaseModel):
+    name: str
+    passed: bool
+    detail: str
+
+
+class WindowVerdict(BaseModel):
+    label: str
+    kind: WindowKind
+    concurrency: int
+    planned_s: float | None
+    ran_s: float
+    measured_s: float
+    interrupted: bool
+    attempts: int
+    valid: int
+    success: int
+    failed: int
+    invalid: int
+    invalid_by_cause: dict[str, int]
+    injected: int
+    invalid_rate: Estimate
+    valid_per_host_hour: Estimate
+    halves_per_host_hour: list[float]
+    halves_differ: float | None
+    control_fired: bool | None
+    confirmed: bool
+    checks: list[Check]
+    resources: dict[str, Any] = Field(default_factory=dict)
+    counted: bool = False  # in the steady-state figure (set by the sweep report)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [c.detail for c in self.checks if not c.passed]
+
+    def verdict_line(self) -> str:
+        if self.confirmed:
+            return "confirmed: " + "; ".join(c.detail for c in self.checks)
+        return "NOT confirmed: " + "; ".join(self.reasons)
+
+
+def kind_of(label: str) -> WindowKind:
+    for kind in ("soak", "burst"):
+        if label.startswith(kind):
+            return kind  # type: ignore[return-value]
+    return "step" if label.startswith("N") else "window"
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "?"
+    if s >= 120:
+        return f"{s / 60:.1f} min"
+    return f"{s:.1f} s"
+
+
+def window_info(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
+    """The ``segment`` artifacts of a run (what ``execute`` recorded about each labelled segment), by label."""
+    found = ledger.artifacts(run_id, "segment")
+    if not found:  # ledgers written before the record was called ``segment`` kept it under ``window``
+        found = {k: v for k, v in ledger.artifacts(run_id, "window").items() if "work_started" in v}
+    return found
+
+
+WINDOW_COLUMNS = ("window", "outcome", "cause", "injected", "t_start", "t_end", "provision_s", "reset_s",
+                  "steps_s", "verify_s", "teardown_s", "concurrency")
+
+
+def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
+          rows: Sequence[tuple[Any, ...]] | None = None, info: dict[str, Any] | None = None) -> WindowVerdict:
+    """The verdict of window ``label`` of ``run_id``, from the ledger alone."""
+    if info is None:
+        info = window_info(ledger, run_id).get(label, {})
+    if rows is None:
+        rows = [r for r in ledger.attempts(run_id, WINDOW_COLUMNS) if r[0] == label]
+    seg = [(s, e) for s, e, lab in ledger.segments(run_id) if lab == label]
+    ran_s = sum(e - s for s, e in seg)
+    started = info.get("work_started", seg[0][0] if seg else 0.0)
+    ended = info.get("ended", seg[-1][1] if seg else 0.0)
+    planned = info.get("planned_s")
+    interrupted = bool(info.get("interrupted", False))
+    worked = max(0.0, ended - started)
+    measured = min(planned, worked) if planned else worked
+    concurrency = int(info.get("concurrency") or (rows[0][-1] if rows else 0))
+
+    causes = {c.value: 0 for c in InvalidCause}
+    valid_offsets: list[float] = []
+    success = failed = injected = 0
+    for _, outcome, cause, inj, _t0, t_end, *_ in rows:
+        if inj:
+            injected += 1
+        if outcome == "invalid":
+            causes[cause] += 1
+            continue
+        if outcome == "success":
+            success += 1
+        else:
+            failed += 1
+        off = t_end - started
+        if 0 <= off <= measured:
+            valid_offsets.append(off)
+    n = len(rows)
+    valid = success + failed
+    invalid = n - valid
+    throughput = rate_per_hour(valid_offsets, measured)
+    half = measured / 2
+    halves = [0.0, 0.0]
+    counts = (0, 0)
+    if measured > 0:
+        first = sum(1 for o in valid_offsets if o < half)
+        counts = (first, len(valid_offsets) - first)
+        halves = [counts[0] / half * 3600, counts[1] / half * 3600]
+    top = max(halves)
+    differ = abs(halves[0] - halves[1]) / top if top > 0 else None
+    controls = [c for c in ledger.controls(run_id) if c["window"] == label and c["kind"] == "isolation"]
+    control_fired = None if not controls else all(c["fired"] for c in controls)
+
+    checks = []
+    if planned:
+        full = not interrupted and worked >= planned * FULL_LENGTH_SLACK
+        why = "interrupted" if interrupted else f"ran {_fmt_s(worked)} of {_fmt_s(planned)}"
+        checks.append(Check(name="full_length", passed=full,
+                            detail=(f"ran its full length ({_fmt_s(planned)})" if full else f"short: {why}")))
+    else:
+        checks.append(Check(name="full_length", passed=False, detail="no planned length recorded"))
+    rate = invalid / n if n else None
+    if rate is None:
+        checks.append(Check(name="invalid_rate", passed=False, detail="no attempt finished"))
+    else:
+        ok = rate <= criteria.invalid_threshold + 1e-12
+        top_causes = ", ".join(f"{c} {k}" for c, k in sorted(causes.items(), key=lambda x: -x[1]) if k)
+        detail = (f"invalid {invalid}/{n} = {rate:.1%} {'<=' if ok else '>'} threshold "
+                  f"{criteria.invalid_threshold:.1%}" + (f" ({top_causes})" if top_causes else ""))
+        checks.append(Check(name="invalid_rate", passed=ok, detail=detail))
+    if control_fired is None:
+        checks.append(Check(name="isolation_control", passed=False, detail="isolation positive control not run"))
+    else:
+        checks.append(Check(name="isolation_control", passed=control_fired,
+                            detail="isolation positive control fired" if control_fired
+                            else "isolation positive control DID NOT FIRE"))
+    if differ is None:
+        checks.append(Check(name="stable", passed=False, detail="no valid rollout finished inside the window"))
+    else:
+        ok = differ <= criteria.stability + 1e-12
+        noise = 2 * math.sqrt(sum(counts)) / max(counts)  # ~95% counting noise of the difference alone
+        checks.append(Check(name="stable", passed=ok, detail=(
+            f"halves {halves[0]:.4g} and {halves[1]:.4g} valid/host-h ({counts[0]} and {counts[1]} rollouts) "
+            f"differ {differ:.0%} ({'<=' if ok else '>'} tolerance {criteria.stability:.0%}; counting noise "
+            f"alone ~{noise:.0%})")))
+
+    return WindowVerdict(
+        label=label, kind=kind_of(label), concurrency=concurrency, planned_s=planned, ran_s=ran_s,
+        measured_s=measured, interrupted=interrupted, attempts=n, valid=valid, success=success, failed=failed,
+        invalid=invalid, invalid_by_cause=causes, injected=injected, invalid_rate=wilson(invalid, n),
+        valid_per_host_hour=throughput, halves_per_host_hour=halves, halves_differ=differ,
+        control_fired=control_fired, confirmed=all(c.passed for c in checks), checks=checks,
+        resources={k: v for k, v in info.get("resources", {}).items() if k != "series"},
+    )
+
+
+def pooled_rate(ledger: Ledger, run_id: str, labels: Sequence[str]) -> Estimate:
+    """Valid rollouts per host-hour over several windows laid end to end (their measured spans)."""
+    infos = window_info(ledger, run_id)
+    rows = ledger.attempts(run_id, ("window", "outcome", "t_end"))
+    offsets: list[float] = []
+    span = 0.0
+    for label in labels:
+        info = infos.get(label, {})
+        started, planned = info.get("work_started"), info.get("planned_s")
+        if started is None or not planned:
+            continue
+        measured = min(planned, max(0.0, info.get("ended", started) - started))
+        offsets += [span + (t - started) for w, o, t in rows
+                    if w == label and o != "invalid" and 0 <= t - started <= measured]
+        span += measured
+    return rate_per_hour(offsets, span)
+
+
+# -- usage, for cost attribution ------------------------------------------------------------------
+
+class Usage(BaseModel):
+    """What a set of windows (or a whole run) used, measured from the ledger's phase timings."""
+
+    host_seconds: float
+    slot_seconds: float
+    attempts: int
+    verified: int  # attempts with a trustworthy verifier result (success or failed)
+    verifier_calls: int
+    steps: int
+    provision_reset_s: float  # provision + reset + teardown, summed over attempts
+    steps_s: float
+    verify_s: float
+    attempt_s: float  # whole attempts (start to end)
+    cpu_core_hours: float | None = None
+    memory_gib_hours: float | None = None
+
+    @property
+    def harness_s(self) -> float:
+        """Attempt time outside the timed phases: gates, observations, policy, canary scan."""
+        return max(0.0, self.attempt_s - self.provision_reset_s - self.steps_s - self.verify_s)
+
+    @property
+    def idle_slot_s(self) -> float:
+        """Slot time with no attempt running: controls, drain at the end of a window, hand-over."""
+        return max(0.0, self.slot_seconds - self.attempt_s)
+
+
+def usage(ledger: Ledger, run_id: str, labels: Sequence[str] | None = None) -> Usage:
+    """Usage of windows ``labels`` of ``run_id`` (None: the whole run at its configured concurrency)."""
+    run = ledger.run(run_id)
+    infos = window_info(ledger, run_id)
+    segs = ledger.segments(run_id)
+    cols = ("window", "outcome", "cause", "provision_s", "reset_s", "steps_s", "verify_s", "teardown_s",
+            "t_start", "t_end", "concurrency")
+    rows = ledger.attempts(run_id, cols)
+    if labels is not None:
+        wanted = set(labels)
+        segs = [s for s in segs if s[2] in wanted]
+        rows = [r for r in rows if r[0] in wanted]
+    host_s = sum(max(0.0, e - s) for s, e, _ in segs)
+    slot_s = 0.0
+    cpu_h = mem_h = 0.0
+    have_res = False
+    for s, e, label in segs:
+        info = infos.get(label) if label else None
+        conc = (info or {}).get("concurrency") or run["config"].get("concurrency") or 1
+        if labels is None and not label:
+            conc = run["config"].get("concurrency") or 1
+        slot_s += conc * max(0.0, e - s)
+        res = (info or {}).get("resources") or {}
+        if res.get("cpu_busy", {}).get("mean") is not None:
+            have_res = True
+            cpu_h += res["cpu_busy"]["mean"] * res.get("cores", 1) * (e - s) / 3600
+            if res.get("memory_used_gib", {}).get("mean") is not None:
+                mem_h += res["memory_used_gib"]["mean"] * (e - s) / 3600
+    verified = sum(1 for r in rows if r[1] != "invalid")
+    steps = [json.loads(r[5]) for r in rows]
+    return Usage(
+        host_seconds=host_s,
+        slot_seconds=slot_s,
+        attempts=len(rows),
+        verified=verified,
+        verifier_calls=sum(1 for r in rows if r[6] > 0),
+        steps=sum(len(s) for s in steps),
+        provision_reset_s=sum(r[3] + r[4] + r[7] for r in rows),
+        steps_s=sum(sum(s) for s in steps),
+        verify_s=sum(r[6] for r in rows),
+        attempt_s=sum(r[9] - r[8] for r in rows),
+        cpu_core_hours=cpu_h if have_res else None,
+        memory_gib_hours=mem_h if have_res else None,
+    )

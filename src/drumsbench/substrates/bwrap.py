@@ -1,0 +1,285 @@
+"""``bwrap``: every command runs in a fresh bubblewrap sandbox over a read-only view of the host.
+
+What a command sees:
+
+- ``/`` is the host's root, read-only (each top-level entry bound read-only onto a read-only
+  tmpfs root, so that the sandbox folder can sit at the fixed path ``/sandbox``). ``/run`` is an
+  empty tmpfs (hides host sockets such as the docker socket); the state folder (so one sandbox
+  cannot read another's files), ``/root`` and the image cache are hidden by empty tmpfs too.
+- ``/sandbox`` is the sandbox's host folder, read-write, with ``work``, ``home``, ``tmp`` and
+  ``verify``. ``HOME=/sandbox/home``, ``TMPDIR=/sandbox/tmp``; ``/tmp`` is *the same folder* as
+  ``/sandbox/tmp`` (private to the sandbox, kept between its commands, emptied by reset, searched
+  by the canary scan) rather than a throwaway tmpfs per command.
+- Fresh ``/dev`` and ``/proc`` (``/proc/sys``, ``/proc/sysrq-trigger``, ... read-only: uid 0
+  inside is host root, so the kernel's knobs must not be writable); new user (uid 0 mapped to
+  host root), mount, pid, ipc, uts, cgroup and network namespaces (``--unshare-all``): the only
+  network interface is ``lo``.
+- Capabilities: docker's default set minus ``mknod``, ``sys_chroot`` and ``setfcap``; never
+  ``sys_admin``, so the read-only mounts cannot be remounted.
+
+Semantics of processes: bubblewrap 0.8 cannot enter a running sandbox, so **each command gets its
+own pid and network namespace, and a command's background processes are killed when the command
+ends** (its ``bwrap`` init exits and the kernel kills the rest of the pid namespace). Files
+persist between commands; processes and network listeners do not. A task that needs a server
+living across steps needs a substrate with a long-lived sandbox (``overlay``, containers).
+
+File methods act on the host folder directly (no process is started), resolving paths with
+``openat2(RESOLVE_IN_ROOT)`` so links made inside the sandbox cannot point them at host files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from drumsbench import images
+from drumsbench.errors import SubstrateError
+from drumsbench.fingerprint import tree_digest
+from drumsbench.scan import scan_tokens
+from drumsbench.substrates import rootedfs
+from drumsbench.substrates.base import (
+    Capabilities,
+    ExecResult,
+    Isolation,
+    ResetStrategy,
+    Sandbox,
+    SandboxPaths,
+    Substrate,
+)
+from drumsbench.substrates.hostproc import kill_pids, pids_with_env
+from drumsbench.substrates.process import RUN_VAR, HostFolderSandbox, new_sandbox_id
+
+IN_ROOT = "/sandbox"
+SUBFOLDERS = ("work", "home", "tmp", "verify")
+
+# docker's default capability set, less mknod, sys_chroot and setfcap. Shared with ``overlay``.
+SANDBOX_CAPS = (
+    "chown",
+    "dac_override",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "net_bind_service",
+    "net_raw",
+    "audit_write",
+)
+
+# /proc entries a sandbox may read but never write (as docker does). Shared with ``overlay``.
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+
+# Top-level host entries not bound into the sandbox (replaced or hidden).
+_NOT_BOUND = {"proc", "dev", "tmp", "run", "sandbox", "lost+found"}
+
+
+def run_folder(state_dir: Path, run_id: str) -> Path:
+    return state_dir / "bwrap" / run_id
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
+    """bwrap arguments for a sandbox whose folder is ``host_root`` (all but cwd and command)."""
+    argv = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+    ]
+    for cap in SANDBOX_CAPS:
+        argv += ["--cap-add", f"CAP_{cap.upper()}"]
+    for name in sorted(os.listdir("/")):
+        if name in _NOT_BOUND:
+            continue
+        host = f"/{name}"
+        if os.path.islink(host):
+            argv += ["--symlink", os.readlink(host), host]
+        elif os.path.exists(host):
+            argv += ["--ro-bind", host, host]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+    # uid 0 inside is host root: kernel knobs under /proc (sysctls, sysrq) must be read-only.
+    for sub in PROC_READONLY:
+        if os.path.exists(f"/proc/{sub}"):
+            argv += ["--ro-bind", f"/proc/{sub}", f"/proc/{sub}"]
+    for h in sorted(set(hide)):
+        # Only where the folder is visible through a read-only bind (not under /tmp, /run, ...)
+        # and not already inside another hidden folder.
+        top = h.parts[1] if len(h.parts) > 1 else ""
+        if any(o in h.parents for o in hide):
+            continue
+        if top and top not in _NOT_BOUND and h.is_dir():
+            argv += ["--tmpfs", str(h), "--remount-ro", str(h)]
+    argv += [
+        "--bind", str(host_root), IN_ROOT,
+        "--bind", str(host_root / "tmp"), "/tmp",
+        "--remount-ro", "/",
+    ]  # fmt: skip
+    return argv
+
+
+class BwrapSandbox(HostFolderSandbox):
+    """Host folder ``host_root`` is ``/sandbox`` inside; ``/tmp`` inside is ``/sandbox/tmp``."""
+
+    def __init__(self, run_id: str, sid: str, host_root: Path, hide: Sequence[Path]):
+        paths = SandboxPaths(
+            root=IN_ROOT,
+            work=f"{IN_ROOT}/work",
+            home=f"{IN_ROOT}/home",
+            tmp=f"{IN_ROOT}/tmp",
+            verify=f"{IN_ROOT}/verify",
+        )
+        super().__init__("bwrap", run_id, sid, host_root, paths)
+        self._prefix = bwrap_prefix(host_root, hide)
+        self._fs = rootedfs.RootedFS(str(host_root))
+
+    # -- mapping -------------------------------------------------------------------------------
+    def _rel(self, path: str) -> str:
+        """Path relative to the sandbox folder; ``/tmp/...`` is ``tmp/...``."""
+        norm = os.path.normpath(path)
+        if not norm.startswith("/"):
+            raise SubstrateError(f"{path!r} is not an absolute path")
+        if _inside(norm, "/tmp"):
+            return os.path.relpath(norm, "/") if norm != "/tmp" else "tmp"
+        if _inside(norm, IN_ROOT):
+            return os.path.relpath(norm, IN_ROOT)
+        raise SubstrateError(f"{path!r} is outside sandbox {self.id} ({IN_ROOT})")
+
+    def host_path(self, path: str) -> Path:
+        rel = self._rel(path)
+        return self.host_root if rel == "." else self.host_root / rel
+
+    def _argv(
+        self, argv: list[str], cwd: str, env: dict[str, str]
+    ) -> tuple[list[str], str | None, dict[str, str]]:
+        norm = os.path.normpath(cwd)
+        host_cwd: str | None = None
+        if _inside(norm, IN_ROOT) or _inside(norm, "/tmp"):
+            # Checked by exec: a vanished working folder is a substrate error, as for ``process``.
+            host_cwd = str(self.host_path(norm))
+        return [*self._prefix, "--chdir", norm, "--", *argv], host_cwd, env
+
+    def exec(self, command: str | Sequence[str], **kwargs: Any) -> ExecResult:
+        res = super().exec(command, **kwargs)
+        # When bwrap has exited, its pid namespace is gone with every process of the command:
+        # forget process groups that have no member left, before the kernel reuses their ids.
+        with self._lock:
+            for pgid in list(self._groups):
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    self._groups.discard(pgid)
+                except PermissionError:
+                    pass
+        return res
+
+    # -- files ---------------------------------------------------------------------------------
+    def write_file(self, path: str, data: bytes) -> None:
+        try:
+            self._fs.write(self._rel(path), data)
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        try:
+            return self._fs.read(self._rel(path), limit)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}") from e
+
+    def tree_digest(self, path: str) -> str:
+        with self._fs.plain_dir(self._rel(path)) as host:
+            if host is not None:
+                return tree_digest(host)
+        return Sandbox.tree_digest(self, path)
+
+    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        hits: set[str] = set()
+        for folder in folders:
+            with self._fs.plain_dir(self._rel(folder)) as host:
+                if host is None:
+                    hits |= Sandbox.scan(self, [folder], tokens)
+                else:
+                    hits |= scan_tokens([host], list(tokens))
+        return hits
+
+
+class BwrapSubstrate(Substrate):
+    name = "bwrap"
+    capabilities = Capabilities(
+        isolation=Isolation.NAMESPACES,
+        reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),
+        network=False,
+        notes=(
+            "bubblewrap per command: host root read-only, sandbox folder at /sandbox, /tmp private "
+            "to the sandbox, no network but lo; processes do not outlive their command"
+        ),
+    )
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if shutil.which("bwrap") is None:
+            return "bubblewrap is missing: apt-get install bubblewrap (or run scripts/setup.sh)"
+        if not rootedfs.available():
+            return "openat2(2) is unavailable: the bwrap substrate needs Linux >= 5.6"
+        return None
+
+    def __init__(self, run_id: str, state_dir: Path) -> None:
+        super().__init__(run_id, state_dir)
+        self._folder = run_folder(state_dir, run_id)
+        # Folders a sandbox must not see: the state (every run's sandboxes), root's home and the
+        # image cache (credentials, container engines' sockets such as podman's attach sockets).
+        self._hide = [
+            Path(os.path.realpath(p))
+            for p in (state_dir, os.path.expanduser("~root"), images.cache_dir())
+        ]
+
+    def raw_floor(self) -> list[str] | None:
+        """A plain bubblewrap around `true`, as harnesses commonly start one."""
+        return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                "--unshare-all", "--die-with-parent", "true"]
+
+    def create(self) -> Sandbox:
+        sid = new_sandbox_id()
+        root = self._folder / sid
+        try:
+            root.mkdir(parents=True)
+            for sub in SUBFOLDERS:
+                (root / sub).mkdir()
+            (root / "tmp").chmod(0o1777)
+        except OSError as e:
+            raise SubstrateError(f"bwrap: cannot create sandbox folder {root}: {e}") from e
+        return BwrapSandbox(self.run_id, sid, root, self._hide)
+
+    def close(self) -> None:
+        if self._folder.is_dir() and not any(self._folder.iterdir()):
+            self._folder.rmdir()
+
+    def leftovers(self) -> list[str]:
+        left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
+        if self._folder.is_dir():
+            left += [f"folder {p}" for p in self._folder.iterdir()]
+        return left
+
+    @classmethod
+    def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
+        removed = []
+        for pid, run in pids_with_env(RUN_VAR).items():
+            if run in dead_runs:
+                kill_pids([pid])
+                removed.append(f"process {pid} of run {run}")
+        for run in dead_runs:
+            folder = run_folder(state_dir, run)
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(f"folder {folder}")
+        return removed

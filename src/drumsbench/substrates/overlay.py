@@ -1,0 +1,633 @@
+"""``overlay``: namespaces + overlayfs over the project's Debian root filesystem, with O(1) fork.
+
+Each sandbox is one long-lived *holder* process: pid 1 of its own pid, mount, ipc, uts and network
+namespaces (only ``lo``), whose root is an overlay of
+
+    upper (per sandbox, writable)  over  [snapshot layers]  over  skeleton  over  Debian rootfs
+
+where the skeleton holds the empty ``/sandbox/{work,home,tmp,verify}`` and the rootfs is
+``images.ensure_rootfs()``. The holder pivots into the overlay, so the host's file system is not
+reachable from the sandbox's mount namespace. Holders are forked by one warm fork server per run
+(``_nsinit.py``), which makes a sandbox cost a fork rather than an interpreter start.
+
+Commands enter the holder's namespaces with ``nsenter`` and run as uid 0 with docker's default
+capabilities less ``mknod``, ``sys_chroot`` and ``setfcap`` (``setpriv``), so they can own the
+sandbox's files but cannot mount, make device nodes or regain capabilities. Processes of a sandbox
+live on between commands (a server started by one command is reachable on ``127.0.0.1`` by the
+next) until reset, snapshot or destroy.
+
+No mount is ever made on the host: the overlay and its submounts exist only in the holder's
+private mount namespace and vanish with it, however the run ends. Holders die with the fork
+server, which dies when the harness closes its stdin (also on a crash).
+
+Reset in place discards the upper layer: the holder is killed (the kernel kills its pid namespace
+and drops its mounts), a fresh upper is made, a new holder mounts it; the old upper is renamed
+away and deleted on a background thread. Overlays are mounted ``volatile`` (no sync of the upper
+file system at unmount: an upper layer is never needed after a host crash). Snapshot/fork:
+``snapshot()`` freezes the sandbox's current upper layer (it is renamed into the run's layer store
+and never written again) and the sandbox continues on a fresh upper stacked on it; ``fork(id)``
+creates a sandbox whose lower layers start with the frozen one: no file is copied. Snapshots hold
+files only; a snapshot kills the sandbox's running processes (as a reset does).
+
+File methods read and write through ``/proc/<holder>/root`` with ``openat2(RESOLVE_IN_ROOT)``: no
+process is started, and links inside the sandbox resolve as they do inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from drumsbench import images
+from drumsbench.errors import SubstrateError
+from drumsbench.fingerprint import tree_digest
+from drumsbench.scan import scan_tokens
+from drumsbench.substrates import rootedfs
+from drumsbench.substrates.base import (
+    DEFAULT_OUTPUT_LIMIT,
+    Capabilities,
+    ExecResult,
+    Isolation,
+    ResetStrategy,
+    Sandbox,
+    SandboxPaths,
+    Substrate,
+)
+from drumsbench.substrates.bwrap import SANDBOX_CAPS
+from drumsbench.substrates.hostproc import kill_group, kill_pids, pids_with_env, run_bounded
+from drumsbench.substrates.process import HOST_PATH, RUN_VAR, SANDBOX_VAR, new_sandbox_id
+
+NSINIT = Path(__file__).with_name("_nsinit.py")
+IN_ROOT = "/sandbox"
+SUBFOLDERS = ("work", "home", "tmp", "verify")
+SKELETON = "layers/_skeleton"
+_SETPRIV = [
+    "/usr/bin/setpriv",
+    "--bounding-set=-all," + ",".join(f"+{c}" for c in SANDBOX_CAPS),
+    "--inh-caps=-all",
+    "--no-new-privs",
+    "--",
+]
+_KILL_WAIT_S = 10.0
+
+
+def run_folder(state_dir: Path, run_id: str) -> Path:
+    return state_dir / "overlay" / run_id
+
+
+def cached_rootfs() -> Path | None:
+    """The rootfs folder when already built (never builds)."""
+    try:
+        target = images.cache_dir() / f"rootfs-{images.recipe_hash()}"
+    except SubstrateError:
+        return None
+    return target if (target / ".drumsbench-complete").exists() else None
+
+
+def host_mounts_below(folder: Path) -> list[str]:
+    """Mount points in the host's mount namespace at or below ``folder``."""
+    prefix = os.path.realpath(folder)
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                point = line.split()[4].replace("\\040", " ")
+                if point == prefix or point.startswith(prefix + "/"):
+                    found.append(point)
+    except OSError:
+        pass
+    return found
+
+
+def _wait_pidfd(pidfd: int, timeout: float) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(int(timeout * 1000)))
+
+
+class _ForkServer:
+    """The run's ``_nsinit.py`` process: one request/response line at a time."""
+
+    def __init__(self, run_id: str, folder: Path) -> None:
+        env = {
+            "PATH": HOST_PATH,
+            "LANG": "C.UTF-8",
+            RUN_VAR: run_id,
+            "DRUMSBENCH_ROLE": "overlay-forkserver",
+        }
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(NSINIT)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                cwd=str(folder),
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise SubstrateError(f"overlay: cannot start the fork server: {e}") from e
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def request(self, req: dict, timeout: float = 30.0) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self._lock:
+            if self.proc.poll() is not None:
+                raise SubstrateError(f"overlay: fork server exited ({self.proc.returncode})")
+            try:
+                self.proc.stdin.write(json.dumps(req).encode() + b"\n")
+                self.proc.stdin.flush()
+            except OSError as e:
+                raise SubstrateError(f"overlay: fork server unreachable: {e}") from e
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            raise SubstrateError("overlay: no answer from the fork server")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        """Close its stdin: it kills its holders and exits."""
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class _Trash:
+    """Deletes discarded layers on a background thread, so a reset need not wait for it.
+
+    A folder is first renamed into ``<run>/trash`` (O(1)); ``drain`` waits until all are gone.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._queue: queue.Queue[Path | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, path: Path) -> None:
+        try:
+            self.folder.mkdir(exist_ok=True)
+            dest = self.folder / uuid.uuid4().hex[:12]
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="overlay-trash", daemon=True)
+                self._thread.start()
+        self._queue.put(dest)
+
+    def _run(self) -> None:
+        while (path := self._queue.get()) is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def drain(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class OverlaySandbox(Sandbox):
+    def __init__(self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...]) -> None:
+        self.substrate = sub.name
+        self.run_id = sub.run_id
+        self.id = sid
+        self.paths = SandboxPaths(
+            root=IN_ROOT,
+            work=f"{IN_ROOT}/work",
+            home=f"{IN_ROOT}/home",
+            tmp=f"{IN_ROOT}/tmp",
+            verify=f"{IN_ROOT}/verify",
+        )
+        self._sub = sub
+        self._dir = sub.folder / "sb" / sid
+        self._base = base  # lower layers of the start state, top first (relative to the run folder)
+        self._extra: list[str] = []  # layers frozen by snapshot() since the start, top first
+        self._gen = 0
+        self._pid = 0
+        self._pidfd = -1
+        self._groups: set[int] = set()
+        self._lock = threading.RLock()
+        self._destroyed = False
+        try:
+            (self._dir / "m").mkdir(parents=True)
+        except OSError as e:
+            raise SubstrateError(f"overlay: cannot create sandbox folder {self._dir}: {e}") from e
+        try:
+            self._start()
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+
+    # -- holder lifecycle ------------------------------------------------------------------------
+    def _layer_dirs(self) -> tuple[str, str]:
+        return f"sb/{self.id}/u{self._gen}", f"sb/{self.id}/w{self._gen}"
+
+    def _start(self) -> None:
+        self._gen += 1
+        upper, work = self._layer_dirs()
+        for d in (upper, work):
+            (self._sub.folder / d).mkdir()
+        reply = self._sub.server().request(
+            {
+                "op": "spawn",
+                "cwd": str(self._sub.folder),
+                "lower": [*self._extra, *self._base],
+                "upper": upper,
+                "work": work,
+                "merged": f"sb/{self.id}/m",
+                "hostname": f"sandbox-{self.id}",
+                # Upper layers are thrown away or frozen, never needed after a host crash:
+                # skip the sync of the upper file system at unmount.
+                "volatile": True,
+            }
+        )
+        if "pid" not in reply:
+            raise SubstrateError(f"overlay: cannot start sandbox {self.id}: {reply.get('error')}")
+        self._pid = int(reply["pid"])
+        try:
+            self._pidfd = os.pidfd_open(self._pid)
+        except OSError as e:
+            raise SubstrateError(f"overlay: sandbox {self.id} died at start: {e}") from e
+
+    def _stop(self, sweep: bool = False) -> None:
+        """Kill the holder (the kernel kills its pid namespace) and the running ``nsenter``s.
+
+        Every process inside dies with the holder; outside it there are only the ``nsenter``
+        parents of running commands, killed by group. ``sweep`` also kills any process still
+        carrying the sandbox's label (a scan of /proc: for destroy, not for the hot reset path).
+        """
+        if self._pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            gone = _wait_pidfd(self._pidfd, _KILL_WAIT_S)
+            os.close(self._pidfd)
+            self._pidfd = -1
+            if not gone:
+                raise SubstrateError(f"overlay: sandbox {self.id} holder {self._pid} does not die")
+        with self._lock:
+            groups, self._groups = self._groups, set()
+        for pgid in groups:
+            kill_group(pgid)
+        if sweep:
+            kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
+
+    def _alive(self) -> bool:
+        return self._pidfd >= 0 and not _wait_pidfd(self._pidfd, 0)
+
+    def _discard(self, *rel: str) -> None:
+        for d in rel:
+            self._sub.trash.put(self._sub.folder / d)
+
+    # -- paths -----------------------------------------------------------------------------------
+    @staticmethod
+    def _rel(path: str) -> str:
+        norm = os.path.normpath(path)
+        if not norm.startswith("/"):
+            raise SubstrateError(f"{path!r} is not an absolute path")
+        return norm.lstrip("/") or "."
+
+    def _fs(self) -> rootedfs.RootedFS:
+        with self._lock:
+            if self._destroyed:
+                raise SubstrateError(f"sandbox {self.id} is destroyed")
+            if not self._alive():
+                raise SubstrateError(f"sandbox {self.id}: its holder process is gone")
+            return rootedfs.RootedFS(f"/proc/{self._pid}/root")
+
+    # -- interface -------------------------------------------------------------------------------
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        workdir = os.path.normpath(cwd or self.paths.work)
+        fs = self._fs()
+        if not fs.is_dir(self._rel(workdir)):
+            raise SubstrateError(f"sandbox {self.id}: working folder {workdir} is gone")
+        full_env = {
+            "PATH": HOST_PATH,
+            "HOME": self.paths.home,
+            "TMPDIR": self.paths.tmp,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            RUN_VAR: self.run_id,
+            SANDBOX_VAR: self.id,
+        }
+        if env:
+            full_env.update(env)
+        host_argv = [
+            self._sub.nsenter,
+            "-t", str(self._pid),
+            "-m", "-u", "-i", "-n", "-p", "-r",
+            "--",
+            # The working folder is entered inside (nsenter --wd would resolve it on the host).
+            "/usr/bin/env", f"--chdir={workdir}",
+            *_SETPRIV,
+            *argv,
+        ]  # fmt: skip
+
+        started: list[int] = []
+
+        def remember(pid: int) -> None:
+            started.append(pid)
+            with self._lock:
+                self._groups.add(pid)
+
+        try:
+            return run_bounded(
+                host_argv,
+                timeout=timeout,
+                cwd=None,
+                env=full_env,
+                stdin=stdin,
+                output_limit=output_limit,
+                on_start=remember,
+            )
+        finally:
+            # The group's leader is reaped: forget its id before the kernel can reuse it. What
+            # the command left running lives in the pid namespace and dies with the holder.
+            with self._lock:
+                self._groups.difference_update(started)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        try:
+            self._fs().write(self._rel(path), data)
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        try:
+            return self._fs().read(self._rel(path), limit)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}") from e
+
+    def tree_digest(self, path: str) -> str:
+        with self._fs().plain_dir(self._rel(path)) as host:
+            if host is not None:
+                return tree_digest(host)
+        return super().tree_digest(path)
+
+    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        hits: set[str] = set()
+        fs = self._fs()
+        for folder in folders:
+            with fs.plain_dir(self._rel(folder)) as host:
+                if host is None:
+                    hits |= super().scan([folder], tokens)
+                else:
+                    hits |= scan_tokens([host], list(tokens))
+        return hits
+
+    def reset_in_place(self) -> None:
+        """Back to the start state: processes killed, upper layer (and later snapshots) dropped."""
+        with self._lock:
+            if self._destroyed:
+                raise SubstrateError(f"sandbox {self.id} is destroyed")
+            self._stop()
+            old = self._layer_dirs()
+            self._extra = []
+            self._start()
+        self._discard(*old)
+
+    def snapshot(self) -> str:
+        """Freeze the current files as a layer; returns its id for ``OverlaySubstrate.fork``.
+
+        O(1): the upper layer is renamed, not copied. The sandbox's processes are killed; the
+        sandbox continues with the same files on a fresh upper layer.
+        """
+        with self._lock:
+            if self._destroyed:
+                raise SubstrateError(f"sandbox {self.id} is destroyed")
+            self._stop()
+            upper, work = self._layer_dirs()
+            snap = uuid.uuid4().hex[:12]
+            layer = f"layers/{snap}"
+            try:
+                os.rename(self._sub.folder / upper, self._sub.folder / layer)
+            except OSError as e:
+                raise SubstrateError(f"overlay: cannot freeze the upper of {self.id}: {e}") from e
+            self._extra.insert(0, layer)
+            self._sub.register_snapshot(snap, (*self._extra, *self._base))
+            self._start()
+        self._discard(work)
+        return snap
+
+    def destroy(self) -> None:
+        with self._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            try:
+                self._stop(sweep=True)
+            finally:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._sub.forget(self)
+
+    @property
+    def holder_pid(self) -> int:
+        return self._pid
+
+
+class OverlaySubstrate(Substrate):
+    name = "overlay"
+    capabilities = Capabilities(
+        isolation=Isolation.NAMESPACES,
+        reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),
+        snapshot=True,
+        network=False,
+        notes=(
+            "pid/mount/ipc/uts/net namespaces + overlayfs over a Debian rootfs, pivot_root; "
+            "processes live between commands; O(1) snapshot/fork by stacking frozen upper layers"
+        ),
+    )
+
+    def __init__(self, run_id: str, state_dir: Path) -> None:
+        super().__init__(run_id, state_dir)
+        self.folder = run_folder(state_dir, run_id)
+        self.nsenter = shutil.which("nsenter") or "nsenter"
+        self._server: _ForkServer | None = None
+        self._rootfs: str | None = None
+        self._lock = threading.Lock()
+        self._live: dict[str, OverlaySandbox] = {}
+        self._snapshots: dict[str, tuple[str, ...]] = {}
+        self.trash = _Trash(self.folder / "trash")
+
+    def raw_floor(self) -> list[str] | None:
+        """Fresh namespaces and a chroot into the Debian rootfs around `true` (no overlay mount)."""
+        return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "chroot",
+                str(images.ensure_rootfs()), "/bin/true"]
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if os.geteuid() != 0:
+            return "the overlay substrate needs root (mount and namespace creation)"
+        try:
+            with open("/proc/filesystems") as f:
+                if "overlay" not in f.read():
+                    return "the kernel has no overlayfs (modprobe overlay)"
+        except OSError:
+            return "cannot read /proc/filesystems"
+        if shutil.which("nsenter") is None:
+            return "nsenter is missing: apt-get install util-linux"
+        if not rootedfs.available():
+            return "openat2(2) is unavailable: the overlay substrate needs Linux >= 5.6"
+        if os.uname().machine not in ("x86_64", "aarch64"):
+            return f"overlay: pivot_root known on x86_64/aarch64 only, not {os.uname().machine}"
+        root = cached_rootfs()
+        if root is None and shutil.which("debootstrap") is None:
+            return "no Debian rootfs and no debootstrap to build it: apt-get install debootstrap"
+        if root is not None and not (root / "usr/bin/setpriv").exists():
+            return f"the rootfs {root} has no /usr/bin/setpriv (util-linux)"
+        return None
+
+    # -- run-level state -------------------------------------------------------------------------
+    def server(self) -> _ForkServer:
+        with self._lock:
+            if self._server is None or self._server.proc.poll() is not None:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self._server = _ForkServer(self.run_id, self.folder)
+            return self._server
+
+    def _prepare(self) -> None:
+        with self._lock:
+            if self._rootfs is not None:
+                return
+            rootfs = os.path.realpath(images.ensure_rootfs())
+            if any(c in rootfs for c in ":,\\"):
+                raise SubstrateError(f"overlay: the rootfs path {rootfs!r} has ':', ',' or '\\'")
+            skel = self.folder / SKELETON
+            if not skel.is_dir():
+                tmp = self.folder / "layers" / f".skel-{uuid.uuid4().hex[:6]}"
+                for sub in SUBFOLDERS:
+                    (tmp / "sandbox" / sub).mkdir(parents=True)
+                (tmp / "sandbox" / "tmp").chmod(0o1777)
+                tmp.rename(skel)
+            self._rootfs = rootfs
+
+    def register_snapshot(self, snap: str, chain: tuple[str, ...]) -> None:
+        with self._lock:
+            self._snapshots[snap] = chain
+
+    def forget(self, box: OverlaySandbox) -> None:
+        with self._lock:
+            self._live.pop(box.id, None)
+
+    def _new(self, base: tuple[str, ...]) -> OverlaySandbox:
+        box = OverlaySandbox(self, new_sandbox_id(), base)
+        with self._lock:
+            self._live[box.id] = box
+        return box
+
+    # -- interface -------------------------------------------------------------------------------
+    def create(self) -> OverlaySandbox:
+        self._prepare()
+        assert self._rootfs is not None
+        return self._new((SKELETON, self._rootfs))
+
+    def fork(self, snapshot_id: str) -> OverlaySandbox:
+        """A new sandbox whose start state is snapshot ``snapshot_id`` (no file copied)."""
+        with self._lock:
+            chain = self._snapshots.get(snapshot_id)
+        if chain is None:
+            raise SubstrateError(f"overlay: no snapshot {snapshot_id!r} in run {self.run_id}")
+        return self._new(chain)
+
+    def snapshots(self) -> list[str]:
+        with self._lock:
+            return list(self._snapshots)
+
+    def close(self) -> None:
+        """Destroy sandboxes still alive, stop the fork server, remove the run's layers."""
+        with self._lock:
+            live = list(self._live.values())
+        for box in live:
+            box.destroy()
+        with self._lock:
+            server, self._server = self._server, None
+            self._snapshots.clear()
+            self._rootfs = None
+        if server is not None:
+            server.stop()
+        self.trash.drain()
+        if self.folder.exists():
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        server = self._server
+        own = server.pid if server is not None and server.proc.poll() is None else None
+        left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id) if pid != own]
+        left += [f"mount {m}" for m in host_mounts_below(self.folder)]
+        sandboxes = self.folder / "sb"
+        if sandboxes.is_dir():
+            left += [f"folder {p}" for p in sandboxes.iterdir()]
+        if own is None and self.folder.exists():
+            left.append(f"folder {self.folder}")
+        return left
+
+    @classmethod
+    def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
+        removed = []
+        victims = {pid: run for pid, run in pids_with_env(RUN_VAR).items() if run in dead_runs}
+        kill_pids(list(victims))
+        removed += [f"process {pid} of run {run}" for pid, run in victims.items()]
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while time.monotonic() < deadline and any(
+            pid in victims for pid in pids_with_env(RUN_VAR)
+        ):
+            time.sleep(0.02)
+        for run in dead_runs:
+            folder = run_folder(state_dir, run)
+            for point in sorted(host_mounts_below(folder), key=len, reverse=True):
+                rc = _umount_detach(point)
+                removed.append(f"mount {point}" + ("" if rc == 0 else f" (umount failed: {rc})"))
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(f"folder {folder}")
+        return removed
+
+
+def _umount_detach(point: str) -> int:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(point), ctypes.c_int(2)) != 0:  # MNT_DETACH
+        return ctypes.get_errno()
+    return 0

@@ -1,0 +1,341 @@
+"""The Ray executor on a real Ray cluster of two nodes on loopback (``ray.cluster_utils.Cluster``).
+
+Every process here that starts or joins Ray carries the loopback settings of
+``drumsbench.executors.ray_env`` (set by the fixture, inherited by the nodes and by the CLI
+subprocesses): on these machines Ray's defaults send traffic off the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from drumsbench.executors import ray_env
+from drumsbench.executors.ray import missing as ray_missing
+from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
+from drumsbench.ledger import Ledger
+from drumsbench.machine import commit, machine_info
+from drumsbench.measure.summary import build
+from drumsbench.outcome import Outcome
+from drumsbench.records import AttemptRecord
+from drumsbench.rollout import RolloutConfig
+
+from conftest import require
+from helpers import MINI, ROOT, cli
+
+MiB = 1024 * 1024
+FAST_HEALTH = ray_env.health_check_config(fast=True)
+
+
+# -- the cluster ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (1 CPU) + ``node_2`` (1 CPU) on 127.0.0.1, lost nodes marked dead in about a second."""
+    require(ray_missing())
+    imported = "ray" in sys.modules
+    env = ray_env.apply()
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if imported:
+        ray_env.reload_auth()
+    c = Cluster(initialize_head=True, head_node_args={
+        "node_ip_address": ray_env.LOOPBACK, "num_cpus": 1, "object_store_memory": 80 * MiB,
+        "include_dashboard": False, "_system_config": FAST_HEALTH})
+    try:
+        c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={"node_2": 1},
+                   object_store_memory=80 * MiB)
+        ray.init(address=c.address, _node_ip_address=ray_env.LOOPBACK, logging_level="WARNING")
+        yield c, env
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        env.restore(remove_folder=False)
+        left = _processes_with_env("RAY_TMPDIR", env.tmpdir)
+        env.restore()
+        assert not left, f"Ray processes left behind: {left}"
+
+
+def _processes_with_env(key: str, value: str) -> list[str]:
+    """Processes whose environment has ``key=value`` (ours: the Ray processes of one folder)."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    out, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _is_loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+    return host.startswith("127.") or host == "::1"
+
+
+def ray_sockets_off_loopback() -> tuple[int, list[str]]:
+    """(number of inet sockets of this process and its descendants, those not on loopback), by ``ss``."""
+    pids = _descendants(os.getpid())
+    out = subprocess.run(["ss", "-tunapH"], capture_output=True, text=True, check=True).stdout
+    mine, bad = 0, []
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if not owners & pids:
+            continue
+        mine += 1
+        cols = line.split()
+        local, peer = cols[4], cols[5]
+        if not _is_loopback(local) or not (peer.endswith(":*") or _is_loopback(peer)):
+            bad.append(line)
+    return mine, bad
+
+
+# -- running through the engine ------------------------------------------------------------------
+def _run(out: Path, cfg: RunConfig, on_progress=None) -> tuple[Ledger, str, str]:
+    ledger = open_ledger(out)
+    run_id = new_run_id()
+    ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+    status, _ = execute(ledger, run_id, cfg, resume=False, on_progress=on_progress)
+    return ledger, run_id, status
+
+
+def _records(ledger: Ledger, run_id: str) -> list[AttemptRecord]:
+    cols = ("seq", "task", "outcome", "cause", "reward", "host", "executor", "worker", "extra", "detail",
+            "t_start", "t_end")
+    recs = []
+    for row in ledger.attempts(run_id, cols):
+        d = dict(zip(cols, row, strict=True))
+        d["extra"] = json.loads(d["extra"])
+        recs.append(AttemptRecord(run_id=run_id, substrate="process", env="coding", policy="?", **d))
+    return recs
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRUMSBENCH_STATE", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def test_same_controls_on_ray_as_in_process(cluster, tmp_path, state):
+    """Oracle 100 %, null 0 % on the built-in suite, task by task the same on Ray and in process;
+    attempts spread over both nodes; every Ray socket on loopback while attempts run."""
+    sockets: list[tuple[int, list[str]]] = []
+
+    def check_sockets(_progress) -> None:
+        if not sockets:
+            sockets.append(ray_sockets_off_loopback())
+
+    outcomes: dict[tuple[str, str], dict[str, Outcome]] = {}
+    for executor in ("ray", "local"):
+        for policy in ("oracle", "null"):
+            cfg = RunConfig(tasks="coding", policy=policy, executor=executor, concurrency=1 if executor == "ray" else 2,
+                            max_attempts=15, duration_s=600)
+            ledger, run_id, status = _run(tmp_path / "runs", cfg, check_sockets if executor == "ray" else None)
+            assert status == "complete"
+            recs = _records(ledger, run_id)
+            assert sorted(r.seq for r in recs) == list(range(15))
+            outcomes[executor, policy] = {r.task: r.outcome for r in recs}
+            report = build(ledger, run_id)
+            assert report.isolation_confirmed
+            if executor == "ray":
+                assert {r.executor for r in recs} == {"ray"}
+                assert {r.host for r in recs} == {socket.gethostname()}
+                assert len({r.extra["node"] for r in recs}) == 2, "attempts ran on one node only"
+                assert len({r.worker for r in recs}) == 2
+                # a control on the driver's host and one per node, all fired
+                assert len(report.controls) == 3 and all(c.fired for c in report.controls)
+                # two Ray nodes on one machine are one host: host-hours are not doubled
+                assert report.host_count == 1 and report.hosts[socket.gethostname()].nodes == 2
+                assert report.host_seconds == pytest.approx(report.wall_seconds)
+    for executor in ("ray", "local"):
+        assert set(outcomes[executor, "oracle"].values()) == {Outcome.SUCCESS}, outcomes[executor, "oracle"]
+        assert set(outcomes[executor, "null"].values()) == {Outcome.FAILED}, outcomes[executor, "null"]
+    assert outcomes["ray", "oracle"].keys() == outcomes["local", "oracle"].keys()
+
+    assert sockets, "the socket check did not run"
+    mine, bad = sockets[0]
+    assert mine > 10, f"only {mine} inet sockets seen: is ss showing the Ray processes?"
+    assert not bad, "Ray sockets off loopback:\n" + "\n".join(bad)
+
+
+def test_lost_node_turns_its_in_flight_attempts_invalid(cluster, tmp_path, state):
+    """A third node is killed mid-run: exactly its in-flight attempts are invalid/substrate_failure,
+    every sequence number is recorded once, and the other nodes finish the run."""
+    c, _ = cluster
+    node3 = c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={"node_3": 1},
+                       object_store_memory=80 * MiB)
+    node3_id = node3.node_id
+    removed: list[float] = []
+    ledger_box: list[Ledger] = []
+
+    def kill_when_busy(_progress) -> None:
+        if removed or not ledger_box:
+            return
+        db = ledger_box[0].db
+        done = db.execute("SELECT COUNT(*) FROM attempts WHERE extra LIKE ?", (f"%{node3_id}%",)).fetchone()[0]
+        if done >= 2:
+            c.remove_node(node3, allow_graceful=False)  # SIGKILL, as when the machine dies
+            removed.append(time.time())
+
+    ledger = open_ledger(tmp_path / "runs")
+    ledger_box.append(ledger)
+    run_id = new_run_id()
+    cfg = RunConfig(tasks=MINI, policy="oracle", executor="ray", concurrency=2, max_attempts=36, duration_s=600,
+                    rollout=RolloutConfig(think_time_s=0.1))
+    ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+    try:
+        status, _ = execute(ledger, run_id, cfg, resume=False, on_progress=kill_when_busy)
+    finally:
+        if not removed:
+            c.remove_node(node3)
+    assert removed, "node 3 was never removed"
+    assert status == "complete"
+
+    recs = _records(ledger, run_id)
+    assert sorted(r.seq for r in recs) == list(range(36)), "an attempt is missing or recorded twice"
+    lost = [r for r in recs if r.extra.get("lost_node")]
+    on3 = [r for r in recs if r.extra["node"] == node3_id]
+    assert len(lost) == cfg.concurrency, [(r.seq, r.detail) for r in lost]
+    for r in lost:
+        assert r.extra["node"] == node3_id
+        assert (r.outcome, r.cause, r.reward) == (Outcome.INVALID, "substrate_failure", None)
+        assert "lost mid-attempt" in r.detail
+    assert all(r.outcome is Outcome.SUCCESS for r in recs if not r.extra.get("lost_node")), \
+        [(r.seq, r.detail) for r in recs if r.outcome is not Outcome.SUCCESS]
+    assert len(on3) - len(lost) >= 2 and all(r.t_end <= removed[0] + 1 for r in on3 if r not in lost)
+    after = [r for r in recs if r.t_start > removed[0]]
+    assert after and {r.extra["node"] for r in after} == {r.extra["node"] for r in recs} - {node3_id}
+    report = build(ledger, run_id)
+    assert report.invalid["substrate_failure"] == report.invalid_not_injected == len(lost)
+    # what the lost node left on this host was removed at the end of the run
+    assert not (state / "sandboxes" / run_id).exists() or not any((state / "sandboxes" / run_id).iterdir())
+
+
+def test_cli_joins_a_cluster_by_address(cluster, tmp_path, state):
+    c, _ = cluster
+    out = tmp_path / "runs"
+    proc = cli("run", "--executor", "ray", "--ray-address", c.address, "--tasks", MINI, "--attempts", "6",
+               "--concurrency", "1", "--out", str(out), "--json", str(tmp_path / "r.json"), "--no-progress",
+               env={"DRUMSBENCH_STATE": str(state)}, check=True)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["attempts"] == report["success"] == 6, proc.stdout
+    assert report["config"]["executor"] == "ray" and report["config"]["ray_address"] == c.address
+    assert "executor ray" in report["conditions"]
+    nodes = {json.loads(e)["node"] for (e,) in sqlite3.connect(out / "ledger.sqlite").execute(
+        "SELECT extra FROM attempts")}
+    assert len(nodes) == 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--executor", "spark"], "--executor"),
+    (["--executor", "ray", "--ray-address", "192.0.2.7:6379"], "not a loopback address"),
+    (["--ray-address", "127.0.0.1:6379"], "only with --executor ray"),
+])
+def test_bad_ray_input_one_line_exit_2(args, needle, tmp_path):
+    proc = cli("run", "--tasks", MINI, "--out", str(tmp_path / "runs"), "--duration", "2s", *args,
+               env={"DRUMSBENCH_STATE": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert sqlite3.connect(tmp_path / "runs" / "ledger.sqlite").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+def test_cli_starts_its_own_loopback_ray_and_stops_it_on_ctrl_c(tmp_path):
+    """No address: the run starts a single-node Ray of its own on loopback; Ctrl-C stops the run
+    (in-flight attempts dropped, status interrupted) and leaves no Ray process behind."""
+    require(ray_missing())
+    tmpdir = tempfile.mkdtemp(prefix="dray-cli-", dir="/tmp")
+    out = tmp_path / "runs"
+    env = {**os.environ, "DRUMSBENCH_STATE": str(tmp_path / "state"), "RAY_TMPDIR": tmpdir}
+    for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        env.pop(key, None)
+    try:
+        _ctrl_c_own_ray(tmp_path, out, env, tmpdir)
+    finally:
+        subprocess.run(["rm", "-rf", tmpdir], check=False)
+
+
+def _ctrl_c_own_ray(tmp_path: Path, out: Path, env: dict[str, str], tmpdir: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "run", "--executor", "ray", "--tasks", MINI,
+                             "--concurrency", "2", "--duration", "10m", "--out", str(out), "--no-progress"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                db = sqlite3.connect(out / "ledger.sqlite", timeout=5)
+                n = db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+            except sqlite3.OperationalError:
+                n = 0
+            if n >= 4:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted" in stderr
+    db = sqlite3.connect(out / "ledger.sqlite")
+    assert db.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+    rows = db.execute("SELECT outcome, executor, host FROM attempts").fetchall()
+    assert len(rows) >= 4 and {r[:2] for r in rows} == {("success", "ray")}
+    time.sleep(0.5)
+    assert not _processes_with_env("RAY_TMPDIR", tmpdir), "Ray processes left behind"
+    assert not any((tmp_path / "state" / "sandboxes").glob("*/*")), "sandboxes left behind"
+
+
+def test_host_hours_are_hosts_times_hours(tmp_path):
+    """Two hosts for one hour are two host-hours: throughput and cost are per host, summed right."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.create_run("r", "run", {"executor": "ray", "concurrency": 1}, {}, "c")
+    ledger.start_segment("r", 1)
+    t0 = time.time()
+    ledger.db.execute("UPDATE segments SET started = ?, ended = ? WHERE run_id = 'r'", (t0, t0 + 3600))
+    for seq in range(30):
+        host = "a" if seq % 3 else "b"
+        ledger.record(AttemptRecord(run_id="r", seq=seq, task="t", substrate="process", env="coding", policy="p",
+                                    executor="ray", host=host, outcome=Outcome.SUCCESS, reward=1.0,
+                                    t_start=t0 + seq * 100, t_end=t0 + seq * 100 + 1, extra={"node": host}))
+    ledger.db.execute("UPDATE segments SET ended = ? WHERE run_id = 'r'", (t0 + 3600,))
+    r = build(ledger, "r")
+    assert r.wall_seconds == pytest.approx(3600)
+    assert r.host_count == 2 and r.host_seconds == pytest.approx(7200)
+    assert r.valid_per_host_hour.value == pytest.approx(15)
+    assert (r.hosts["a"].attempts, r.hosts["b"].attempts) == (20, 10)
+    assert r.hosts["a"].valid_per_host_hour.value == pytest.approx(20)
+    assert "2 host(s)" in r.conditions
