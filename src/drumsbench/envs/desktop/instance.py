@@ -44,7 +44,7 @@ from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox
-from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR
+from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, ProcessSandbox
 
 HOLDER = Path(__file__).with_name("holder.py")
 HOSTNAME = "drumsbench-desktop"
@@ -122,10 +122,12 @@ class DesktopInstance:
     """A running desktop for one sandbox (a host-folder sandbox: the ``process`` substrate)."""
 
     def __init__(self, box: Sandbox, settings: Settings | None = None) -> None:
-        host_path = getattr(box, "host_path", None)
-        if host_path is None:
-            raise SubstrateError(f"the desktop environment runs on host-folder substrates (process); "
-                                 f"{box.substrate} is not supported yet")
+        if not isinstance(box, ProcessSandbox):
+            # Other substrates run commands in their own namespaces or containers, where the holder
+            # (started on the host) and its pid are out of reach: refuse rather than half-work.
+            raise SubstrateError(f"the desktop environment runs on the process substrate; "
+                                 f"{box.substrate} is not supported yet (docs/desktop.md)")
+        host_path = box.host_path
         self.box = box
         self.settings = settings or Settings()
         self.work = Path(host_path(box.paths.work))
