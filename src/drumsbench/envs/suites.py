@@ -19,6 +19,14 @@ from drumsbench.errors import UsageError
 # kind -> (environment class, loader function), as "module:attr" so optional kinds load lazily.
 KINDS: dict[str, tuple[str, str]] = {
     "coding": ("drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite"),
+    "desktop": ("drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite"),
+}
+
+
+# kind -> the function computing a suite's start fingerprints (``drumsbench tasks fingerprint``).
+FINGERPRINTS: dict[str, str] = {
+    "coding": "drumsbench.envs.coding.task:compute_fingerprints",
+    "desktop": "drumsbench.envs.desktop.task:compute_fingerprints",
 }
 
 
@@ -54,3 +62,8 @@ def load(name_or_path: str) -> Suite:
     env_spec, loader_spec = KINDS[kind]
     tasks = _obj(loader_spec)(name_or_path)
     return Suite(name_or_path, kind, tasks, _obj(env_spec))
+
+
+def fingerprints(name_or_path: str) -> dict[str, str]:
+    """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
+    return dict(_obj(FINGERPRINTS[suite_kind(name_or_path)])(name_or_path))

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install what the desktop environment needs (idempotent): a virtual X server, a window manager,
+# an input tool, LibreOffice Writer and Calc, its Python bridge (UNO) and the fonts the built-in
+# task documents use. util-linux (unshare, nsenter) is part of every Debian system.
+set -euo pipefail
+pkgs=(xvfb openbox xdotool libreoffice-writer libreoffice-calc python3-uno fonts-liberation fonts-dejavu-core
+      util-linux)
+need=()
+for pkg in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup-desktop: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+echo "setup-desktop: desktop environment ready"

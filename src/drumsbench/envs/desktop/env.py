@@ -1,0 +1,590 @@
+"""The desktop environment: LibreOffice under a real X server, screenshot observations, a UNO verifier.
+
+Each reset starts a fresh instance (``instance.py``: Xvfb + openbox + LibreOffice in their own pid,
+ipc, uts, net and mount namespaces, the document in the sandbox's work folder and a copy of the
+template profile in its home) and waits until the document's window is drawn and the screen is
+still.
+
+Observations: ``{"png": bytes, "screen": ndarray (h, w, 3) uint8, "title": str, "size": (w, h),
+"settled": bool, "problem": str | None}`` plus ``"result"`` ({exit_code, stdout, stderr}) after a
+``shell`` action. ``problem`` is set for a black or one-colour screen and for a frozen one (the X
+server did not answer a screenshot in time): gate 4 turns it into ``bad_observation``.
+
+Actions (payload fields; coordinates in screen pixels), each applied with xdotool inside the
+instance and followed by a settle wait (the screen stable within a small pixel tolerance — the
+text cursor blinks):
+
+| kind | payload |
+|---|---|
+| key | keys: "ctrl+b" or a list of them (pressed in turn) |
+| type | text (a "\\n" presses Return) |
+| click / double_click | x, y, button (1) |
+| drag | x1, y1, x2, y2 |
+| scroll | x, y, dy (clicks; > 0 scrolls down) |
+| move | x, y |
+| wait | seconds, or title (a regular expression the active window's title must match) |
+| shell | command: /bin/sh inside the instance's namespaces (its output in ``result``) |
+
+A ``wait`` for a title that never comes (a dialog swallowed the input) runs into the step timeout.
+
+Start fingerprint (gate 1): a digest of the work folder (each file's sha256; the document's
+``.~lock.<name>#`` only as "own" when it names this instance's host and profile, else "foreign"),
+the active window's title, the profile's lock (own/foreign/missing) and the screen size. A stale
+lock left beside the document, or a "Document in Use" dialog that would open it read-only, can
+never pass for a clean start. The reset removes stale locks before LibreOffice starts.
+
+Fault injection: ``break_observation_channel`` blanks the X server's screen for real (its screen
+saver forced on, which maps a black window over everything) — or, with ``observation_fault = "frozen"``, stops the X
+server with SIGSTOP; ``break_verifier`` corrupts the staged runner; ``plant_stale_lock`` (for
+tests and positive controls) writes a foreign lock beside the document after the reset's clean-up
+and before LibreOffice opens it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from drumsbench.envs.base import Action, ActionSpec, Environment, Observation, Task
+from drumsbench.envs.desktop import xcb
+from drumsbench.envs.desktop.instance import (
+    HOSTNAME,
+    SYSTEM_PYTHON,
+    DesktopInstance,
+    Frame,
+    Settings,
+    frames_differ,
+    screen_problem,
+)
+from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
+from drumsbench.errors import InvalidAttempt, SubstrateError
+from drumsbench.outcome import InvalidCause
+
+RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
+OUTPUT_LIMIT = 16 * 1024
+LOCK_RE = re.compile(r"^\.~lock\..*#$")
+MENU_BAND = (slice(20, 36), slice(0, 320))  # where the maximised window's menu bar is drawn
+
+
+def parse_lock(text: str) -> dict[str, str]:
+    """Fields of a LibreOffice document lock: ``,user,host,date,profile-url;``."""
+    parts = text.strip().rstrip(";").split(",")
+    keys = ("name", "user", "host", "date", "profile")
+    return {k: parts[i] if i < len(parts) else "" for i, k in enumerate(keys)}
+
+
+class ArtifactSink:
+    """Where screenshots go: ``<out>/screenshots/<run>/<task>/{start,middle,end}.png``.
+
+    ``<out>`` is, in order: the ``artifact_dir`` given to the environment, ``$DRUMSBENCH_ARTIFACTS``,
+    the folder of the run's ledger when this process has it open (``drumsbench run --out``), else
+    ``<state dir>/artifacts``. Only the first attempt of each task that reaches its verifier is kept.
+    """
+
+    _ledger_dirs: ClassVar[dict[str, Path | None]] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def folder(cls, run_id: str, explicit: Path | None) -> Path:
+        if explicit is not None:
+            return Path(explicit)
+        env = os.environ.get("DRUMSBENCH_ARTIFACTS")
+        if env:
+            return Path(env)
+        with cls._lock:
+            if run_id not in cls._ledger_dirs:
+                cls._ledger_dirs[run_id] = cls._find_ledger_dir(run_id)
+            found = cls._ledger_dirs[run_id]
+        if found is not None:
+            return found
+        from drumsbench import state
+
+        return state.state_dir() / "artifacts"
+
+    @staticmethod
+    def _find_ledger_dir(run_id: str) -> Path | None:
+        import sqlite3
+
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            return None
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if not target.endswith("/ledger.sqlite"):
+                continue
+            try:
+                db = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=1)
+                try:
+                    hit = db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                finally:
+                    db.close()
+            except sqlite3.Error:
+                continue
+            if hit:
+                return Path(target).parent
+        return None
+
+
+class DesktopEnv(Environment):
+    kind = "desktop"
+
+    def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
+        super().__init__()
+        self.settings = settings or Settings()
+        self.artifact_dir = artifact_dir
+        self.inst: DesktopInstance | None = None
+        self.task: DesktopTask | None = None
+        self.observation_fault = "black"  # or "frozen"
+        self.plant_stale_lock = False
+        self._fault_armed = False
+        self.history: list[ActionSpec] = []  # actions applied in this episode (replay records these)
+        self.frames: list[tuple[str, bytes]] = []  # (title, png) of each observation of this episode
+        self.last_start_s = 0.0
+        self._ready_frame: Frame | None = None  # the still frame the reset ended on
+        self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
+
+    # -- reset -----------------------------------------------------------------------------------
+    def _write_start(self, task: Task) -> None:
+        assert isinstance(task, DesktopTask)
+        self._start(task, write_document=True)
+
+    def resume(self, task: Task) -> None:
+        """Start LibreOffice on the document already in the work folder (a file-copy fork: the
+        files came from elsewhere). Locks that came with them are removed first; what lived only in
+        the parent's process — undo stack, cursor, selection, dialogs, unsaved edits — is lost,
+        and ``capture()`` shows it. The generation is left as the fork set it."""
+        assert isinstance(task, DesktopTask)
+        if not (Path(self.box.host_path(self.box.paths.work)) / task.document).exists():  # type: ignore[attr-defined]
+            raise SubstrateError(f"desktop: resume: no {task.document} in the work folder")
+        self._start(task, write_document=False)
+
+    def _start(self, task: DesktopTask, write_document: bool) -> None:
+        self.stop()
+        self._ready_frame = None
+        self.task = task
+        self.history = []
+        self.frames = []
+        inst = DesktopInstance(self.box, self.settings)
+        self.inst = inst
+        t0 = time.monotonic()
+        self._clean(inst)
+        inst.work.mkdir(parents=True, exist_ok=True)
+        doc = inst.work / task.document
+        if write_document:
+            doc.write_bytes(task.document_bytes)
+        if self.plant_stale_lock:
+            self.plant_stale_lock = False
+            stale = ",someone,other-host,01.01.2024 00:00,file:///home/someone/.config/libreoffice/4;"
+            (inst.work / lock_name(task.document)).write_text(stale)
+        inst.prepare()
+        self.start_phases = {"prepare": time.monotonic() - t0}
+        inst.launch(str(doc))
+        self._check_box(inst)
+        self._wait_ready(inst, task, t0 + self.settings.start_timeout_s)
+        self.last_start_s = time.monotonic() - t0
+        self.start_phases["ready"] = self.last_start_s
+
+    def _check_box(self, inst: DesktopInstance) -> None:
+        """The sandbox may be destroyed behind our back (Ctrl-C destroys live sandboxes from another
+        thread): then stop what we started and remove the folders we may have recreated."""
+        try:
+            self.box.host_path(self.box.paths.root)  # type: ignore[attr-defined]
+        except SubstrateError:
+            inst.stop()
+            root = getattr(self.box, "host_root", None)
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+            raise SubstrateError(f"desktop: sandbox {self.box.id} was destroyed during start-up") from None
+
+    @staticmethod
+    def _clean(inst: DesktopInstance) -> None:
+        """Remove what an earlier attempt may have left: document locks, the profile and its lock,
+        the X socket."""
+        if inst.work.is_dir():
+            for p in inst.work.iterdir():
+                if LOCK_RE.match(p.name):
+                    p.unlink(missing_ok=True)
+        (inst.profile / ".lock").unlink(missing_ok=True)
+        (inst.x_dir / "X0").unlink(missing_ok=True)
+
+    def _wait_ready(self, inst: DesktopInstance, task: DesktopTask, deadline: float) -> None:
+        """Until the document's window is drawn (title and menu bar) and still, or another window
+        (a dialog) has held the focus for a while: the fingerprint judges that.
+
+        While LibreOffice starts, only the title and the menu bar's strip are polled (a full
+        screenshot costs CPU that LibreOffice needs on a small host)."""
+        s = self.settings
+        top, left = MENU_BAND[0].start, MENU_BAND[1].start
+        height, width = MENU_BAND[0].stop - top, MENU_BAND[1].stop - left
+        title = ""
+        foreign: tuple[str, float] | None = None
+        while time.monotonic() < deadline:
+            self._check_box(inst)
+            if not inst.alive():
+                raise SubstrateError("desktop: the instance exited during start-up (Xvfb or the namespaces failed)")
+            try:
+                band, title = inst.region(left, top, width, height,
+                                          min(s.grab_timeout_s, max(0.2, deadline - time.monotonic())))
+            except xcb.XError:
+                time.sleep(0.02)
+                continue
+            since = time.monotonic() - inst.t_launch + self.start_phases.get("prepare", 0.0)
+            self.start_phases.setdefault("display", since)
+            if title == task.title:
+                self.start_phases.setdefault("window", since)
+                if int(np.ptp(band)) > 64:  # the menu bar is drawn: the window is laid out
+                    self.start_phases.setdefault("drawn", since)
+                    try:
+                        self._ready_frame, _ = inst.settle(deadline)
+                    except xcb.XError:
+                        continue
+                    return
+                foreign = None
+            elif title:
+                if foreign is None or foreign[0] != title:
+                    foreign = (title, time.monotonic())
+                elif time.monotonic() - foreign[1] > 1.5:
+                    return  # e.g. "Document in Use": the fingerprint turns it into dirty_reset
+            time.sleep(0.03)
+        if not title:
+            raise SubstrateError(f"desktop: LibreOffice showed no window within {s.start_timeout_s:g} s")
+
+    def stop(self) -> None:
+        if self.inst is not None:
+            self.inst.stop()
+            self.inst = None
+
+    @property
+    def instance(self) -> DesktopInstance:
+        if self.inst is None:
+            raise SubstrateError("desktop: no instance running (reset first)")
+        return self.inst
+
+    def fingerprint(self) -> str:
+        inst, task = self.instance, self.task
+        assert task is not None
+        work: dict[str, str] = {}
+        for p in sorted(inst.work.rglob("*")):
+            if not p.is_file():
+                continue
+            rel = p.relative_to(inst.work).as_posix()
+            if LOCK_RE.match(p.name):
+                work[rel] = self._lock_state(p.read_text(errors="replace"), inst)
+            else:
+                work[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        try:
+            title = inst.title()
+        except xcb.XError as e:
+            title = f"<no display: {e}>"
+        return state_digest(work, title, self._profile_lock_state(inst), (self.settings.width, self.settings.height))
+
+    @staticmethod
+    def _lock_state(text: str, inst: DesktopInstance) -> str:
+        fields = parse_lock(text)
+        own = fields["host"] == HOSTNAME and fields["profile"].rstrip("/") == inst.profile.as_uri()
+        return "own" if own else f"foreign ({fields['user']}@{fields['host']})"
+
+    @staticmethod
+    def _profile_lock_state(inst: DesktopInstance) -> str:
+        path = inst.profile / ".lock"
+        if not path.exists():
+            return "missing"
+        text = path.read_text(errors="replace")
+        m = re.search(r"^Host=(.*)$", text, re.M)
+        return "own" if m and m.group(1).strip() == HOSTNAME else "foreign"
+
+    def fingerprint_details(self) -> dict[str, Any]:
+        """What the fingerprint is made of (for a person reading a dirty_reset)."""
+        inst = self.instance
+        locks = {p.name: self._lock_state(p.read_text(errors="replace"), inst)
+                 for p in inst.work.iterdir() if LOCK_RE.match(p.name)}
+        try:
+            title = inst.title()
+        except xcb.XError as e:
+            title = f"<no display: {e}>"
+        return {"files": sorted(p.name for p in inst.work.iterdir()), "locks": locks, "title": title,
+                "profile_lock": self._profile_lock_state(inst)}
+
+    # -- observations ----------------------------------------------------------------------------
+    def _observation(self, frame: Frame | None, settled: bool, problem: str | None,
+                     extra: dict[str, Any] | None = None, timed_out: bool = False) -> Observation:
+        content: dict[str, Any] = {"png": b"", "screen": None, "title": "", "size": None, "settled": settled,
+                                   "problem": problem}
+        if frame is not None:
+            png = xcb.encode_png(frame.rgb)
+            content.update(png=png, screen=frame.rgb, title=frame.title,
+                           size=(frame.rgb.shape[1], frame.rgb.shape[0]))
+            if problem is None:
+                blank = screen_problem(frame.rgb)
+                if blank and self.inst is not None and self._app_closing(self.inst):
+                    content["note"] = f"LibreOffice was closed: an empty desktop ({blank}) is what there is to see"
+                else:
+                    content["problem"] = blank
+            self.frames.append((frame.title, png))
+        if extra:
+            content.update(extra)
+        return Observation(self.generation, self.step_count, content, timed_out=timed_out)
+
+    @staticmethod
+    def _app_closing(inst: DesktopInstance, grace_s: float = 2.0) -> bool:
+        """True when LibreOffice exited normally (the policy closed it), waiting ``grace_s`` for an
+        exit in progress: its window goes before its process does."""
+        end = time.monotonic() + grace_s
+        while True:
+            code = inst.app_exit()
+            if code is not None or time.monotonic() >= end:
+                return code == 0
+            time.sleep(0.05)
+
+    def _fire_fault(self) -> None:
+        if not self._fault_armed:
+            return
+        self._fault_armed = False
+        inst = self.instance
+        if self.observation_fault == "frozen":
+            pid = inst.xvfb_pid()
+            if pid is None:
+                raise SubstrateError("desktop: no Xvfb to freeze")
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            inst.blank()
+
+    def _look(self, deadline: float, settle: bool = True, extra: dict[str, Any] | None = None) -> Observation:
+        inst = self.instance
+        self._fire_fault()
+        try:
+            if settle:
+                frame, settled = inst.settle(deadline)
+            else:
+                frame, settled = inst.grab(), True
+        except xcb.XTimeout as e:
+            return self._observation(None, False, f"frozen screen: {e}", extra)
+        except xcb.XError as e:
+            return self._observation(None, False, f"no screen: {e}", extra)
+        return self._observation(frame, settled, None, extra)
+
+    def observe(self, timeout: float) -> Observation:
+        ready, self._ready_frame = self._ready_frame, None
+        if ready is not None and not self._fault_armed:
+            # The reset ended on a still screen: one grab that matches it is the first observation.
+            try:
+                frame = self.instance.grab()
+            except xcb.XError:
+                frame = None
+            if frame is not None and frame.title == ready.title and \
+                    frames_differ(frame.rgb, ready.rgb) <= self.settings.settle_tolerance_px:
+                return self._observation(frame, True, None)
+        return self._look(time.monotonic() + timeout)
+
+    def observation_problem(self, obs: Observation) -> str | None:
+        problem = obs.content.get("problem")
+        return str(problem) if problem else None
+
+    def break_observation_channel(self) -> None:
+        self._fault_armed = True
+
+    # -- actions ---------------------------------------------------------------------------------
+    def _apply(self, action: Action, timeout: float) -> Observation:
+        inst = self.instance
+        deadline = time.monotonic() + timeout
+        p = action.payload
+        self.history.append(ActionSpec(action.kind, dict(p)))
+        s = self.settings
+        try:
+            if action.kind == "wait":
+                return self._wait(p, deadline)
+            if action.kind == "shell":
+                res = inst.exec_inside(["/bin/sh", "-c", str(p.get("command", ""))], timeout=timeout,
+                                       all_namespaces=True, output_limit=OUTPUT_LIMIT)
+                result = {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),
+                          "stderr": res.stderr.decode(errors="replace")}
+                if res.timed_out:
+                    return self._observation(None, False, None, {"result": result}, timed_out=True)
+                return self._look(deadline, extra={"result": result})
+            args = self._xdotool_args(action.kind, p, s)
+        except (KeyError, TypeError, ValueError) as e:
+            return self._look(deadline, extra={"error": f"bad {action.kind} action: {e!r}"})
+        if args is None:
+            return self._look(deadline, extra={"error": f"unknown action kind {action.kind!r}"})
+        extra = None
+        for one in args:
+            res = inst.xdotool(one, timeout=max(0.05, deadline - time.monotonic()))
+            if res.timed_out:
+                return self._observation(None, False, None, timed_out=True)
+            if res.exit_code != 0:
+                extra = {"error": f"xdotool exit {res.exit_code}: {res.stderr.decode(errors='replace')[-200:]}"}
+                break
+        return self._look(deadline, extra=extra)
+
+    @staticmethod
+    def _xdotool_args(kind: str, p: dict[str, Any], s: Settings) -> list[list[str]] | None:
+        """The xdotool invocations (one or more, run in turn) for an action; None for an unknown kind."""
+        if kind == "type":  # xdotool types a newline as a keysym applications ignore: press Return
+            calls: list[list[str]] = []
+            for i, part in enumerate(str(p["text"]).split("\n")):
+                if i:
+                    calls.append(["key", "Return"])
+                if part:
+                    calls.append(["type", "--delay", str(s.type_delay_ms), "--", part])
+            return calls
+        one = DesktopEnv._xdotool_one(kind, p, s)
+        return None if one is None else [one]
+
+    @staticmethod
+    def _xdotool_one(kind: str, p: dict[str, Any], s: Settings) -> list[str] | None:
+        def xy(kx: str = "x", ky: str = "y") -> list[str]:
+            return [str(int(p[kx])), str(int(p[ky]))]
+
+        button = str(int(p.get("button", 1)))
+        if kind == "key":
+            keys = p["keys"]
+            keys = [keys] if isinstance(keys, str) else [str(k) for k in keys]
+            return ["key", "--delay", str(s.key_delay_ms), *keys]
+        if kind == "click":
+            return ["mousemove", *xy(), "click", button]
+        if kind == "double_click":
+            return ["mousemove", *xy(), "click", "--repeat", "2", "--delay", "60", button]
+        if kind == "move":
+            return ["mousemove", *xy()]
+        if kind == "drag":
+            return ["mousemove", *xy("x1", "y1"), "mousedown", button, "sleep", "0.05",
+                    "mousemove", *xy("x2", "y2"), "sleep", "0.05", "mouseup", button]
+        if kind == "scroll":
+            dy = int(p["dy"])
+            return ["mousemove", *xy(), "click", "--repeat", str(max(1, abs(dy))), "--delay", "20",
+                    "5" if dy > 0 else "4"]
+        return None
+
+    def _wait(self, p: dict[str, Any], deadline: float) -> Observation:
+        if "title" in p:
+            pattern = re.compile(str(p["title"]))
+            while True:
+                try:
+                    if pattern.search(self.instance.title()):
+                        return self._look(deadline)
+                except xcb.XTimeout as e:
+                    return self._observation(None, False, f"frozen screen: {e}")
+                if time.monotonic() >= deadline:
+                    return self._observation(None, False, None, timed_out=True)
+                time.sleep(0.03)
+        seconds = float(p.get("seconds", 0.1))
+        if time.monotonic() + seconds > deadline:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return self._observation(None, False, None, timed_out=True)
+        time.sleep(seconds)
+        return self._look(deadline)
+
+    # -- verifier --------------------------------------------------------------------------------
+    def stage_verifier(self, task: Task) -> None:
+        assert isinstance(task, DesktopTask)
+        box = self.box
+        exit_file = str(self.inst.app_exit_file) if self.inst is not None else ""
+        files = {"runner.py": RUNNER, **task.verify_files(box.paths.work, exit_file)}
+        box.put_files(box.paths.verify, files)
+        self._keep_screenshots(task)
+
+    def break_verifier(self) -> None:
+        self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
+
+    def run_verifier(self, task: Task, timeout: float) -> bool:
+        inst = self.inst
+        if inst is None or not inst.alive():
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "the desktop instance is gone: nothing to ask")
+        code = inst.app_exit()
+        if code is not None and code != 0:
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
+                                 f"LibreOffice exited with status {code} (crashed or killed): nothing to ask")
+        box = self.box
+        argv = [SYSTEM_PYTHON, "-I", f"{box.paths.verify}/runner.py", box.paths.verify]
+        if code == 0:  # the policy closed LibreOffice: a valid end; only stored files can be checked
+            argv.append("--office-closed")
+        try:
+            res = inst.exec_inside(argv, timeout=timeout, output_limit=OUTPUT_LIMIT)
+        except SubstrateError as e:
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier could not start: {e}") from None
+        out = res.stdout.decode(errors="replace")
+        if res.timed_out:
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier timed out after {timeout:g} s")
+        if "DRUMSBENCH_VERIFIER_READY" not in out:
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
+                                 f"verifier did not reach LibreOffice (exit {res.exit_code}): "
+                                 f"{res.stderr.decode(errors='replace')[-200:]}")
+        for line in reversed(out.splitlines()):
+            if line.startswith("DRUMSBENCH_VERDICT "):
+                try:
+                    verdict = json.loads(line.split(" ", 1)[1])
+                    self.last_verdict = verdict
+                    return bool(verdict["passed"])
+                except (ValueError, KeyError) as e:
+                    raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"unreadable verdict: {e}") from None
+        raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
+                             f"verifier crashed before its verdict (exit {res.exit_code}): "
+                             f"{res.stderr.decode(errors='replace')[-200:]}")
+
+    last_verdict: dict[str, Any] | None = None
+
+    # -- branching: the live state a continuation must reproduce ------------------------------------
+    PIXEL_TOLERANCE_PX = 64  # pixels that may differ: the blinking text cursor (about 2 x 18)
+
+    def capture(self) -> dict[str, Any]:
+        """Pixels (a PNG, base64), the window title (an open dialog shows there), lock files as
+        own/foreign, and through UNO: document, text, cursor, selection, undo titles, modified flag."""
+        inst, task = self.instance, self.task
+        assert task is not None
+        folder = f"{self.box.paths.tmp}/.drumsbench-capture"
+        files = {"runner.py": RUNNER, **task.verify_files(self.box.paths.work, str(inst.app_exit_file))}
+        self.box.put_files(folder, files)
+        res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--capture"], timeout=30,
+                               output_limit=1 << 20)
+        live: dict[str, Any] | None = None
+        for line in res.stdout.decode(errors="replace").splitlines():
+            if line.startswith("DRUMSBENCH_CAPTURE "):
+                live = json.loads(line.split(" ", 1)[1])
+        if live is None:
+            raise SubstrateError(f"desktop: capture failed (exit {res.exit_code}): "
+                                 f"{res.stderr.decode(errors='replace')[-200:]}")
+        frame, _settled = inst.settle(time.monotonic() + 5.0, quiet_s=0.8)
+        locks = {p.name: self._lock_state(p.read_text(errors="replace"), inst)
+                 for p in sorted(inst.work.iterdir()) if LOCK_RE.match(p.name)}
+        return {"screen": base64.b64encode(xcb.encode_png(frame.rgb)).decode(), "title": frame.title,
+                "locks": locks, "profile_lock": self._profile_lock_state(inst), **live}
+
+    def compare(self, prepared: dict[str, Any], now: dict[str, Any]) -> dict[str, bool]:
+        out = super().compare(prepared, now)
+        if "screen" in prepared:
+            a, b = (xcb.decode_png(base64.b64decode(x["screen"])) if x.get("screen") else None
+                    for x in (prepared, now))
+            out["screen"] = (a is not None and b is not None and a.shape == b.shape
+                             and frames_differ(a, b) <= self.PIXEL_TOLERANCE_PX)
+        return out
+
+    # -- screenshots kept for people ---------------------------------------------------------------
+    def _keep_screenshots(self, task: DesktopTask) -> None:
+        if not self.frames:
+            return
+        try:
+            folder = ArtifactSink.folder(self.box.run_id, self.artifact_dir) / "screenshots" / self.box.run_id / task.id
+            if (folder / "end.png").exists():
+                return
+            folder.mkdir(parents=True, exist_ok=True)
+            picks = {"start": self.frames[0], "middle": self.frames[len(self.frames) // 2], "end": self.frames[-1]}
+            for name, (_title, png) in picks.items():
+                (folder / f"{name}.png").write_bytes(png)
+            (folder / "titles.json").write_text(json.dumps({k: v[0] for k, v in picks.items()}, indent=1))
+        except OSError:
+            pass  # screenshots are for people; never let them fail an attempt

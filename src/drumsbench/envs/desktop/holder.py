@@ -1,0 +1,130 @@
+"""The holder: first process (pid 1) of a desktop instance's own pid, ipc, uts, net and mount namespaces.
+
+Started by ``unshare --fork --pid --ipc --uts --net --mount --mount-proc`` with its stdio on
+/dev/null and one JSON argument. Standard library only (it runs under the system's Python, outside
+the harness's virtualenv). It
+
+1. becomes a session leader and a child subreaper (as pid 1 it reaps every orphan of the
+   instance: no zombie ever lingers inside),
+2. sets the instance's host name (lock files name it; one fixed name keeps forks faithful),
+   brings the loopback up (UNO listens on 127.0.0.1 inside),
+3. bind-mounts the sandbox's private folders over the shared ones (``/tmp/.X11-unix``,
+   ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide,
+4. starts ``Xvfb -noreset -nolock`` and waits until it answers the X handshake, then ``openbox``
+   whose ``--startup`` command starts the application once the window manager manages windows,
+5. waits, reaping children, until Xvfb dies or it gets SIGTERM; then it exits, and the kernel
+   kills every other process of the namespace.
+
+Exit codes: 0 stopped, 3 Xvfb did not come up, 4 setup failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+MS_BIND = 4096
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+
+
+def bind(src: str, dst: str) -> None:
+    libc = _libc()
+    if libc.mount(src.encode(), dst.encode(), None, MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bind {src} -> {dst}: {os.strerror(err)}")
+
+
+def x_answers(path: str, timeout: float = 0.5) -> bool:
+    """True when an X server accepts a connection on ``path`` and completes the setup handshake."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(b"l\0\x0b\0\0\0\0\0\0\0\0\0")  # little-endian, protocol 11.0, no authorisation
+            head = s.recv(8)
+            return len(head) >= 1 and head[0] == 1
+    except OSError:
+        return False
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    with contextlib.suppress(OSError):
+        os.setsid()
+    _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        socket.sethostname(cfg["hostname"])
+        loopback_up()
+        for src, dst in cfg["binds"]:
+            bind(src, dst)
+    except OSError as e:
+        sys.stderr.write(f"holder setup failed: {e}\n")
+        return 4
+
+    # Children keep the sandbox's labels (DRUMSBENCH_RUN / DRUMSBENCH_SANDBOX) so reset, destroy and
+    # gc find every process of the instance.
+    env = {k: v for k, v in os.environ.items() if k.startswith("DRUMSBENCH_")}
+    env.update(cfg["env"])
+    display = int(cfg["display"])
+    env["DISPLAY"] = f":{display}"
+    devnull = subprocess.DEVNULL
+    # SIGTERM/SIGINT: leave at once; as pid 1 our exit makes the kernel end the whole namespace.
+    signal.signal(signal.SIGTERM, lambda _s, _f: os._exit(0))
+    signal.signal(signal.SIGINT, lambda _s, _f: os._exit(0))
+
+    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-noreset", "-nolock", "-nolisten", "tcp",
+                             "-screen", "0", cfg["screen"], *cfg.get("xvfb_args", [])],
+                            env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+    deadline = time.monotonic() + float(cfg.get("x_timeout", 10.0))
+    sock = f"/tmp/.X11-unix/X{display}"
+    while not x_answers(sock):
+        if xvfb.poll() is not None or time.monotonic() > deadline:
+            xvfb.kill()
+            return 3
+        time.sleep(0.01)
+
+    app = list(cfg.get("app") or ["true"])
+    if cfg.get("app_exit_file"):
+        # a shell waits for the application and writes its exit status: 0 when the user (the
+        # policy) closed it, anything else when it crashed or was killed
+        app = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', cfg["app_exit_file"], *app]
+    if cfg.get("wm_first", True):
+        # the application starts once openbox manages windows (openbox runs --startup then)
+        subprocess.Popen(["openbox", "--startup", shlex.join(app)], env=env,
+                         stdin=devnull, stdout=devnull, stderr=devnull)
+    else:
+        # both at once: openbox is up long before LibreOffice maps its first window
+        subprocess.Popen(["openbox"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen(app, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+    while True:
+        try:
+            pid, _status = os.wait()  # reaps our children and every orphan of the instance
+        except ChildProcessError:
+            return 0
+        if pid == xvfb.pid:
+            return 0  # the display is gone: end the instance (the kernel kills the rest)
+
+if __name__ == "__main__":
+    sys.exit(main())

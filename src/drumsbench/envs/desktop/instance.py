@@ -1,0 +1,319 @@
+"""One desktop instance: Xvfb + openbox + LibreOffice in their own namespaces, inside a sandbox's folders.
+
+Process tree (host view)::
+
+    harness ── unshare --fork --pid --ipc --uts --net --mount --mount-proc   (no sandbox label)
+                 └─ holder.py  = pid 1 of the instance's namespaces            (labelled)
+                      ├─ Xvfb :0 -noreset -nolock -nolisten tcp
+                      └─ openbox --startup soffice ...
+                           └─ soffice.bin (UNO on 127.0.0.1 inside the private network)
+
+- Files: the document is in the sandbox's work folder, the profile (a copy of the cached template)
+  in its home, LibreOffice's temporary files in its tmp. The X socket is in ``<tmp>/.X11-unix``
+  (bound over ``/tmp/.X11-unix`` inside) and Xvfb's compiled keymaps in ``<tmp>/xkb`` (bound over
+  ``/var/lib/xkb``): nothing of an instance is in a shared folder, so every instance can use
+  display ``:0`` (the same paths in every instance, which a checkpoint/restore needs).
+- The harness reaches X through the socket's host path (``xcb.py``) and runs its other clients
+  (xdotool, the UNO verifier, shell actions) as short-lived processes entered into the instance's
+  mount and network namespaces with ``nsenter``: no harness connection stays open.
+- Labels: the holder and everything below it carry the sandbox's ``DRUMSBENCH_RUN`` /
+  ``DRUMSBENCH_SANDBOX`` variables, so the substrate's reset and destroy (and ``drumsbench gc``
+  after a crash) kill the tree. ``unshare`` itself carries no label: when the holder dies it is
+  still alive to reap it and exits, and the harness reaps ``unshare`` (a waiter thread), so a
+  kill leaves no zombie behind. As pid 1 the holder reaps every orphan inside; killing it makes
+  the kernel kill the whole namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from drumsbench.envs.desktop import xcb
+from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
+from drumsbench.errors import SubstrateError
+from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox
+from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, ProcessSandbox
+
+HOLDER = Path(__file__).with_name("holder.py")
+HOSTNAME = "drumsbench-desktop"
+DISPLAY = 0
+UNO_PORT = 2002
+SYSTEM_PYTHON = "/usr/bin/python3"
+NEEDED = {
+    "Xvfb": "xvfb",
+    "openbox": "openbox",
+    "xdotool": "xdotool",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+}
+
+
+def missing() -> str | None:
+    """None when every system part of the desktop is installed, else what to install."""
+    gone = [pkg for tool, pkg in NEEDED.items() if shutil.which(tool) is None]
+    if not os.path.exists(SOFFICE):
+        gone += ["libreoffice-writer", "libreoffice-calc"]
+    if not os.path.exists(SYSTEM_PYTHON):
+        gone.append("python3")
+    elif subprocess.run([SYSTEM_PYTHON, "-c", "import uno"], capture_output=True).returncode != 0:
+        gone.append("python3-uno")
+    lib = xcb.available()
+    if lib:
+        gone.append("libxcb1")
+    if gone:
+        return f"desktop environment needs: apt-get install {' '.join(dict.fromkeys(gone))} (scripts/setup-desktop.sh)"
+    if os.geteuid() != 0:
+        return "desktop environment needs root (it creates pid/net/mount namespaces with unshare)"
+    return None
+
+
+@dataclass(frozen=True)
+class Settings:
+    width: int = 1280
+    height: int = 800
+    start_timeout_s: float = 30.0
+    grab_timeout_s: float = 3.0
+    settle_interval_s: float = 0.05
+    settle_quiet_s: float = 0.25  # the screen must stay still this long after an action
+    settle_max_s: float = 2.0
+    settle_tolerance_px: int = 64  # pixels that may differ between "equal" frames (the text cursor blinks)
+    type_delay_ms: int = 8
+    key_delay_ms: int = 20
+    wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
+
+
+@dataclass
+class Frame:
+    rgb: np.ndarray
+    title: str
+    t: float = field(default_factory=time.monotonic)
+
+
+def frames_differ(a: np.ndarray, b: np.ndarray) -> int:
+    """How many pixels differ between two frames."""
+    if a.shape != b.shape:
+        return a.shape[0] * a.shape[1]
+    return int(np.count_nonzero(np.any(a != b, axis=2)))
+
+
+def screen_problem(rgb: np.ndarray) -> str | None:
+    """'black screen' / 'blank screen (one colour)' for a frame no person could act on, else None."""
+    sample = rgb[::4, ::4].reshape(-1, 3).astype(np.int16)
+    spread = int((sample.max(axis=0) - sample.min(axis=0)).max())
+    if spread <= 8:
+        mean = float(sample.mean())
+        return "black screen" if mean < 16 else f"blank screen (one colour, mean level {mean:.0f})"
+    return None
+
+
+class DesktopInstance:
+    """A running desktop for one sandbox (a host-folder sandbox: the ``process`` substrate)."""
+
+    def __init__(self, box: Sandbox, settings: Settings | None = None) -> None:
+        if not isinstance(box, ProcessSandbox):
+            # Other substrates run commands in their own namespaces or containers, where the holder
+            # (started on the host) and its pid are out of reach: refuse rather than half-work.
+            raise SubstrateError(f"the desktop environment runs on the process substrate; "
+                                 f"{box.substrate} is not supported yet (docs/desktop.md)")
+        host_path = box.host_path
+        self.box = box
+        self.settings = settings or Settings()
+        self.work = Path(host_path(box.paths.work))
+        self.home = Path(host_path(box.paths.home))
+        self.tmp = Path(host_path(box.paths.tmp))
+        self.x_dir = self.tmp / ".X11-unix"
+        self.profile = self.home / PROFILE_NAME
+        self.app_exit_file = self.tmp / ".drumsbench-app-exit"
+        self.proc: subprocess.Popen | None = None
+        self.holder_pid: int | None = None
+        self.t_launch = 0.0
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Private folders and a fresh profile copy (the profile's lock is never copied)."""
+        for d in (self.x_dir, self.tmp / "xkb"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.x_dir.chmod(0o1777)
+        self.app_exit_file.unlink(missing_ok=True)
+        if self.profile.exists():
+            shutil.rmtree(self.profile)
+        copy_profile(self.profile)
+        for shared in ("/tmp/.X11-unix", "/var/lib/xkb"):  # mount points of the binds
+            if not os.path.isdir(shared):
+                os.makedirs(shared, mode=0o1777, exist_ok=True)
+
+    def launch(self, document: str) -> None:
+        """Start the namespaces, Xvfb, openbox and soffice on ``document`` (a host path in work)."""
+        s = self.settings
+        box = self.box
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(self.home),
+            "TMPDIR": str(self.tmp),
+            "LANG": "C.UTF-8",
+            "SAL_USE_VCLPLUGIN": "gen",
+            "XDG_CONFIG_HOME": str(self.home / ".config"),
+            "XDG_CACHE_HOME": str(self.home / ".cache"),
+            "XDG_RUNTIME_DIR": str(self.tmp),
+        }
+        app = [
+            SOFFICE, f"-env:UserInstallation={self.profile.as_uri()}", "--norestore", "--nologo",
+            f"--accept=socket,host=127.0.0.1,port={UNO_PORT};urp;StarOffice.ComponentContext", document,
+        ]
+        cfg = {
+            "hostname": HOSTNAME,
+            "binds": [[str(self.x_dir), "/tmp/.X11-unix"], [str(self.tmp / "xkb"), "/var/lib/xkb"]],
+            "display": DISPLAY,
+            "screen": f"{s.width}x{s.height}x24",
+            "env": env,
+            "app": app,
+            "wm_first": s.wm_first,
+            "app_exit_file": str(self.app_exit_file),
+        }
+        python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
+        argv = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
+                "--propagation", "private", "--",
+                "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
+                python, "-I", str(HOLDER), json.dumps(cfg)]
+        self.t_launch = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, env={"PATH": env["PATH"], "LANG": "C.UTF-8"}, cwd=str(self.work),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as e:
+            raise SubstrateError(f"desktop: cannot start unshare: {e}") from e
+        self.proc = proc
+        threading.Thread(target=proc.wait, name=f"reap-desktop-{proc.pid}", daemon=True).start()
+        self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 5.0)
+
+    def _find_holder(self, parent: int, deadline: float) -> int:
+        while time.monotonic() < deadline:
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                    return int(entry)
+            if self.proc is not None and self.proc.poll() is not None:
+                break
+            time.sleep(0.005)
+        code = self.proc.poll() if self.proc is not None else None
+        raise SubstrateError(f"desktop: the namespace holder did not start (unshare exit {code})")
+
+    def app_exit(self) -> int | None:
+        """LibreOffice's exit status once it has exited (0: closed by the user), else None."""
+        try:
+            return int(self.app_exit_file.read_text().strip() or "-1")
+        except (OSError, ValueError):
+            return None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Kill the whole instance (SIGKILL to the namespace's pid 1) and reap it. Idempotent."""
+        proc, pid = self.proc, self.holder_pid
+        self.proc = self.holder_pid = None
+        # While unshare lives, its child (the holder) is alive or an unreaped zombie: its pid cannot
+        # have been reused, so the kill cannot hit a stranger.
+        if pid is not None and proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+
+    def xvfb_pid(self) -> int | None:
+        """Host pid of the instance's Xvfb (a child of the holder)."""
+        if self.holder_pid is None:
+            return None
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            head, rest = stat.rsplit(")", 1)
+            if head.endswith("(Xvfb") and int(rest.split()[1]) == self.holder_pid:
+                return int(entry)
+        return None
+
+    # -- X ---------------------------------------------------------------------------------------
+    def grab(self, timeout: float | None = None) -> Frame:
+        g = xcb.grab(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s)
+        return Frame(g.rgb, g.title)
+
+    def region(self, left: int, top: int, width: int, height: int,
+               timeout: float | None = None) -> tuple[np.ndarray, str]:
+        """A rectangle of the screen and the active title: cheap enough to poll during start-up."""
+        with xcb.XClient(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s) as x:
+            return x.grab_rgb(left, top, width, height), x.active_title()
+
+    def title(self, timeout: float | None = None) -> str:
+        with xcb.XClient(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s) as x:
+            return x.active_title()
+
+    def blank(self) -> None:
+        with xcb.XClient(str(self.x_dir), DISPLAY, self.settings.grab_timeout_s) as x:
+            x.blank_screen()
+
+    def settle(self, deadline: float, first: Frame | None = None, quiet_s: float | None = None) -> tuple[Frame, bool]:
+        """Grab until the screen has been still for ``quiet_s`` (frames equal within the pixel
+        tolerance — the text cursor blinks — and the same title), or ``deadline``.
+
+        LibreOffice repaints toolbars, rulers and the status bar from idle handlers a little after
+        an action's own effect, so "two equal frames in a row" is not enough: the quiet period is.
+        Returns the last frame and whether it settled. ``xcb.XError`` when the server fails.
+        """
+        s = self.settings
+        quiet = s.settle_quiet_s if quiet_s is None else quiet_s
+        end = min(deadline, time.monotonic() + s.settle_max_s + quiet)
+        prev = first or self.grab()
+        still_since = prev.t
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return prev, False
+            time.sleep(min(s.settle_interval_s, remaining))
+            cur = self.grab(min(s.grab_timeout_s, max(0.5, deadline - time.monotonic())))
+            if cur.title != prev.title or frames_differ(cur.rgb, prev.rgb) > s.settle_tolerance_px:
+                still_since = cur.t
+            elif cur.t - still_since >= quiet:
+                return cur, True
+            prev = cur
+
+    # -- commands inside the instance -------------------------------------------------------------
+    def exec_inside(self, argv: list[str], timeout: float, *, all_namespaces: bool = False,
+                    output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        """Run ``argv`` entered into the instance's mount and network namespaces (all of them with
+        ``all_namespaces``), as a sandbox command: killed on timeout, bounded output."""
+        if self.holder_pid is None:
+            raise SubstrateError("desktop: the instance is not running")
+        ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
+        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, f"--wd={self.work}", "--", *argv]
+        env = {"DISPLAY": f":{DISPLAY}", "HOME": str(self.home), "TMPDIR": str(self.tmp)}
+        return self.box.exec(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, output_limit=output_limit)
+
+    def xdotool(self, args: list[str], timeout: float) -> ExecResult:
+        return self.exec_inside(["xdotool", *args], timeout)

@@ -1,0 +1,198 @@
+"""Desktop verifier runner: one short-lived process inside the instance's mount and network namespaces.
+
+Run as ``python3 runner.py <verify folder>`` under the system's Python (python3-uno lives in
+``/usr/lib/python3/dist-packages``). It connects to LibreOffice over UNO on 127.0.0.1 inside the
+instance's private network, prints ``DRUMSBENCH_VERIFIER_READY`` once connected, finds the task's
+document, calls the task's ``check(doc, ctx)`` from ``check.py`` (``ctx`` is this module: helpers
+below; a check that reads only stored files sets ``FILE_ONLY = True`` and also runs after
+the policy closed LibreOffice, with ``doc`` None — any other check then fails) and prints
+``DRUMSBENCH_VERDICT {"passed": bool, "why": str}``. No READY line means the verifier could not
+run (UNO not answering): the attempt is invalid, never a failure.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import zipfile
+
+sys.path.append("/usr/lib/python3/dist-packages")
+
+UNO_URL = "uno:socket,host=127.0.0.1,port=2002;urp;StarOffice.ComponentContext"
+BOLD = 150.0  # com.sun.star.awt.FontWeight.BOLD
+
+folder = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(folder, "task.json")) as _f:
+    spec = json.load(_f)
+work = spec["work"]
+
+
+def app_exit():
+    """LibreOffice's exit status when it has exited (0: closed by the policy), else None."""
+    try:
+        with open(spec.get("app_exit_file") or "/nonexistent") as f:
+            return int(f.read().strip() or "-1")
+    except (OSError, ValueError):
+        return None
+
+
+def connect(deadline_s: float = 10.0):
+    """The UNO desktop; None when LibreOffice turns out to have been closed normally meanwhile."""
+    import uno  # only under the system Python
+
+    local = uno.getComponentContext()
+    resolver = local.ServiceManager.createInstanceWithContext("com.sun.star.bridge.UnoUrlResolver", local)
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            ctx = resolver.resolve(UNO_URL)
+            return ctx.ServiceManager.createInstanceWithContext("com.sun.star.frame.Desktop", ctx)
+        except Exception:
+            if app_exit() == 0:
+                return None
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
+def documents(desktop):
+    out = []
+    comps = desktop.getComponents().createEnumeration()
+    while comps.hasMoreElements():
+        c = comps.nextElement()
+        if hasattr(c, "getURL"):
+            out.append(c)
+    return out
+
+
+def find_document(desktop):
+    docs = documents(desktop)
+    for d in docs:
+        if d.getURL().endswith("/" + spec["document"]):
+            return d
+    for d in docs:  # saved under another name (Save As): the one document in the work folder
+        if "/" + os.path.basename(work) + "/" in d.getURL():
+            return d
+    return None
+
+
+# -- helpers for check.py ------------------------------------------------------------------------
+def paragraphs(doc):
+    """Writer: the body's paragraphs (tables skipped), as UNO objects."""
+    out = []
+    en = doc.getText().createEnumeration()
+    while en.hasMoreElements():
+        p = en.nextElement()
+        if p.supportsService("com.sun.star.text.Paragraph"):
+            out.append(p)
+    return out
+
+
+def texts(doc):
+    return [p.getString() for p in paragraphs(doc)]
+
+
+def portions(paragraph):
+    """(text, bold) for each text portion of a paragraph."""
+    out = []
+    en = paragraph.createEnumeration()
+    while en.hasMoreElements():
+        part = en.nextElement()
+        out.append((part.getString(), float(part.CharWeight) >= BOLD))
+    return out
+
+
+def bold_words(paragraph):
+    words = []
+    for text, bold in portions(paragraph):
+        if bold:
+            words += text.split()
+    return words
+
+
+def sheet(doc, index=0):
+    return doc.getSheets().getByIndex(index)
+
+
+def cell(doc, name, index=0):
+    return sheet(doc, index).getCellRangeByName(name)
+
+
+def column_strings(doc, col, first, last, index=0):
+    return [cell(doc, f"{col}{r}", index).getString() for r in range(first, last + 1)]
+
+
+def stored_zip_text(name, member):
+    """Text of ``member`` in the stored file ``name`` of the work folder ('' when absent)."""
+    path = os.path.join(work, name)
+    if not os.path.exists(path):
+        return ""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.read(member).decode("utf-8", errors="replace")
+    except (zipfile.BadZipFile, KeyError):
+        return ""
+
+
+def live_state(doc):
+    """What a continuation of a branch must reproduce, beyond pixels (JSON values)."""
+    ctrl = doc.getCurrentController()
+    state = {"modified": bool(doc.isModified())}
+    try:
+        state["undo"] = list(doc.getUndoManager().getAllUndoActionTitles())
+    except Exception:
+        state["undo"] = None
+    if doc.supportsService("com.sun.star.text.TextDocument"):
+        state["text"] = doc.getText().getString()
+        vc = ctrl.getViewCursor()
+        pos = vc.getPosition()
+        state["cursor"] = [int(vc.getPage()), int(pos.X), int(pos.Y)]
+        sel = ctrl.getSelection()
+        state["selection"] = [sel.getByIndex(i).getString() for i in range(sel.getCount())] \
+            if hasattr(sel, "getCount") else []
+    elif doc.supportsService("com.sun.star.sheet.SpreadsheetDocument"):
+        sheet = ctrl.getActiveSheet()
+        cur = sheet.createCursor()
+        cur.gotoEndOfUsedArea(False)
+        end = cur.getRangeAddress()
+        area = sheet.getCellRangeByPosition(0, 0, end.EndColumn, end.EndRow)
+        state["text"] = [list(row) for row in area.getFormulaArray()]
+        sel = ctrl.getSelection()
+        if hasattr(sel, "getRangeAddress"):
+            a = sel.getRangeAddress()
+            state["selection"] = [a.Sheet, a.StartColumn, a.StartRow, a.EndColumn, a.EndRow]
+        else:
+            state["selection"] = None
+        state["cursor"] = state["selection"][:3] if state["selection"] else None
+    return state
+
+
+def main() -> int:
+    if "--capture" in sys.argv:  # the live state for branching, not a verdict
+        desktop = connect()
+        doc = None if desktop is None else find_document(desktop)
+        state = {"document": None} if doc is None else {"document": doc.getURL().rsplit("/", 1)[-1],
+                                                         **live_state(doc)}
+        print("DRUMSBENCH_CAPTURE " + json.dumps(state), flush=True)
+        return 0
+    closed = "--office-closed" in sys.argv  # LibreOffice was closed by the policy: only stored files remain
+    desktop = None if closed else connect()
+    closed = closed or desktop is None
+    print("DRUMSBENCH_VERIFIER_READY", flush=True)
+    doc = None if desktop is None else find_document(desktop)
+    module_spec = importlib.util.spec_from_file_location("check", os.path.join(folder, "check.py"))
+    if module_spec is None or module_spec.loader is None:
+        raise SystemExit("cannot load check.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if doc is None and not getattr(module, "FILE_ONLY", False):
+        passed, why = False, "no document is open" + (" (LibreOffice was closed)" if closed else "")
+    else:
+        passed, why = module.check(doc, sys.modules[__name__])
+    print("DRUMSBENCH_VERDICT " + json.dumps({"passed": bool(passed), "why": str(why)[:300]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

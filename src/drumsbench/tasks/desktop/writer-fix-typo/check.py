@@ -1,0 +1,3 @@
+def check(doc, ctx):
+    texts = ctx.texts(doc)
+    return texts == ["The report is ready."], f"paragraphs: {texts!r}"
