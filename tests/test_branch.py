@@ -68,3 +68,21 @@ def test_branch_cli(tmp_path):
     bad = cli("branch", "--methods", "teleport", "--out", str(tmp_path / "runs"),
               env={"DRUMSBENCH_STATE": str(tmp_path / "state")})
     assert bad.returncode == 2 and "unknown fork method 'teleport'" in bad.stderr
+
+
+def test_desktop_branch_reports_file_losses(ledger, state_dir):
+    """LibreOffice branched after k=3 oracle actions: replay reproduces every dimension; a file copy
+    loses what lived only in the process (undo, selection, modified flag) and is reported unfaithful."""
+    from drumsbench.envs.desktop import instance
+
+    from conftest import require
+
+    require(instance.missing())
+    cfg = BranchConfig(tasks="desktop", k=3, ks=[3], continuations=1, methods=["replay", "file"])
+    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    replay, file = report.methods
+    assert replay.faithful_all.value == 1.0 and replay.valid == 1, replay
+    assert file.faithful_all.value == 0.0 and file.invalid == {"dirty_reset": 1}
+    lost = {d for d, e in file.faithful.items() if e.value == 0.0}
+    assert {"undo", "modified"} <= lost, lost
+    assert report.prepared_unchanged

@@ -292,9 +292,9 @@ def tasks_list(suite: Annotated[str, typer.Argument(help="Suite name or folder."
 @tasks_app.command("fingerprint")
 def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
     """Print every task's start fingerprint (to update task.toml)."""
-    from drumsbench.envs.coding.task import compute_fingerprints
+    from drumsbench.envs.suites import fingerprints
 
-    for task_id, fp in compute_fingerprints(suite).items():
+    for task_id, fp in fingerprints(suite).items():
         console.print(f"{task_id} {fp}")
 
 

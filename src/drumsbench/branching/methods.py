@@ -91,6 +91,9 @@ class FileCopy(ForkMethod):
         box = slot.sandbox
         assert box is not None
         box.put_files(box.paths.work, self.files)
+        resume = getattr(slot.env, "resume", None)
+        if resume is not None:  # environments with live applications start them on the copied files
+            resume(self.task)
         return slot
 
 

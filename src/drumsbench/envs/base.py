@@ -83,6 +83,11 @@ class Task(ABC):
         """The k actions that lead to a branch's prepared state (default: k exploring actions)."""
         return [self.explore_action(i) for i in range(k)]
 
+    def continuation(self, k: int, solve: bool, choice: int = 0) -> list[ActionSpec]:
+        """What a continuation does after ``branch_prefix(k)``: the rest of a solving plan, or a
+        wrong one. Default: the whole plans (the default prefix only explores)."""
+        return self.oracle_plan() if solve else self.wrong_plan(choice)
+
 
 class Environment(ABC):
     kind: ClassVar[str]

@@ -32,7 +32,7 @@ from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
 from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, wilson
-from drumsbench.policies.scripted import make_policy
+from drumsbench.policies.scripted import Continue, Policy, make_policy
 from drumsbench.rollout import RolloutConfig, Slot, run_attempt
 from drumsbench.substrates.base import Substrate
 
@@ -107,6 +107,12 @@ def _prepare_parent(substrate: Substrate, suite: suites.Suite, task: Task, k: in
         obs = parent.env.step(Action.of(spec, parent.env.generation), cfg.rollout.step_timeout_s)
         gates.check_observation(parent.env, obs)
     return parent
+
+
+def _continuation_policy(cfg: BranchConfig) -> Policy:
+    """The policy that carries a continuation on from the branch point (never from the task's start)."""
+    p = {"oracle": 1.0, "null": None, "noisy": cfg.noisy_p}.get(cfg.policy, cfg.noisy_p)
+    return make_policy("null") if p is None else Continue(cfg.k, p)
 
 
 def _stats(values: list[float]) -> dict[str, Estimate]:
@@ -206,7 +212,7 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
                 dims = parent.env.compare(prepared, child.env.capture())
                 for dim, same in dims.items():
                     out.faithful.setdefault(dim, []).append(same)
-                rec = run_attempt(child, task, make_policy(cfg.policy, cfg.noisy_p), cfg.rollout, canaries,
+                rec = run_attempt(child, task, _continuation_policy(cfg), cfg.rollout, canaries,
                                   run_id=run_id, seq=next_seq[0], seed=cfg.seed, prepared=prepared,
                                   meta={"window": f"{name}/k={cfg.k}",
                                         "extra": {"fork_method": name, "k": cfg.k, "parent": parent.env.box.id,

@@ -82,6 +82,20 @@ class Explorer(Policy):
         return [task.explore_action(i) for i in range(self.steps)] + fix
 
 
+class Continue(Policy):
+    """A branch continuation: after ``k`` prefix actions, solve with probability ``p``, else go wrong."""
+
+    name = "continue"
+
+    def __init__(self, k: int, p: float = 0.5) -> None:
+        super().__init__()
+        self.k, self.p = k, p
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        solve = rng.random() < self.p
+        return task.continuation(self.k, solve, 0 if solve else rng.randrange(task.wrong_choices))
+
+
 POLICIES = {"oracle": Oracle, "null": Null, "noisy": Noisy, "explorer": Explorer}
 
 

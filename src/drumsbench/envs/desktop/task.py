@@ -131,6 +131,12 @@ class DesktopTask(Task):
         oracle = [a for a in self.oracle_plan() if a.kind != SUBMIT]
         return oracle[:k] + [self.explore_action(i) for i in range(max(0, k - len(oracle)))]
 
+    def continuation(self, k: int, solve: bool, choice: int = 0) -> list[ActionSpec]:
+        """The prefix was the oracle's first k actions: solving goes on from the k-th."""
+        if solve:
+            return self.oracle_plan()[min(k, len(self.oracle_plan()) - 1):]
+        return self.wrong_plan(choice)
+
     def explore_action(self, i: int) -> ActionSpec:
         """Harmless looks around: hover over the document and toolbars, short waits."""
         w, h = SCREEN
