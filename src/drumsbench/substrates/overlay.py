@@ -491,9 +491,15 @@ class OverlaySubstrate(Substrate):
         self.trash = _Trash(self.folder / "trash")
 
     def raw_floor(self) -> list[str] | None:
-        """Fresh namespaces and a chroot into the Debian rootfs around `true` (no overlay mount)."""
-        return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "chroot",
-                str(images.ensure_rootfs()), "/bin/true"]
+        """What a hand-written harness does for one overlay sandbox: fresh namespaces, an overlay
+        of the Debian rootfs on a new upper layer, chroot, `true` (the layer goes with the namespace)."""
+        # The layers live on a tmpfs over /mnt in the private mount namespace: they vanish with it.
+        script = (
+            'd=/mnt && mount -t tmpfs floor "$d" && mkdir "$d/u" "$d/w" "$d/m" && '
+            'mount -t overlay overlay -o "lowerdir=$1,upperdir=$d/u,workdir=$d/w" "$d/m" && chroot "$d/m" /bin/true'
+        )
+        return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "sh", "-c", script, "floor",
+                str(images.ensure_rootfs())]
 
     @classmethod
     def missing(cls) -> str | None:
