@@ -86,3 +86,19 @@ def test_desktop_branch_reports_file_losses(ledger, state_dir):
     lost = {d for d, e in file.faithful.items() if e.value == 0.0}
     assert {"undo", "modified"} <= lost, lost
     assert report.prepared_unchanged
+
+
+def test_overlay_snapshot_continuations(ledger, state_dir):
+    """The substrate's own O(1) snapshot/fork as a fork method: faithful, and forks never touch the parent."""
+    from conftest import require
+    from drumsbench.substrates.overlay import OverlaySubstrate
+
+    require(OverlaySubstrate.missing())
+    sub = OverlaySubstrate("b", state_dir)
+    try:
+        report = run_branch(BranchConfig(continuations=2, ks=[5], methods=["snapshot"]), sub, ledger, "b")
+    finally:
+        sub.close()
+    m = report.methods[0]
+    assert m.faithful_all.value == 1.0 and m.valid == 2 and not m.errors, m
+    assert report.prepared_unchanged
