@@ -18,6 +18,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
+from drumsbench.envs.suite_folders import load_folders
 from drumsbench.errors import UsageError
 from drumsbench.fingerprint import files_digest
 
@@ -190,17 +191,7 @@ def load_task(folder: Path, suite: Path) -> CodingTask:
 @functools.lru_cache(maxsize=8)
 def _load_suite_cached(resolved: str) -> tuple[CodingTask, ...]:
     suite = Path(resolved)
-    folders = sorted(p.parent for p in suite.glob("*/task.toml"))
-    if not folders:
-        raise UsageError(f"--tasks: {suite} holds no */task.toml; see docs/tasks.md")
-    tasks = [load_task(f, suite) for f in folders]
-    seen: dict[str, Path] = {}
-    for t in tasks:
-        if t.id in seen:
-            raise UsageError(f"{t.folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; "
-                             "ids must be unique")
-        seen[t.id] = t.folder
-    return tuple(sorted(tasks, key=lambda t: t.id))
+    return load_folders(suite, lambda f: load_task(f, suite), "docs/tasks.md")
 
 
 def load_suite(name_or_path: str) -> list[CodingTask]:

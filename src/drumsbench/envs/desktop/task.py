@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.task import suite_dir
 from drumsbench.envs.desktop import odf
+from drumsbench.envs.suite_folders import load_folders
 from drumsbench.errors import UsageError
 
 ACTION_KINDS = {"key", "type", "click", "double_click", "drag", "scroll", "move", "wait", "shell"}
@@ -187,17 +188,7 @@ def load_task(folder: Path) -> DesktopTask:
 @functools.lru_cache(maxsize=8)
 def _load_suite_cached(resolved: str) -> tuple[DesktopTask, ...]:
     suite = Path(resolved)
-    folders = sorted(p.parent for p in suite.glob("*/task.toml"))
-    if not folders:
-        raise UsageError(f"--tasks: {suite} holds no */task.toml; see docs/desktop.md")
-    tasks = [load_task(f) for f in folders]
-    seen: dict[str, Path] = {}
-    for t in tasks:
-        if t.id in seen:
-            raise UsageError(f"{t.folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; "
-                             "ids must be unique")
-        seen[t.id] = t.folder
-    return tuple(sorted(tasks, key=lambda t: t.id))
+    return load_folders(suite, load_task, "docs/desktop.md")
 
 
 def load_suite(name_or_path: str) -> list[DesktopTask]:

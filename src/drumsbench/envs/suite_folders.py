@@ -1,0 +1,28 @@
+"""What every task suite on disk shares: one folder per task with a task.toml, unique ids."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from drumsbench.envs.base import Task
+from drumsbench.errors import UsageError
+
+T = TypeVar("T", bound=Task)
+
+
+def load_folders(suite: Path, load_one: Callable[[Path], T], doc: str) -> tuple[T, ...]:
+    """Load every ``*/task.toml`` folder of ``suite`` with ``load_one``; sorted by id, ids unique."""
+    folders = sorted(p.parent for p in suite.glob("*/task.toml"))
+    if not folders:
+        raise UsageError(f"--tasks: {suite} holds no */task.toml; see {doc}")
+    tasks: Sequence[T] = [load_one(f) for f in folders]
+    seen: dict[str, Path] = {}
+    for t in tasks:
+        folder = getattr(t, "folder", None)
+        if t.id in seen:
+            raise UsageError(f"{folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; "
+                             "ids must be unique")
+        seen[t.id] = Path(str(folder))
+    return tuple(sorted(tasks, key=lambda t: t.id))
