@@ -236,7 +236,8 @@ def test_lost_node_turns_its_in_flight_attempts_invalid(cluster, tmp_path, state
         [(r.seq, r.detail) for r in recs if r.outcome is not Outcome.SUCCESS]
     assert len(on3) - len(lost) >= 2 and all(r.t_end <= removed[0] + 1 for r in on3 if r not in lost)
     after = [r for r in recs if r.t_start > removed[0]]
-    assert after and {r.extra["node"] for r in after} == {r.extra["node"] for r in recs} - {node3_id}
+    # the run goes on without the lost node (which of the others took the remaining work is timing)
+    assert after and node3_id not in {r.extra["node"] for r in after}
     report = build(ledger, run_id)
     assert report.invalid["substrate_failure"] == report.invalid_not_injected == len(lost)
     # what the lost node left on this host was removed at the end of the run
