@@ -109,7 +109,7 @@ class CriuFork(ForkMethod):
                  f"cd {q(str(root))}",  # the working folder keeps the copy reachable once /tmp is covered
                  f"mount --bind {q(str(tmp))} /tmp"]
         if self.parent_root.startswith("/tmp/"):
-            steps += [f"mkdir -p {q(self.parent_root)}", f"mount --bind . {q(self.parent_root)}"]
+            steps += [f"mkdir -p {q(self.parent_root)}", f"mount --no-canonicalize --bind . {q(self.parent_root)}"]
         log = f"restore-{sid}.log"
         steps += [f"cd {q(str(self.images))}" if not str(self.images).startswith("/tmp/") else "true"]
         script = " && ".join(steps)

@@ -364,8 +364,11 @@ class DesktopInstance:
         if self.holder_pid is None:
             raise SubstrateError("desktop: the instance is not running")
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
+        # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
+        # the host's /tmp): host paths of the sandbox are given as the instance sees them
+        argv = [self.inside(a) for a in argv]
         cmd = ["nsenter", "-t", str(self.holder_pid), *ns, f"--wd={self.inside(self.work)}", "--", *argv]
-        env = {"DISPLAY": f":{self.display}", "HOME": str(self.home), "TMPDIR": str(self.tmp),
+        env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
                "DRUMSBENCH_UNO": self.uno_connection()}
         return self.box.exec(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, output_limit=output_limit)
 
