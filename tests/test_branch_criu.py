@@ -29,7 +29,6 @@ def test_desktop_criu_fork(ledger, state_dir):
     sub = ProcessSubstrate("bc", state_dir)
     report = run_branch(cfg, sub, ledger, "bc")
     replay, crus = report.methods
-    print(report.model_dump_json(indent=1)[:4000])
     assert crus.method == "criu"
     assert crus.faithful_all.value == 1.0, crus
     assert crus.valid == cfg.continuations, crus
@@ -38,5 +37,9 @@ def test_desktop_criu_fork(ledger, state_dir):
     r, c = replay.creation_sequential["p50"].value, crus.creation_sequential["p50"].value
     print(f"creation p50: replay {r:.2f} s, criu {c:.2f} s, ratio {r / c:.1f}x")
     assert r / c >= 5, (r, c)
+    for m in report.methods:
+        print(m.method, "creation p50", m.creation_sequential["p50"].value, "parallel p50",
+              m.creation_parallel["p50"].value, "faithful", {d: e.value for d, e in m.faithful.items()}, m.errors)
+    assert not list(pids_with_env("DRUMSBENCH_RUN", "bc")), "a continuation outlived the experiment"
+    assert not sub.leftovers(), sub.leftovers()
     sub.close()
-    assert not list(pids_with_env("DRUMSBENCH_RUN", "bc"))
