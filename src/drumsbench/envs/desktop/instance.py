@@ -238,8 +238,19 @@ class DesktopInstance:
         except OSError as e:
             raise SubstrateError(f"desktop: cannot start unshare: {e}") from e
         self.proc = proc
-        threading.Thread(target=proc.wait, name=f"reap-desktop-{proc.pid}", daemon=True).start()
+        threading.Thread(target=self._reap, args=(proc,), name=f"reap-desktop-{proc.pid}", daemon=True).start()
         self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 5.0)
+
+    def _reap(self, proc: subprocess.Popen) -> None:
+        proc.wait()
+        if self.settings.checkpointable:  # the host sockets a killed instance leaves behind
+            for path in self.host_sockets():
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def host_sockets(self) -> list[str]:
+        """Sockets a checkpointable instance makes in the host's /tmp (X, LibreOffice's UNO pipe)."""
+        return [f"/tmp/.X11-unix/X{self.display}", f"/tmp/OSL_PIPE_{os.getuid()}_drumsbench-{self.display}"]
 
     def _find_holder(self, parent: int, deadline: float) -> int:
         while time.monotonic() < deadline:
@@ -280,8 +291,6 @@ class DesktopInstance:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             return
-        if self.settings.checkpointable:
-            (self.x_dir / f"X{self.display}").unlink(missing_ok=True)  # the host socket Xvfb leaves
         # While unshare lives, its child (the holder) is alive or an unreaped zombie: its pid cannot
         # have been reused, so the kill cannot hit a stranger.
         if pid is not None and proc is not None and proc.poll() is None:
