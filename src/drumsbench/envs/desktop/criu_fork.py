@@ -104,20 +104,18 @@ class CriuFork(ForkMethod):
         q = shlex.quote
         pidfile = self.images / f"pid-{sid}"
         pidfile.unlink(missing_ok=True)
-        steps = [f"mount --bind {q(str(root))} {q(self.parent_root)}",
-                 f"mount --bind {q(str(xkb))} /var/lib/xkb",
-                 f"cd {q(str(root))}",  # the working folder keeps the copy reachable once /tmp is covered
-                 f"mount --bind {q(str(tmp))} /tmp"]
-        if self.parent_root.startswith("/tmp/"):
-            steps += [f"mkdir -p {q(self.parent_root)}", f"mount --no-canonicalize --bind . {q(self.parent_root)}"]
         log = f"restore-{sid}.log"
-        steps += [f"cd {q(str(self.images))}" if not str(self.images).startswith("/tmp/") else "true"]
+        steps = [f"cd {q(str(self.images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
+                 f"mount --bind {q(str(root))} {q(self.parent_root)}",
+                 f"mount --bind {q(str(xkb))} /var/lib/xkb",
+                 f"cd {q(str(root))}",  # so does the copy: the working folder keeps it
+                 f"mount --bind {q(str(tmp))} /tmp"]
+        if self.parent_root.startswith("/tmp/"):  # the parent's path again, inside the private /tmp
+            steps += [f"mkdir -p {q(self.parent_root)}", f"mount --no-canonicalize --bind . {q(self.parent_root)}"]
+        steps += ["cd /proc/self/fd/3", "exec 3<&-",
+                  f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
+                  f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
         script = " && ".join(steps)
-        # the images folder is opened before /tmp is covered: criu runs with it as working folder
-        script = (f"cd {q(str(self.images))} && exec 3<. && cd {q(str(root))} && " + script.replace(
-            f"cd {q(str(self.images))}", "true") + f" && cd /proc/self/fd/3 && exec 3<&- && exec "
-            f"{q(criu.criu_bin())} restore -D . --restore-detached --file-locks --pidfile {q(pidfile.name)} "
-            f"-o {q(log)} -v2")
         proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0 or not pidfile.exists():
