@@ -89,10 +89,8 @@ def _all_children(pid: int) -> list[int]:
     except OSError:
         return out
     for tid in tids:
-        try:
+        with contextlib.suppress(OSError):
             out += [int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            pass
     return out
 
 

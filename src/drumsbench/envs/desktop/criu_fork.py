@@ -62,7 +62,7 @@ class CriuFork(ForkMethod):
         self.frozen = self.folder / "frozen"
         self.parent_root = str(root)
         self.display = inst.display
-        self.task = env.task
+        self.parent_task = env.task
         self.history = list(env.history)
         self.settings = env.settings
         self.checkpoint_s = criu.checkpoint(inst.holder_pid, self.images, {str(root): str(self.frozen)})
@@ -84,8 +84,8 @@ class CriuFork(ForkMethod):
             with box._lock:  # type: ignore[attr-defined]
                 box._groups.add(pid)  # type: ignore[attr-defined]  # destroy kills the restored tree
             inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
-            assert self.task is not None
-            env.adopt(self.task, inst, self.history)
+            assert self.parent_task is not None
+            env.adopt(self.parent_task, inst, self.history)
             env.generation = parent_generation + 1
         except BaseException:
             slot.destroy()
@@ -119,7 +119,8 @@ class CriuFork(ForkMethod):
         proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0 or not pidfile.exists():
-            raise SubstrateError(f"criu restore failed: {criu._log_errors(self.images / log) or proc.stderr.strip()[-300:]}")
+            why = criu._log_errors(self.images / log) or proc.stderr.strip()[-300:]
+            raise SubstrateError(f"criu restore failed: {why}")
         return int(pidfile.read_text().strip())
 
     def close(self) -> None:
