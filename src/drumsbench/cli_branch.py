@@ -53,6 +53,7 @@ def branch(
     except ValidationError as e:
         first = e.errors()[0]
         raise UsageError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+    import drumsbench.envs.desktop  # noqa: F401  (registers the desktop's ``criu`` fork method)
     from drumsbench.branching.methods import METHODS
     from drumsbench.policies.scripted import make_policy
 

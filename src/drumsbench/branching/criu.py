@@ -80,13 +80,27 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _all_children(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (a child forked by a secondary thread is listed only in
+    that thread's ``children`` file: LibreOffice's oosplash starts soffice.bin from one)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            out += [int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return out
+
+
 def tree_pids(pid: int) -> list[int]:
     """``pid`` and all its descendants."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
-        todo.extend(_children(p))
+        todo.extend(_all_children(p))
     return out
 
 

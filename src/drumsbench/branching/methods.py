@@ -35,6 +35,10 @@ class ForkMethod(ABC):
         self.substrate, self.make_env, self.task = substrate, make_env, task
         self.recorded, self.step_timeout_s = recorded, step_timeout_s
 
+    @classmethod  # noqa: B027 - most methods take any parent
+    def configure_parent(cls, env: Environment) -> None:
+        """Called on the parent's environment before its reset (e.g. start it checkpointable)."""
+
     def prepare(self, parent: Slot) -> None:  # noqa: B027 - most methods need nothing once
         """Called once, with the parent in its prepared state."""
 

@@ -100,6 +100,8 @@ def _pick(tasks: list[Task], task_id: str | None) -> Task:
 
 def _prepare_parent(substrate: Substrate, suite: suites.Suite, task: Task, k: int, cfg: BranchConfig) -> Slot:
     parent = Slot(substrate, suite.make_env())
+    for name in cfg.methods:
+        METHODS[name].configure_parent(parent.env)
     parent.provision()
     parent.env.reset(task)
     gates.check_reset(parent.env, task)
@@ -185,6 +187,8 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
                say: Callable[[str], None] = lambda _m: None) -> BranchReport:
     suite = suites.load(cfg.tasks)
     task = _pick(list(suite.tasks), cfg.task)
+    if any(name not in METHODS for name in cfg.methods):
+        import drumsbench.envs.desktop  # noqa: F401  (registers the desktop's ``criu`` method)
     for name in cfg.methods:
         if name not in METHODS:
             raise UsageError(f"--methods: unknown fork method {name!r}; choose from {', '.join(METHODS)}")

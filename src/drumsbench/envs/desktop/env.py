@@ -220,7 +220,7 @@ class DesktopEnv(Environment):
                 if LOCK_RE.match(p.name):
                     p.unlink(missing_ok=True)
         (inst.profile / ".lock").unlink(missing_ok=True)
-        (inst.x_dir / "X0").unlink(missing_ok=True)
+        (inst.x_dir / f"X{inst.display}").unlink(missing_ok=True)
 
     def _wait_ready(self, inst: DesktopInstance, task: DesktopTask, deadline: float) -> None:
         """Until the document's window is drawn (title and menu bar) and still, or another window
@@ -264,6 +264,15 @@ class DesktopEnv(Environment):
         if not title:
             raise SubstrateError(f"desktop: LibreOffice showed no window within {s.start_timeout_s:g} s")
 
+    def adopt(self, task: DesktopTask, inst: DesktopInstance, history: list[ActionSpec]) -> None:
+        """Take over a live instance restored from a checkpoint of another environment's (the
+        ``criu`` fork method): the task, the actions so far; the generation is left as the fork set it."""
+        self.stop()
+        self.task, self.inst = task, inst
+        self.history = list(history)
+        self.frames = []
+        self._ready_frame = None
+
     def stop(self) -> None:
         if self.inst is not None:
             self.inst.stop()
@@ -296,7 +305,7 @@ class DesktopEnv(Environment):
     @staticmethod
     def _lock_state(text: str, inst: DesktopInstance) -> str:
         fields = parse_lock(text)
-        own = fields["host"] == HOSTNAME and fields["profile"].rstrip("/") == inst.profile.as_uri()
+        own = fields["host"] == HOSTNAME and fields["profile"].rstrip("/") == inst.profile_inside.as_uri()
         return "own" if own else f"foreign ({fields['user']}@{fields['host']})"
 
     @staticmethod
@@ -494,7 +503,10 @@ class DesktopEnv(Environment):
         assert isinstance(task, DesktopTask)
         box = self.box
         exit_file = str(self.inst.app_exit_file) if self.inst is not None else ""
-        files = {"runner.py": RUNNER, **task.verify_files(box.paths.work, exit_file)}
+        if self.inst is not None:
+            exit_file = self.inst.inside(exit_file)
+        work = self.inst.inside(box.paths.work) if self.inst is not None else box.paths.work
+        files = {"runner.py": RUNNER, **task.verify_files(work, exit_file)}
         box.put_files(box.paths.verify, files)
         self._keep_screenshots(task)
 
@@ -547,7 +559,8 @@ class DesktopEnv(Environment):
         inst, task = self.instance, self.task
         assert task is not None
         folder = f"{self.box.paths.tmp}/.drumsbench-capture"
-        files = {"runner.py": RUNNER, **task.verify_files(self.box.paths.work, str(inst.app_exit_file))}
+        files = {"runner.py": RUNNER, **task.verify_files(inst.inside(self.box.paths.work),
+                                                          inst.inside(inst.app_exit_file))}
         self.box.put_files(folder, files)
         res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--capture"], timeout=30,
                                output_limit=1 << 20)

@@ -92,6 +92,10 @@ class Settings:
     type_delay_ms: int = 8
     key_delay_ms: int = 20
     wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
+    # Checkpointable (for the ``criu`` fork method): no mount namespace of its own (CRIU cannot
+    # dump one copied from the host), so the X socket is the host's ``/tmp/.X11-unix/X<n>`` with a
+    # display number unique to the instance. Off by default.
+    checkpointable: bool = False
 
 
 @dataclass
@@ -139,6 +143,42 @@ class DesktopInstance:
         self.proc: subprocess.Popen | None = None
         self.holder_pid: int | None = None
         self.t_launch = 0.0
+        self.display = DISPLAY
+        self.inside_root: str | None = None  # a restored continuation: the parent's root, where its folders show
+        self.restored = False
+        if self.settings.checkpointable:
+            self.display = _free_display()
+            self.x_dir = Path("/tmp/.X11-unix")
+
+    @classmethod
+    def adopt_restored(cls, box: Sandbox, settings: Settings, pid: int, display: int,
+                       inside_root: str) -> DesktopInstance:
+        """A CRIU-restored instance: ``pid`` is its holder (host pid), living in a private mount
+        namespace where this sandbox's folder shows at ``inside_root`` (the parent's root)."""
+        inst = cls(box, settings)
+        inst.display, inst.holder_pid, inst.inside_root, inst.restored = display, pid, inside_root, True
+        inst.x_dir = Path(f"/proc/{pid}/root/tmp/.X11-unix")
+        inst.t_launch = time.monotonic()
+        return inst
+
+    def uno_connection(self) -> str:
+        """UNO listens on TCP inside the private network; a checkpointable instance on a named pipe
+        (a unix socket: CRIU 4.1 cannot dump TCP sockets on this kernel, SO_PASSCRED is refused)."""
+        if self.settings.checkpointable:
+            return f"pipe,name=drumsbench-{self.display}"
+        return f"socket,host=127.0.0.1,port={UNO_PORT}"
+
+    def inside(self, path: str | Path) -> str:
+        """The path the instance's processes see for a host path of this sandbox."""
+        path = str(path)
+        if self.inside_root is None:
+            return path
+        root = str(self.box.host_root)  # type: ignore[attr-defined]
+        return self.inside_root + path[len(root):] if path.startswith(root) else path
+
+    @property
+    def profile_inside(self) -> Path:
+        return Path(self.inside(self.profile))
 
     # -- life cycle ------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -170,12 +210,13 @@ class DesktopInstance:
         }
         app = [
             SOFFICE, f"-env:UserInstallation={self.profile.as_uri()}", "--norestore", "--nologo",
-            f"--accept=socket,host=127.0.0.1,port={UNO_PORT};urp;StarOffice.ComponentContext", document,
+            f"--accept={self.uno_connection()};urp;StarOffice.ComponentContext", document,
         ]
+        ckpt = s.checkpointable
         cfg = {
             "hostname": HOSTNAME,
-            "binds": [[str(self.x_dir), "/tmp/.X11-unix"], [str(self.tmp / "xkb"), "/var/lib/xkb"]],
-            "display": DISPLAY,
+            "binds": [] if ckpt else [[str(self.x_dir), "/tmp/.X11-unix"], [str(self.tmp / "xkb"), "/var/lib/xkb"]],
+            "display": self.display,
             "screen": f"{s.width}x{s.height}x24",
             "env": env,
             "app": app,
@@ -183,8 +224,10 @@ class DesktopInstance:
             "app_exit_file": str(self.app_exit_file),
         }
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
-        argv = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
-                "--propagation", "private", "--",
+        ns = ["--fork", "--pid", "--ipc", "--uts", "--net"]
+        if not ckpt:
+            ns += ["--mount", "--mount-proc", "--propagation", "private"]
+        argv = ["unshare", *ns, "--",
                 "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
                 python, "-I", str(HOLDER), json.dumps(cfg)]
         self.t_launch = time.monotonic()
@@ -195,8 +238,19 @@ class DesktopInstance:
         except OSError as e:
             raise SubstrateError(f"desktop: cannot start unshare: {e}") from e
         self.proc = proc
-        threading.Thread(target=proc.wait, name=f"reap-desktop-{proc.pid}", daemon=True).start()
+        threading.Thread(target=self._reap, args=(proc,), name=f"reap-desktop-{proc.pid}", daemon=True).start()
         self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 5.0)
+
+    def _reap(self, proc: subprocess.Popen) -> None:
+        proc.wait()
+        if self.settings.checkpointable:  # the host sockets a killed instance leaves behind
+            for path in self.host_sockets():
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def host_sockets(self) -> list[str]:
+        """Sockets a checkpointable instance makes in the host's /tmp (X, LibreOffice's UNO pipe)."""
+        return [f"/tmp/.X11-unix/X{self.display}", f"/tmp/OSL_PIPE_{os.getuid()}_drumsbench-{self.display}"]
 
     def _find_holder(self, parent: int, deadline: float) -> int:
         while time.monotonic() < deadline:
@@ -223,12 +277,20 @@ class DesktopInstance:
             return None
 
     def alive(self) -> bool:
+        if self.restored:
+            return self.holder_pid is not None and _running(self.holder_pid)
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
         """Kill the whole instance (SIGKILL to the namespace's pid 1) and reap it. Idempotent."""
         proc, pid = self.proc, self.holder_pid
         self.proc = self.holder_pid = None
+        if self.restored:
+            # pid 1 of the restored namespaces: its death takes every process of the continuation
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            return
         # While unshare lives, its child (the holder) is alive or an unreaped zombie: its pid cannot
         # have been reused, so the kill cannot hit a stranger.
         if pid is not None and proc is not None and proc.poll() is None:
@@ -261,21 +323,21 @@ class DesktopInstance:
 
     # -- X ---------------------------------------------------------------------------------------
     def grab(self, timeout: float | None = None) -> Frame:
-        g = xcb.grab(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s)
+        g = xcb.grab(str(self.x_dir), self.display, timeout or self.settings.grab_timeout_s)
         return Frame(g.rgb, g.title)
 
     def region(self, left: int, top: int, width: int, height: int,
                timeout: float | None = None) -> tuple[np.ndarray, str]:
         """A rectangle of the screen and the active title: cheap enough to poll during start-up."""
-        with xcb.XClient(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s) as x:
+        with xcb.XClient(str(self.x_dir), self.display, timeout or self.settings.grab_timeout_s) as x:
             return x.grab_rgb(left, top, width, height), x.active_title()
 
     def title(self, timeout: float | None = None) -> str:
-        with xcb.XClient(str(self.x_dir), DISPLAY, timeout or self.settings.grab_timeout_s) as x:
+        with xcb.XClient(str(self.x_dir), self.display, timeout or self.settings.grab_timeout_s) as x:
             return x.active_title()
 
     def blank(self) -> None:
-        with xcb.XClient(str(self.x_dir), DISPLAY, self.settings.grab_timeout_s) as x:
+        with xcb.XClient(str(self.x_dir), self.display, self.settings.grab_timeout_s) as x:
             x.blank_screen()
 
     def settle(self, deadline: float, first: Frame | None = None, quiet_s: float | None = None) -> tuple[Frame, bool]:
@@ -311,9 +373,32 @@ class DesktopInstance:
         if self.holder_pid is None:
             raise SubstrateError("desktop: the instance is not running")
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
-        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, f"--wd={self.work}", "--", *argv]
-        env = {"DISPLAY": f":{DISPLAY}", "HOME": str(self.home), "TMPDIR": str(self.tmp)}
+        # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
+        # the host's /tmp): host paths of the sandbox are given as the instance sees them
+        argv = [self.inside(a) for a in argv]
+        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, f"--wd={self.inside(self.work)}", "--", *argv]
+        env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
+               "DRUMSBENCH_UNO": self.uno_connection()}
         return self.box.exec(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, output_limit=output_limit)
 
     def xdotool(self, args: list[str], timeout: float) -> ExecResult:
         return self.exec_inside(["xdotool", *args], timeout)
+
+
+def _free_display() -> int:
+    """A display number no other X server on the host uses (checkpointable instances share /tmp/.X11-unix)."""
+    import random
+
+    for _ in range(1000):
+        n = random.randint(1000, 29999)
+        if not os.path.exists(f"/tmp/.X11-unix/X{n}") and not os.path.exists(f"/tmp/.X{n}-lock"):
+            return n
+    raise SubstrateError("desktop: no free display number")
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

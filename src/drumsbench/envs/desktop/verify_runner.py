@@ -19,7 +19,7 @@ import zipfile
 
 sys.path.append("/usr/lib/python3/dist-packages")
 
-UNO_URL = "uno:socket,host=127.0.0.1,port=2002;urp;StarOffice.ComponentContext"
+UNO_URL = f"uno:{os.environ.get('DRUMSBENCH_UNO') or 'socket,host=127.0.0.1,port=2002'};urp;StarOffice.ComponentContext"
 BOLD = 150.0  # com.sun.star.awt.FontWeight.BOLD
 
 folder = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))

@@ -1,0 +1,136 @@
+"""The ``criu`` fork method for the desktop environment: live checkpoint/restore of the whole
+instance (Xvfb, openbox, LibreOffice) with CRIU.
+
+- The parent runs as a *checkpointable* instance (``Settings.checkpointable``: pid/ipc/uts/net
+  namespaces, no mount namespace, a display number of its own on the host's ``/tmp/.X11-unix``).
+- ``prepare``: ``criu dump --leave-stopped`` of the parent's tree; its sandbox folder is copied while
+  it is stopped (files and memory of the same instant); then the parent goes on, unchanged.
+- ``fork``: a fresh sandbox gets a copy of the frozen folder; CRIU restores the tree in a private
+  mount namespace where that copy is bind-mounted at the parent's exact path (lock files, profile
+  URLs and open files all name the same paths) and private folders over ``/tmp/.X11-unix`` and
+  ``/var/lib/xkb``. The harness reaches X through ``/proc/<pid>/root/tmp/.X11-unix`` and runs its
+  clients with nsenter into the restored namespaces.
+- Clean-up: the restored holder is pid 1 of its pid namespace; the continuation's sandbox kills its
+  process group on destroy (the restored processes keep the parent's sandbox label, which CRIU
+  restores with their memory, and the run label, so ``drumsbench gc`` finds them). The images and
+  the frozen copy live in the run's sandbox folder (removed by ``close``, the substrate and gc).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from drumsbench import criu as criu_install
+from drumsbench.branching import criu
+from drumsbench.branching.methods import ForkMethod, register
+from drumsbench.envs.base import Environment
+from drumsbench.errors import SubstrateError, UsageError
+from drumsbench.rollout import Slot
+
+
+class CriuFork(ForkMethod):
+    name = "criu"
+
+    @classmethod
+    def configure_parent(cls, env: Environment) -> None:
+        """The parent must be started checkpointable (before its reset)."""
+        from drumsbench.envs.desktop.env import DesktopEnv
+
+        if isinstance(env, DesktopEnv):
+            env.settings = dataclasses.replace(env.settings, checkpointable=True)
+
+    def prepare(self, parent: Slot) -> None:
+        from drumsbench.envs.desktop.env import DesktopEnv
+
+        missing = criu_install.missing()
+        if missing:
+            raise UsageError(f"--methods criu: {missing}")
+        env = parent.env
+        if not isinstance(env, DesktopEnv) or env.inst is None or not env.settings.checkpointable:
+            raise UsageError("--methods criu: only for the desktop environment started checkpointable")
+        inst = env.inst
+        box = parent.sandbox
+        assert box is not None and inst.holder_pid is not None
+        root = Path(box.host_root)  # type: ignore[attr-defined]
+        self.folder = root.parent / f"criu-{uuid.uuid4().hex[:8]}"
+        self.images = self.folder / "images"
+        self.frozen = self.folder / "frozen"
+        self.parent_root = str(root)
+        self.display = inst.display
+        self.parent_task = env.task
+        self.history = list(env.history)
+        self.settings = env.settings
+        self.checkpoint_s = criu.checkpoint(inst.holder_pid, self.images, {str(root): str(self.frozen)})
+
+    def fork(self, parent_generation: int) -> Slot:
+        from drumsbench.envs.desktop.env import DesktopEnv
+        from drumsbench.envs.desktop.instance import DesktopInstance
+
+        slot = Slot(self.substrate, self.make_env())
+        slot.provision()
+        try:
+            box = slot.sandbox
+            env = slot.env
+            assert box is not None and isinstance(env, DesktopEnv)
+            env.settings = self.settings
+            root = Path(box.host_root)  # type: ignore[attr-defined]
+            subprocess.run(["cp", "-a", f"{self.frozen}/.", str(root)], check=True, capture_output=True, timeout=120)
+            pid = self._restore(root, box.id)
+            with box._lock:  # type: ignore[attr-defined]
+                box._groups.add(pid)  # type: ignore[attr-defined]  # destroy kills the restored tree
+            inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
+            assert self.parent_task is not None
+            env.adopt(self.parent_task, inst, self.history)
+            env.generation = parent_generation + 1
+        except BaseException:
+            slot.destroy()
+            raise
+        return slot
+
+    def _restore(self, root: Path, sid: str) -> int:
+        """``criu restore`` in a private mount namespace where ``root`` (the continuation's copy)
+        shows at the parent's root, ``/tmp`` is a private folder (LibreOffice's pipes and the X
+        socket are recreated there, never over the parent's) and so is ``/var/lib/xkb``."""
+        tmp, xkb = root / ".criu-tmp", root / ".criu-xkb"
+        (tmp / ".X11-unix").mkdir(parents=True, exist_ok=True)
+        xkb.mkdir(exist_ok=True)
+        for d in (tmp, tmp / ".X11-unix", xkb):
+            d.chmod(0o1777)
+        q = shlex.quote
+        pidfile = self.images / f"pid-{sid}"
+        pidfile.unlink(missing_ok=True)
+        log = f"restore-{sid}.log"
+        steps = [f"cd {q(str(self.images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
+                 f"mount --bind {q(str(root))} {q(self.parent_root)}",
+                 f"mount --bind {q(str(xkb))} /var/lib/xkb",
+                 f"cd {q(str(root))}",  # so does the copy: the working folder keeps it
+                 f"mount --bind {q(str(tmp))} /tmp"]
+        if self.parent_root.startswith("/tmp/"):  # the parent's path again, inside the private /tmp
+            steps += [f"mkdir -p {q(self.parent_root)}", f"mount --no-canonicalize --bind . {q(self.parent_root)}"]
+        steps += ["cd /proc/self/fd/3", "exec 3<&-",
+                  f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
+                  f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
+        script = " && ".join(steps)
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0 or not pidfile.exists():
+            why = criu._log_errors(self.images / log) or proc.stderr.strip()[-300:]
+            raise SubstrateError(f"criu restore failed: {why}")
+        return int(pidfile.read_text().strip())
+
+    def close(self) -> None:
+        folder = getattr(self, "folder", None)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def available() -> str | None:
+    return criu_install.missing()
+
+
+register(CriuFork)
