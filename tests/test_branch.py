@@ -103,3 +103,31 @@ def test_overlay_snapshot_continuations(ledger, state_dir):
     m = report.methods[0]
     assert m.faithful_all.value == 1.0 and m.valid == 2 and not m.errors, m
     assert report.prepared_unchanged
+
+
+def test_desktop_stale_lock_in_a_file_continuation_is_caught(ledger, state_dir, monkeypatch):
+    """A file-method continuation that ends up with a lock naming another host (as a copy made
+    elsewhere carries) is caught by the faithfulness gate: invalid, never continued."""
+    from drumsbench.envs.desktop import instance
+    from drumsbench.envs.desktop.task import lock_name
+
+    from conftest import require
+
+    require(instance.missing())
+
+    class StaleLockCopy(FileCopy):
+        name = "stale-lock-copy"
+
+        def fork(self, parent_generation):
+            slot = super().fork(parent_generation)
+            doc = self.task.document  # type: ignore[attr-defined]
+            slot.sandbox.write_file(f"{slot.sandbox.paths.work}/{lock_name(doc)}",
+                                    b",someone,other-host,01.01.2024 00:00,file:///elsewhere;")
+            return slot
+
+    monkeypatch.setitem(METHODS, "stale-lock-copy", StaleLockCopy)
+    cfg = BranchConfig(tasks="desktop", k=3, ks=[3], continuations=1, methods=["stale-lock-copy"])
+    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    m = report.methods[0]
+    assert m.faithful["locks"].value == 0.0, m.faithful
+    assert m.invalid == {"dirty_reset": 1} and m.valid == 0
