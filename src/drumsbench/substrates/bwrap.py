@@ -49,8 +49,7 @@ from drumsbench.substrates.base import (
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.hostproc import kill_pids, pids_with_env
-from drumsbench.substrates.process import RUN_VAR, HostFolderSandbox, new_sandbox_id
+from drumsbench.substrates.process import HostFolderSandbox, gc_host_runs, host_leftovers, new_sandbox_id
 
 IN_ROOT = "/sandbox"
 SUBFOLDERS = ("work", "home", "tmp", "verify")
@@ -265,21 +264,8 @@ class BwrapSubstrate(Substrate):
             self._folder.rmdir()
 
     def leftovers(self) -> list[str]:
-        left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
-        if self._folder.is_dir():
-            left += [f"folder {p}" for p in self._folder.iterdir()]
-        return left
+        return host_leftovers(self.run_id, self._folder)
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        removed = []
-        for pid, run in pids_with_env(RUN_VAR).items():
-            if run in dead_runs:
-                kill_pids([pid])
-                removed.append(f"process {pid} of run {run}")
-        for run in dead_runs:
-            folder = run_folder(state_dir, run)
-            if folder.exists():
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(f"folder {folder}")
-        return removed
+        return gc_host_runs(dead_runs, lambda run: run_folder(state_dir, run))

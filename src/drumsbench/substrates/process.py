@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from drumsbench.errors import SubstrateError
@@ -37,6 +37,29 @@ HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def sandbox_root(state_dir: Path, run_id: str) -> Path:
     return state_dir / "sandboxes" / run_id
+
+
+def host_leftovers(run_id: str, folder: Path) -> list[str]:
+    """Host processes labelled with ``run_id`` and sandbox folders still under ``folder``."""
+    left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, run_id)]
+    if folder.is_dir():
+        left += [f"folder {p}" for p in folder.iterdir()]
+    return left
+
+
+def gc_host_runs(dead_runs: set[str], folder_of: Callable[[str], Path]) -> list[str]:
+    """Kill the labelled processes of ``dead_runs`` and remove their folders; one line per thing."""
+    removed = []
+    for pid, run in pids_with_env(RUN_VAR).items():
+        if run in dead_runs:
+            kill_pids([pid])
+            removed.append(f"process {pid} of run {run}")
+    for run in dead_runs:
+        folder = folder_of(run)
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(f"folder {folder}")
+    return removed
 
 
 def new_sandbox_id() -> str:
@@ -225,22 +248,8 @@ class ProcessSubstrate(Substrate):
         return ["true"]
 
     def leftovers(self) -> list[str]:
-        left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
-        folder = sandbox_root(self.state_dir, self.run_id)
-        if folder.is_dir():
-            left += [f"folder {p}" for p in folder.iterdir()]
-        return left
+        return host_leftovers(self.run_id, sandbox_root(self.state_dir, self.run_id))
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        removed = []
-        for pid, run in pids_with_env(RUN_VAR).items():
-            if run in dead_runs:
-                kill_pids([pid])
-                removed.append(f"process {pid} of run {run}")
-        for run in dead_runs:
-            folder = sandbox_root(state_dir, run)
-            if folder.exists():
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(f"folder {folder}")
-        return removed
+        return gc_host_runs(dead_runs, lambda run: sandbox_root(state_dir, run))
