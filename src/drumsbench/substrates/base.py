@@ -130,6 +130,32 @@ class Sandbox(ABC):
         """
         raise NotImplementedError(f"{self.substrate} has no in-place reset")
 
+    def end_processes(self) -> None:
+        """Kill every process that the sandbox's commands started, keeping its files.
+
+        Called before the verifier is staged, so nothing the policy left running (a background
+        process) can touch the verifier or its output. Substrates override it; the default kills
+        through an in-place reset's machinery only where the substrate offers nothing better."""
+        raise NotImplementedError(f"{self.substrate} cannot end a sandbox's processes")
+
+    def probe(self, timeout: float = 5.0) -> str | None:
+        """Gate-side evidence that the sandbox itself is unavailable, or ``None`` when it is alive.
+
+        Used after a step, episode or verifier timeout to attribute it: a live sandbox that answers
+        means the policy's own action or code hung (failed); evidence here means infrastructure
+        (invalid). Evidence must be out of the policy's reach: the substrate's own records (a frozen
+        cgroup, a paused or dead container, an OOM kill by the host) or a liveness command that
+        the substrate could not run in time. It never changes the sandbox. The default runs ``true``."""
+        from drumsbench.errors import SubstrateError
+
+        try:
+            res = self.exec(["true"], timeout=timeout, cwd=self.paths.root)
+        except SubstrateError as e:
+            return f"liveness probe could not run: {e}"
+        if res.timed_out:
+            return f"the sandbox did not answer a liveness probe within {timeout:g} s"
+        return None
+
     def _run_checked(self, command: Sequence[str], what: str, timeout: float = 60.0) -> str:
         from drumsbench.errors import SubstrateError
 
@@ -156,6 +182,20 @@ class Sandbox(ABC):
 
     def describe(self) -> str:
         return f"{self.substrate}:{self.id}"
+
+
+class Freezable(ABC):
+    """A sandbox the host can freeze and thaw as a whole (cgroup freezer, ``docker pause``, a VM
+    stop). Fault injection freezes sandboxes through it, as a real host stall would; the gate
+    never calls it (it reads the substrate's state through ``Sandbox.probe``)."""
+
+    @abstractmethod
+    def freeze(self) -> None:
+        """Stop every process of the sandbox, including ones started later, until ``thaw``."""
+
+    @abstractmethod
+    def thaw(self) -> None:
+        """Undo ``freeze``; idempotent. ``destroy`` thaws first where the substrate needs it."""
 
 
 class Substrate(ABC):
