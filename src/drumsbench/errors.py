@@ -6,6 +6,11 @@
   attempt becomes ``invalid/substrate_failure``. A command that fails *inside* a sandbox is not
   an error: it returns a normal ``ExecResult``.
 - ``InvalidAttempt``: raised by a gate; carries the ``InvalidCause``.
+- ``PolicyFault``: the policy's own actions or code ended the attempt (a hang in a live sandbox,
+  an exit or signal of the code under test, a refused operation, running past the step limit).
+  The attempt is valid and failed (reward 0), with the reason recorded — never invalid.
+- ``MissingDependency``: a hidden test needs a module the sandbox lacks; the rollout confirms it
+  in a fresh sandbox before it calls the attempt invalid (the policy may have deleted it).
 """
 
 from __future__ import annotations
@@ -46,3 +51,24 @@ class StaleGeneration(InvalidAttempt):
 
 class PolicyUnavailable(DrumsError):
     """The policy's inference endpoint could not be reached (not a bad choice of the policy)."""
+
+
+class PolicyFault(DrumsError):
+    """The policy's own doing ended the attempt: valid, failed, with ``reason``.
+
+    ``destroy``: the sandbox may still hold what the policy left (a hung process) and must not be
+    reused."""
+
+    def __init__(self, reason: str, *, destroy: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.destroy = destroy
+
+
+class MissingDependency(DrumsError):
+    """A hidden test imports ``module``, which the sandbox's Python does not find."""
+
+    def __init__(self, module: str, detail: str) -> None:
+        super().__init__(detail)
+        self.module = module
+        self.detail = detail

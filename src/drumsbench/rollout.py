@@ -5,8 +5,17 @@ raises for anything that happens to the attempt: every path ends in an ``Attempt
 outcome. Infrastructure faults become ``invalid`` with their cause, never reward 0; unexpected
 harness errors become ``invalid/substrate_failure`` with the error in ``detail``.
 
-After a step or episode timeout, a substrate failure, contamination or a verifier timeout the
-sandbox is destroyed, never reused, so no straggling process can race the next verifier.
+Attribution (docs/attribution.md): an outcome is infrastructure only with evidence out of the
+policy's reach. A step, episode or verifier timeout is invalid only when ``Sandbox.probe`` finds
+the sandbox frozen, gone or unresponsive; in a live sandbox it is the policy's hang: failed, with
+the reason. Running past ``max_steps`` is the policy's truncation (failed). What the code under
+test does during verification is reported by the runner (``PolicyFault``: failed).
+
+Faults are injected by the attempt's ``faults.Injector`` at fixed points; this module has no
+branch per injected cause.
+
+After a timeout, a substrate failure, contamination or a verifier fault the sandbox is destroyed,
+never reused, so no straggling process can race the next verifier.
 """
 
 from __future__ import annotations
@@ -21,8 +30,15 @@ from pydantic import BaseModel, Field, model_validator
 
 from drumsbench import gates
 from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, Task
-from drumsbench.errors import InvalidAttempt, PolicyUnavailable, SubstrateError, UsageError
-from drumsbench.faults import unreachable_endpoint
+from drumsbench.errors import (
+    InvalidAttempt,
+    MissingDependency,
+    PolicyFault,
+    PolicyUnavailable,
+    SubstrateError,
+    UsageError,
+)
+from drumsbench.faults import Injector, injector_for
 from drumsbench.isolation import CanaryRegistry, plant
 from drumsbench.outcome import InvalidCause, Outcome, Verdict
 from drumsbench.policies.scripted import Policy
@@ -98,9 +114,14 @@ def run_attempt(
     a forked state: it is not reset, and gate 1 checks that it is faithful to ``prepared`` (the
     parent's ``Environment.capture()``) instead of the task's start fingerprint."""
     t_start = time.time()
-    ep = _Episode(slot, task, policy, cfg, canaries, random.Random(f"{seed}:{seq}"), fault, prepared)
+    injector = injector_for(fault)
+    ep = _Episode(slot, task, injector.wrap_policy(policy), cfg, canaries, random.Random(f"{seed}:{seq}"),
+                  injector, prepared)
+    destroy = False
     try:
         verdict = ep.run()
+    except PolicyFault as e:
+        verdict, destroy = ep.failed(e.reason), e.destroy
     except InvalidAttempt as e:
         verdict = Verdict.invalid(e.cause, e.detail)
     except SubstrateError as e:
@@ -113,7 +134,7 @@ def run_attempt(
     if ep.token:
         canaries.retire(ep.token)
     teardown = 0.0
-    if verdict.cause in DESTROY_AFTER:
+    if verdict.cause in DESTROY_AFTER or destroy:
         try:
             teardown = slot.destroy()
         except Exception as e:  # the attempt stays invalid; say that the destroy failed too
@@ -145,68 +166,104 @@ def run_attempt(
 
 
 class _Episode:
-    """The body of one attempt; raises ``InvalidAttempt`` (or a substrate/policy error) on a fault."""
+    """The body of one attempt; raises ``InvalidAttempt`` (or a substrate/policy error) on a fault,
+    ``PolicyFault`` when the policy's own doing ended it."""
 
     def __init__(self, slot: Slot, task: Task, policy: Policy, cfg: RolloutConfig,
-                 canaries: CanaryRegistry, rng: random.Random, fault: InvalidCause | None,
+                 canaries: CanaryRegistry, rng: random.Random, injector: Injector,
                  prepared: dict[str, object] | None = None) -> None:
         self.slot, self.env, self.task, self.policy, self.cfg = slot, slot.env, task, policy, cfg
-        self.canaries, self.rng, self.fault, self.prepared = canaries, rng, fault, prepared
+        self.canaries, self.rng, self.inject, self.prepared = canaries, rng, injector, prepared
         self.phases: dict[str, float] = {}
         self.steps: list[float] = []
         self.token: str | None = None
         self.deadline = 0.0
 
     def run(self) -> Verdict:
-        env, fault, cfg = self.env, self.fault, self.cfg
+        env, cfg, inject = self.env, self.cfg, self.inject
         if self.prepared is None:
             self._reset()
-        box = env.box
-        if fault is InvalidCause.DIRTY_RESET:
-            box.write_file(f"{box.paths.work}/.stray-from-earlier-attempt", b"left behind\n")
+        inject.after_reset(env)
         if self.prepared is None:
             gates.check_reset(env, self.task)  # gate 1
         else:
             gates.check_faithful(env, self.prepared)  # gate 1 for a continuation
+        box = env.box
         self.token = self.canaries.issue(box.id)  # planted after gate 1: the digests never see it
         plant(box, self.token)
 
         self.deadline = time.monotonic() + cfg.episode_timeout_s
-        if fault is InvalidCause.BAD_OBSERVATION:
-            env.break_observation_channel()
-        obs = env.observe(min(cfg.step_timeout_s, cfg.episode_timeout_s))
+        inject.before_observe(env)
+        try:
+            obs = env.observe(min(cfg.step_timeout_s, cfg.episode_timeout_s))
+        finally:
+            inject.after_observe(env)
         if obs.timed_out:
-            raise InvalidAttempt(InvalidCause.STEP_TIMEOUT, "the first observation timed out")
+            self._timed_out(InvalidCause.STEP_TIMEOUT, "the first observation timed out")
         gates.check_observation(env, obs)  # gate 4
-        self._inject_before_policy()
 
         self.policy.begin(self.task, self.rng)
         while True:
             self._check_deadline()
             if cfg.think_time_s:
                 time.sleep(min(cfg.think_time_s, max(0.0, self.deadline - time.monotonic())))
-            if fault is InvalidCause.POLICY_UNAVAILABLE:
-                unreachable_endpoint()
             action = self.policy.act(obs)
             if action.kind == SUBMIT:
                 break
             if env.step_count >= cfg.max_steps:
-                raise InvalidAttempt(InvalidCause.EPISODE_TIMEOUT, f"more than {cfg.max_steps} steps")
+                raise PolicyFault(f"truncated: the policy did not submit within {cfg.max_steps} steps")
             obs = self._step(action)
 
-        if fault is InvalidCause.SUBSTRATE_FAILURE:
-            box.destroy()  # gone behind the rollout's back, as when a host reaps a container
+        inject.before_stage_verifier(env)
         t0 = time.monotonic()
-        env.stage_verifier(self.task)
-        if fault is InvalidCause.VERIFIER_UNAVAILABLE:
-            env.break_verifier()
-        done = env.run_verifier(self.task, getattr(self.task, "verify_timeout", 60.0))  # gate 5
-        self.phases["verify"] = time.monotonic() - t0
-
-        if fault is InvalidCause.CONTAMINATION:
-            box.write_file(f"{box.paths.tmp}/from-neighbour", self.canaries.any_other(self.token).encode())
+        try:
+            env.stage_verifier(self.task)
+            inject.after_stage_verifier(env)
+            done = env.run_verifier(self.task, self.task.verify_timeout)  # gate 5
+            reason = ""
+        except PolicyFault as e:
+            if e.destroy:
+                raise
+            done, reason = False, e.reason
+        except MissingDependency as e:
+            self._missing_dependency(e)
+        finally:
+            self.phases["verify"] = time.monotonic() - t0
+        inject.after_verify(env, self.token, self.canaries)
         gates.check_isolation(env, self.token, self.canaries)  # gate 6
-        return Verdict.success() if done else Verdict.failed()
+        return Verdict.success() if done else Verdict.failed(reason)
+
+    def failed(self, reason: str) -> Verdict:
+        """The policy ended the attempt; gate 6 still applies (a contaminated attempt is invalid)."""
+        if self.token is not None and self.slot.sandbox is not None:
+            try:
+                gates.check_isolation(self.env, self.token, self.canaries)
+            except InvalidAttempt as e:
+                return Verdict.invalid(e.cause, e.detail)
+            except Exception:  # noqa: BLE001 - the sandbox may be wedged; its failure stands
+                pass
+        return Verdict.failed(reason)
+
+    def _timed_out(self, cause: InvalidCause, what: str) -> None:
+        """Attribute a timeout: evidence from the sandbox's own state -> invalid; a live sandbox ->
+        the policy's hang (failed, the sandbox destroyed)."""
+        evidence = self.env.box.probe()
+        if evidence:
+            raise InvalidAttempt(cause, f"{what}: {evidence}")
+        raise PolicyFault(f"{what} in a live sandbox (the policy's action hung)", destroy=True)
+
+    def _missing_dependency(self, e: MissingDependency) -> None:
+        """Confirm in a fresh sandbox of the same substrate that the module is missing there too."""
+        fresh = self.slot.substrate.create()
+        try:
+            res = fresh.exec(["python3", "-I", "-c", "import importlib.util, sys\n"
+                              "sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)", e.module],
+                             timeout=30, cwd=fresh.paths.root)
+        finally:
+            fresh.destroy()
+        if res.exit_code == 3:
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"{e.detail} (a fresh sandbox lacks it too)")
+        raise PolicyFault(f"{e.detail}, but a fresh sandbox has it: the attempt removed it")
 
     def _reset(self) -> None:
         slot = self.slot
@@ -229,10 +286,11 @@ class _Episode:
     def _check_deadline(self) -> float:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            raise InvalidAttempt(InvalidCause.EPISODE_TIMEOUT, f"episode passed {self.cfg.episode_timeout_s:g} s")
+            self._timed_out(InvalidCause.EPISODE_TIMEOUT, f"episode passed {self.cfg.episode_timeout_s:g} s")
         return remaining
 
     def _step(self, action: Action) -> Observation:
+        self.inject.before_step(self.env, self.deadline, self.cfg.step_timeout_s)
         remaining = self._check_deadline()
         step_limit = self.cfg.step_timeout_s
         limit, cause = ((step_limit, InvalidCause.STEP_TIMEOUT) if step_limit < remaining
@@ -242,25 +300,9 @@ class _Episode:
         self.steps.append(time.monotonic() - t0)
         self.slot.last_action = action
         if obs.timed_out:  # gate 3
-            raise InvalidAttempt(cause, f"step {obs.step} ({action.kind}) ran past {limit:.2f} s")
+            self._timed_out(cause, f"step {obs.step} ({action.kind}) ran past {limit:.2f} s")
         gates.check_observation(self.env, obs)  # gate 4
         return obs
-
-    def _inject_before_policy(self) -> None:
-        env, fault = self.env, self.fault
-        if fault is InvalidCause.STALE_GENERATION:
-            previous = self.slot.last_action
-            if previous is None or previous.generation == env.generation:
-                previous = Action("shell", env.generation - 1, {"command": "true"})
-            self._step(previous)
-        elif fault is InvalidCause.STEP_TIMEOUT:
-            self._step(Action("shell", env.generation, {"command": "sleep 3600"}))
-        elif fault is InvalidCause.EPISODE_TIMEOUT:
-            # Each pause fits the step timeout with room for the substrate's exec overhead, so it is
-            # the episode deadline that ends the attempt.
-            pause = f"sleep {self.cfg.step_timeout_s * 0.5:.3f}"
-            while True:
-                self._step(Action("shell", env.generation, {"command": pause}))
 
 
 __all__ = ["Outcome", "RolloutConfig", "Slot", "run_attempt"]

@@ -12,7 +12,10 @@ Contracts:
 - ``stage_verifier(task)`` then ``run_verifier(task, timeout)``: True when the task is done, False
   when it is not; ``InvalidAttempt(verifier_unavailable)`` when the verifier could not give an
   answer. A verifier that runs and says "not done" is never an error.
-- ``break_observation_channel()`` arms a real fault for the next observation (fault injection).
+- ``run_verifier`` may raise ``PolicyFault`` (the code under test ended the verification: failed,
+  with its reason) and ``MissingDependency`` (the rollout confirms it in a fresh sandbox).
+- ``break_verifier()`` damages the staged verifier from the host (fault injection). Environments
+  whose observations do not travel through ``Sandbox.exec`` offer ``BreakableObservation``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Task(ABC):
     env_kind: ClassVar[str]
     description: str
     start_fingerprint: str
+    verify_timeout: float = 60.0
 
     @abstractmethod
     def oracle_plan(self) -> list[ActionSpec]:
@@ -139,9 +143,6 @@ class Environment(ABC):
     def run_verifier(self, task: Task, timeout: float) -> bool: ...
 
     @abstractmethod
-    def break_observation_channel(self) -> None: ...
-
-    @abstractmethod
     def break_verifier(self) -> None:
         """Really break the staged verifier (fault injection): it must crash when run."""
 
@@ -161,3 +162,12 @@ class Environment(ABC):
         """In-sandbox folders searched for other sandboxes' canaries."""
         p = self.box.paths
         return [p.work, p.home, p.tmp]
+
+
+class BreakableObservation(ABC):
+    """An environment whose observation channel the host can break for real (fault injection),
+    where observations do not come through ``Sandbox.exec`` (e.g. the desktop's X server)."""
+
+    @abstractmethod
+    def break_observation_channel(self) -> None:
+        """Make the next observation unusable, as a real fault of the channel would."""

@@ -1,44 +1,58 @@
 """The coding environment: a repository in the sandbox's work folder, shell actions, a test verifier.
 
 Actions: ``shell`` {command}, ``write`` {path, content}, ``patch`` {patch} (``git apply``),
-``submit``. Observations: {exit_code, stdout, stderr, truncated}. Every command's output ends with
-an end marker that names the generation and step; an observation whose marker did not arrive
-(the output channel broke) is unusable (``bad_observation``).
+``submit``. Observations: {exit_code, stdout, stderr, truncated}.
+
+Framing: the policy's command runs in a child shell; the harness's outer shell prints an end
+marker (generation, step and a random part) after it. The command cannot close or replace the
+outer shell's output, so what it does to its own streams (``exec prog``, ``exec 1>&-``, killing
+itself) is its own business: a valid observation. A missing marker is a transport fault only with
+evidence: the outer shell exited normally, nothing timed out and the output was not truncated —
+then bytes were lost between sandbox and harness (``bad_observation``). Output after the marker
+(a background process) is cut off, never parsed.
+
+Verification: ``verify_runner.py`` (see its docstring) prints a verdict authenticated with a
+per-verification secret handed over on stdin; the code under test never holds it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import posixpath
+import secrets
 from pathlib import Path
 from typing import Any
 
 from drumsbench.envs.base import Action, Environment, Observation, Task
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.errors import InvalidAttempt
+from drumsbench.errors import InvalidAttempt, MissingDependency, PolicyFault
 from drumsbench.outcome import InvalidCause
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
+EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
 OBS_LIMIT = 16 * 1024
-# The end marker is printed by an EXIT trap, so it follows the command even when the command
-# calls `exit`, at no extra fork. A command that replaces the shell (`exec prog`) loses it and is
-# reported as a bad observation: invalid, never reward 0.
-_WRAP = 'trap \'s=$?; {BREAK}printf "\\n%s %d\\n" "$2" "$s"\' EXIT; eval "$1"'
+# $1: the policy's command, run by a child shell; $2: the end marker, printed by this outer shell.
+_WRAP = '/bin/sh -c "$1"; s=$?; printf "\\n%s %d\\n" "$2" "$s"; exit $s'
+# Seconds of the verifier's limit kept for the runner to report after the code under test is stopped.
+VERIFY_MARGIN_S = 2.0
 
 
 class CodingEnv(Environment):
     kind = "coding"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._break_next = False
 
     def _write_start(self, task: Task) -> None:
         assert isinstance(task, CodingTask)
         self.box.put_files(self.box.paths.work, task.files)
 
     def fingerprint(self) -> str:
-        return self.box.tree_digest(self.box.paths.work)
+        """The work tree's digest; home and tmp must be empty (the policy can write them too)."""
+        p = self.box.paths
+        for folder in (p.home, p.tmp):
+            if self.box.tree_digest(folder) != EMPTY_TREE:
+                return f"not empty: {folder}"
+        return self.box.tree_digest(p.work)
 
     def capture(self) -> dict[str, Any]:
         """A coding state is its work tree (the shell keeps no state between actions)."""
@@ -46,34 +60,26 @@ class CodingEnv(Environment):
 
     # -- observations ------------------------------------------------------------------------
     def _shell(self, command: str, timeout: float) -> Observation:
-        marker = f"__DRUMSBENCH_END_{self.generation}_{self.step_count}__"
-        wrap = _WRAP.replace("{BREAK}", "exec 1>&-; " if self._break_next else "")
-        self._break_next = False
-        res = self.box.exec(["/bin/sh", "-c", wrap, "drumsbench", command, marker], timeout=timeout,
+        marker = f"__DRUMSBENCH_END_{self.generation}_{self.step_count}_{secrets.token_hex(4)}__"
+        res = self.box.exec(["/bin/sh", "-c", _WRAP, "drumsbench", command, marker], timeout=timeout,
                             output_limit=OBS_LIMIT)
         out = res.stdout
         tail = f"\n{marker} ".encode()
         cut = out.rfind(tail)
         content: dict[str, object] = {"stderr": res.stderr.decode(errors="replace"),
-                                      "truncated": res.truncated}
-        if cut >= 0 and not res.timed_out:
-            content["exit_code"] = int(out[cut + len(tail):].strip() or b"-1")
-            content["stdout"] = out[:cut].decode(errors="replace")
-        else:
-            content["exit_code"] = None
-            content["stdout"] = out.decode(errors="replace")
+                                      "truncated": res.truncated, "exit_code": res.exit_code,
+                                      "stdout": (out[:cut] if cut >= 0 else out).decode(errors="replace")}
+        if cut < 0 and res.exit_code >= 0 and not res.timed_out and not res.truncated:
+            content["lost"] = True  # the outer shell ended normally, yet its marker never arrived
         return Observation(self.generation, self.step_count, content, timed_out=res.timed_out)
 
     def observe(self, timeout: float) -> Observation:
         return self._shell("find . -type f | sort | head -200", timeout)
 
     def observation_problem(self, obs: Observation) -> str | None:
-        if obs.content.get("exit_code") is None:
-            return "the command's end marker never arrived: output channel lost"
+        if obs.content.get("lost"):
+            return "the end marker of a normally ended command never arrived: output lost in transport"
         return None
-
-    def break_observation_channel(self) -> None:
-        self._break_next = True
 
     # -- actions -----------------------------------------------------------------------------
     def _result(self, code: int, stderr: str) -> Observation:
@@ -98,28 +104,72 @@ class CodingEnv(Environment):
 
     # -- verifier ----------------------------------------------------------------------------
     def stage_verifier(self, task: Task) -> None:
+        """End every process the policy left, then copy the runner and the hidden tests."""
         assert isinstance(task, CodingTask)
+        self.box.end_processes()
         files = {"runner.py": RUNNER, **{f"tests/{name}": data for name, data in task.hidden.items()}}
         self.box.put_files(self.box.paths.verify, files)
 
     def break_verifier(self) -> None:
+        """Damage the staged runner from the host (fault injection): it cannot even start."""
         self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
 
     def run_verifier(self, task: Task, timeout: float) -> bool:
-        res = self.box.exec(["python3", f"{self.box.paths.verify}/runner.py", self.box.paths.verify],
-                            timeout=timeout, output_limit=OBS_LIMIT)
-        out = res.stdout.decode(errors="replace")
+        """True: passed; False: the tests ran and did not pass. ``PolicyFault`` when the code under
+        test ended the verification itself (reason recorded); ``MissingDependency`` when a hidden
+        test needs a module the sandbox lacks; ``InvalidAttempt(verifier_unavailable)`` only with
+        evidence that the runner did not get to run the tests or to report (its authenticated
+        READY missing, no tests defined) or that the sandbox itself failed (see ``Sandbox.probe``)."""
+        assert isinstance(task, CodingTask)
+        secret = secrets.token_bytes(32)
+        config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
+                  "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
+        res = self.box.exec(["python3", "-I", f"{self.box.paths.verify}/runner.py", self.box.paths.verify],
+                            timeout=timeout, output_limit=OBS_LIMIT,
+                            stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
+        lines = res.stdout.decode(errors="replace").splitlines()
         err = res.stderr.decode(errors="replace")[-200:]
-        if res.timed_out:
-            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier timed out after {timeout:g} s")
-        if "DRUMSBENCH_VERIFIER_READY" not in out:
+        ready = "DRUMSBENCH_READY " + _mac(secret, "ready")
+        if ready not in lines:
+            if res.timed_out:
+                evidence = self.box.probe()
+                raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
+                                     f"verifier did not start within {timeout:g} s ({evidence or 'sandbox alive'})")
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
                                  f"verifier did not start (exit {res.exit_code}): {err}")
-        for line in reversed(out.splitlines()):
-            if line.startswith("DRUMSBENCH_VERDICT "):
-                try:
-                    return bool(json.loads(line.split(" ", 1)[1])["passed"])
-                except (ValueError, KeyError) as e:
-                    raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"unreadable verdict: {e}") from None
-        raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
-                             f"verifier crashed before its verdict (exit {res.exit_code}): {err}")
+        verdict = _authentic_verdict(lines, secret)
+        if verdict is None:
+            # The runner started; the code under test ran in its child. Only the sandbox's own state
+            # can make this infrastructure.
+            evidence = self.box.probe()
+            if evidence:
+                raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier gave no verdict: {evidence}")
+            raise PolicyFault(f"the verifier gave no verdict after the code under test ran "
+                              f"(exit {res.exit_code}{', timed out' if res.timed_out else ''})", destroy=True)
+        status = verdict.get("status")
+        if status == "passed":
+            return True
+        if status == "no_tests":
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, str(verdict.get("reason")))
+        if status == "missing_dependency":
+            raise MissingDependency(str(verdict.get("module")), str(verdict.get("reason")))
+        raise PolicyFault(f"verifier: {verdict.get('reason') or 'tests did not pass'}")
+
+
+def _mac(secret: bytes, text: str) -> str:
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _authentic_verdict(lines: list[str], secret: bytes) -> dict[str, object] | None:
+    """The one verdict line whose MAC checks out (anything else on the streams is ignored)."""
+    for line in lines:
+        if not line.startswith("DRUMSBENCH_VERDICT "):
+            continue
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and hmac.compare_digest(parts[1], _mac(secret, parts[2])):
+            try:
+                verdict = json.loads(parts[2])
+            except ValueError:
+                return None
+            return verdict if isinstance(verdict, dict) else None
+    return None

@@ -1,39 +1,375 @@
-"""Verifier runner, copied into a sandbox's verify folder and run there as ``python3 runner.py DIR``.
+"""Verifier runner: copied into a sandbox's verify folder and run there; its verdict cannot be forged.
 
-It runs the hidden unittest files in ``DIR/tests`` with the current directory (the work folder)
-first on ``sys.path``, and prints exactly one verdict line on stdout:
+Run by the harness as ``python3 -I runner.py VERIFY_DIR`` in the work folder with two lines on stdin:
+a per-verification secret (hex) and a JSON config ``{"tests": [file names], "limit_s": seconds,
+"task_modules": [top-level names the task's own files provide]}``.
+The secret never appears on a command line, in the environment or in a file.
 
-    DRUMSBENCH_VERDICT {"tests": N, "failures": F, "errors": E, "skipped": S, "passed": true|false}
+Two processes:
 
-It prints ``DRUMSBENCH_VERIFIER_READY`` first: a run without READY never started (unavailable),
-a run with READY and no verdict crashed (unavailable). Failing or erroring tests — including an
-import error in the policy's code — are a valid "not done".
+- The **parent** (this file, ``main``) never imports the code under test. It reads the secret, makes
+  itself non-dumpable (so processes of the same user cannot read its memory), lists the hidden
+  tests it expects from the test files' syntax (``ast``, no import), then prints
+  ``DRUMSBENCH_READY <mac>`` and starts the child. It reads the child's report from a pipe, enforces
+  the time limit, and prints exactly one ``DRUMSBENCH_VERDICT <mac> <json>``. ``mac`` is
+  HMAC-SHA256(secret, text): the code under test never holds the secret, so it cannot print a
+  verdict the harness accepts — on any stream, at exit, or from a background process.
+- The **child** (``python3 -I runner.py --child VERIFY_DIR FD``) imports the hidden tests (and so the
+  code under test) and runs them. Before any of that code is imported it sends a hello carrying a
+  fresh nonce that every later message repeats, binds everything it needs to local names and
+  installs an audit hook (PEP 578) that refuses what would let the code under test reach the
+  runner's own objects or the parent: frame and garbage-collector introspection, tracing, native
+  code (ctypes), process creation, signals, and reading /proc. After every test it checks that the
+  test framework's classes were not changed.
+
+Verdict statuses (the harness maps them; see docs/attribution.md):
+
+- ``passed``: every expected test ran and passed (a skipped test never counts as passed);
+- ``failed``: anything the code under test did — a failing, erroring or skipped test, an import
+  error in the work tree, an exit or signal of the child, a hang past the limit, a flood, a refused
+  operation, a changed framework — with the reason;
+- ``no_tests``: the hidden test files define no test (a broken task: infrastructure);
+- ``missing_dependency``: a hidden test file's own import statement names a module that is not one
+  of the task's and that the sandbox's Python does not find with the work tree off ``sys.path``.
+  The harness confirms it in a fresh sandbox (the policy could have deleted the module in this
+  one) before it calls the attempt infrastructure.
 """
 
-import io
+import ast
+import hashlib
+import hmac
 import json
 import os
+import select
+import signal
+import subprocess
 import sys
-import unittest
+import time
+
+MAX_LINE = 64 * 1024
+MAX_REPORT = 4 * 1024 * 1024
 
 
-def main() -> None:
-    print("DRUMSBENCH_VERIFIER_READY", flush=True)
+# -- parent -----------------------------------------------------------------------------------------
+def _mac(secret, text):
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _no_dump():
+    """Make this process non-dumpable: same-user processes cannot ptrace it or read /proc/PID/mem."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:
+        pass
+
+
+def _expected_tests(verify_dir, names):
+    """``module.Class.test_method`` of every test method defined in the hidden files, by syntax."""
+    expected = []
+    for name in names:
+        module = name[:-3] if name.endswith(".py") else name
+        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
+            tree = ast.parse(f.read(), filename=name)
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
+                        expected.append(f"{module}.{node.name}.{item.name}")
+    return expected
+
+
+def _test_imports(verify_dir, names):
+    """Top-level modules that the hidden test files import themselves (by syntax)."""
+    found = set()
+    for name in names:
+        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
+            tree = ast.parse(f.read(), filename=name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def _image_has(module):
+    """Does the image provide top-level ``module`` with the work tree and the tests off sys.path?"""
+    import importlib.util
+
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [p for p in saved if p and os.path.isabs(p) and not p.startswith(os.getcwd())]
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path[:] = saved
+
+
+def _read_report(proc, rfd, deadline):
+    """Events from the child until EOF, the deadline or a flood: (events, problem or None)."""
+    events, buf, total, nonce = [], b"", 0, None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return events, "timeout"
+        ready, _, _ = select.select([rfd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(rfd, 65536)
+        if not chunk:
+            return events, None
+        total += len(chunk)
+        if total > MAX_REPORT:
+            return events, "flood"
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # not from the runner's writer: ignored
+            if not isinstance(ev, dict):
+                continue
+            if nonce is None:
+                if ev.get("ev") != "hello" or not isinstance(ev.get("n"), str):
+                    return events, "the child's first message was not its hello"
+                nonce = ev["n"]
+                continue
+            if ev.get("n") != nonce:
+                continue  # not carrying the nonce: not from the runner's writer
+            events.append(ev)
+        if len(buf) > MAX_LINE:
+            return events, "flood"
+
+
+def _verdict(expected, events, problem, exit_code, test_imports=frozenset(), task_modules=frozenset()):
+    by_id, import_errors, reason, done = {}, [], None, False
+    for ev in events:
+        kind = ev.get("ev")
+        if kind == "test":
+            by_id.setdefault(str(ev.get("id")), []).append(str(ev.get("status")))
+        elif kind == "import_error":
+            import_errors.append(ev)
+        elif kind == "refused" and reason is None:
+            reason = f"the code under test tried a refused operation: {ev.get('what')}"
+        elif kind == "tampered" and reason is None:
+            reason = f"the code under test changed the test framework: {ev.get('what')}"
+        elif kind == "done":
+            done = True
+    counts = {"expected": len(expected), "reported": sum(len(v) for v in by_id.values())}
+    for status in ("pass", "fail", "error", "skip", "xfail", "xpass"):
+        counts[status] = sum(v.count(status) for v in by_id.values())
+    if not expected:
+        return {"status": "no_tests", "reason": "the hidden test files define no test", **counts}
+    for ev in import_errors:
+        top = str(ev.get("missing") or "").split(".")[0]
+        if top and top in test_imports and top not in task_modules and not _image_has(top):
+            return {"status": "missing_dependency", "module": top,
+                    "reason": f"hidden test {ev.get('file')} imports {top}, which the image lacks", **counts}
+    if problem == "timeout":
+        reason = "the code under test ran past the verifier's time limit"
+    elif problem == "flood":
+        reason = "the code under test flooded the report channel"
+    elif problem:
+        reason = problem
+    if reason is None and import_errors:
+        ev = import_errors[0]
+        reason = f"hidden test {ev.get('file')} could not import: {ev.get('error')}"
+    if reason is None and not done:
+        reason = f"the verification ended before its last test (child exit {exit_code})"
+    if reason is None:
+        missing_ids = [t for t in expected if "pass" not in by_id.get(t, [])]
+        bad = [t for t, v in by_id.items() if any(s != "pass" for s in v)]
+        if missing_ids or bad:
+            first = (bad or missing_ids)[0]
+            reason = (f"{len(expected) - len(missing_ids)} of {len(expected)} expected tests passed; "
+                      f"{first}: {','.join(by_id.get(first, ['not run']))}")
+    if reason is None:
+        return {"status": "passed", "reason": "", **counts}
+    return {"status": "failed", "reason": reason[:300], **counts}
+
+
+def main():
+    secret = bytes.fromhex(sys.stdin.readline().strip())
+    config = json.loads(sys.stdin.readline())
+    if len(secret) < 16:
+        raise SystemExit("runner: no secret on stdin")
+    _no_dump()
     verify_dir = os.path.abspath(sys.argv[1])
-    sys.path.insert(0, os.getcwd())
-    suite = unittest.TestLoader().discover(os.path.join(verify_dir, "tests"), pattern="test_*.py",
-                                           top_level_dir=os.path.join(verify_dir, "tests"))
-    result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
-    verdict = {
-        "tests": result.testsRun,
-        "failures": len(result.failures),
-        "errors": len(result.errors),
-        "skipped": len(result.skipped),
-        "passed": result.testsRun > 0 and result.wasSuccessful(),
-    }
-    sys.stdout.write("DRUMSBENCH_VERDICT " + json.dumps(verdict) + "\n")
+    expected = _expected_tests(verify_dir, config["tests"])
+    print("DRUMSBENCH_READY " + _mac(secret, "ready"), flush=True)
+    deadline = time.monotonic() + float(config["limit_s"])
+    rfd, wfd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-I", os.path.abspath(__file__), "--child", verify_dir, str(wfd), *config["tests"]],
+        pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    os.close(wfd)
+    events, problem = _read_report(proc, rfd, deadline)
+    try:
+        exit_code = proc.wait(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        exit_code = None
+        problem = problem or "timeout"
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child's session: whatever it left running
+    except OSError:
+        pass
+    if exit_code is None:
+        proc.wait()
+    verdict = json.dumps(_verdict(expected, events, problem, exit_code, _test_imports(verify_dir, config["tests"]),
+                                  frozenset(config.get("task_modules", ()))), sort_keys=True)
+    sys.stdout.write(f"DRUMSBENCH_VERDICT {_mac(secret, verdict)} {verdict}\n")
     sys.stdout.flush()
 
 
+# -- child ------------------------------------------------------------------------------------------
+def child():
+    """Run the hidden tests; report on fd ``argv[3]``. Everything it uses later is bound to locals
+    (and closures) before the first import of the code under test, so patching module globals or
+    ``os`` does not reach it."""
+    import secrets
+    import unittest
+
+    verify_dir, fd, names = sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+    write, dumps, monotonic = os.write, json.dumps, time.monotonic
+    nonce = secrets.token_hex(16)
+    write(fd, (dumps({"ev": "hello", "n": nonce}) + "\n").encode())
+
+    def emit(**ev):
+        ev["n"] = nonce
+        try:
+            write(fd, (dumps(ev, default=str)[:MAX_LINE - 2] + "\n").encode())
+        except OSError:
+            pass
+
+    frame_attrs = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+    no_import = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
+    refused_events = frozenset({
+        "sys._current_frames", "sys.settrace", "sys.setprofile", "gc.get_objects",
+        "gc.get_referrers", "gc.get_referents", "os.kill", "os.killpg", "signal.pthread_kill",
+        "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+        "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "pty.spawn",
+        "os.startfile", "code.__new__", "function.__new__", "sys.remote_exec",
+    })
+    report_refusal = [True]
+
+    def refuse(what):
+        if report_refusal[0]:
+            report_refusal[0] = False
+            emit(ev="refused", what=what)
+            report_refusal[0] = True
+        return PermissionError(f"refused while the verifier runs: {what}")
+
+    def hook(event, args):
+        if event == "sys._getframe":
+            raise ValueError("frame introspection is refused while the verifier runs")
+        if event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attrs:
+            raise AttributeError(f"{args[1]} is refused while the verifier runs")
+        if event in refused_events:
+            raise refuse(event)
+        if event == "import" and args and str(args[0]).split(".")[0] in no_import:
+            raise refuse(f"import {args[0]}")
+        if event in ("open", "os.listdir", "os.scandir") and args:
+            path = args[0]
+            if isinstance(path, bytes):
+                path = path.decode(errors="replace")
+            if isinstance(path, str) and os.path.abspath(path).startswith("/proc/"):
+                raise refuse(f"{event} {path}")
+
+    # assertRaises clears its traceback's frames (only to free memory) through tb_frame, which the
+    # hook refuses: give unittest a traceback module whose clear_frames leaves them.
+    import types
+
+    unittest.case.traceback = types.SimpleNamespace(clear_frames=lambda tb: None)
+    # The framework's parts as they were before the code under test could run.
+    watched = [unittest.TestCase, unittest.TestSuite, unittest.TestResult, unittest.TestLoader,
+               unittest.case._Outcome, unittest.FunctionTestCase, unittest.SkipTest]
+    snapshot = {(c, k): v for c in watched for k, v in vars(c).items()}
+    module_snapshot = {(m, k): v for m in (unittest, unittest.case, unittest.suite)
+                       for k, v in vars(m).items() if not k.startswith("__")}
+    items, vars_ = snapshot.items, vars
+
+    def tampered():
+        for (cls, key), value in items():
+            if vars_(cls).get(key, value) is not value or key not in vars_(cls):
+                return f"{cls.__name__}.{key}"
+        for (mod, key), value in module_snapshot.items():
+            if vars_(mod).get(key) is not value:
+                return f"{mod.__name__}.{key}"
+        return None
+
+    statuses = {}
+
+    class Result(unittest.TestResult):
+        def _put(self, test, status):
+            tid = test.id()
+            if statuses.get(tid, "pass") == "pass":
+                statuses[tid] = status
+
+        def addSuccess(self, test):
+            self._put(test, "pass")
+
+        def addFailure(self, test, err):
+            self._put(test, "fail")
+
+        def addError(self, test, err):
+            self._put(test, "error")
+
+        def addSkip(self, test, reason):
+            self._put(test, "skip")
+
+        def addExpectedFailure(self, test, err):
+            self._put(test, "xfail")
+
+        def addUnexpectedSuccess(self, test):
+            self._put(test, "xpass")
+
+        def addSubTest(self, test, subtest, err):
+            if err is not None:
+                self._put(test, "fail")
+
+    tests_dir = os.path.join(verify_dir, "tests")
+    sys.path[:0] = [os.getcwd(), tests_dir]
+    loader, result = unittest.TestLoader(), Result()
+    sys.addaudithook(hook)
+    for name in names:
+        module = name[:-3]
+        try:
+            suite = loader.loadTestsFromModule(__import__(module))
+        except BaseException as e:  # an import of the code under test may raise anything
+            emit(ev="import_error", file=name, error=f"{type(e).__name__}: {e}"[:300],
+                 missing=e.name if isinstance(e, ModuleNotFoundError) else None)
+            continue
+        bad = tampered()
+        if bad:
+            emit(ev="tampered", what=bad)
+            return
+        for test in _flatten(suite):
+            t0 = monotonic()
+            test.run(result)
+            bad = tampered()
+            if bad:
+                emit(ev="tampered", what=bad)
+                return
+            tid = test.id()
+            emit(ev="test", id=tid, status=statuses.get(tid, "error"), s=round(monotonic() - t0, 4))
+    emit(ev="done")
+
+
+def _flatten(suite):
+    for item in suite:
+        if hasattr(item, "__iter__"):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child()
+    else:
+        main()

@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from drumsbench.envs.base import Action, ActionSpec, Environment, Observation, Task
+from drumsbench.envs.base import Action, ActionSpec, BreakableObservation, Environment, Observation, Task
 from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.instance import (
     HOSTNAME,
@@ -140,7 +140,7 @@ class ArtifactSink:
         return None
 
 
-class DesktopEnv(Environment):
+class DesktopEnv(Environment, BreakableObservation):
     kind = "desktop"
 
     def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
