@@ -2,11 +2,19 @@
 
 Like ``fingerprint``, the function is shipped into sandboxes as source (``SCAN_SCRIPT``) so the
 same code runs on the host and inside any substrate.
+
+The tokens are secrets of the isolation gate: they must never appear on a host command line or in
+a host file outside the sandbox (runc, for one, writes every exec's argv and environment to
+``/tmp/runc-process*`` on the host, where the shared-places check would find them). So
+``SCAN_SCRIPT`` reads its folders and tokens as JSON on **stdin** (``scan_request``) and prints the
+*indices* of the tokens it found (``scan_hits`` maps them back), so not even its output carries one.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+from collections.abc import Sequence
 
 
 def scan_tokens(folders: list[str], tokens: list[str], max_file_bytes: int = 8 << 20) -> set[str]:
@@ -31,7 +39,23 @@ def scan_tokens(folders: list[str], tokens: list[str], max_file_bytes: int = 8 <
 
 
 SCAN_SCRIPT = (
-    "import sys\n\n"
+    "import json, sys\n\n"
     + inspect.getsource(scan_tokens)
-    + "\nprint(','.join(sorted(scan_tokens(sys.argv[1].split(','), sys.argv[2].split(',')))))\n"
+    + "\n_req = json.loads(sys.stdin.buffer.read())\n"
+    "_hits = scan_tokens(_req['folders'], _req['tokens'])\n"
+    "print(','.join(str(i) for i, t in enumerate(_req['tokens']) if t in _hits))\n"
 )
+
+
+def scan_request(folders: Sequence[str], tokens: Sequence[str]) -> bytes:
+    """``SCAN_SCRIPT``'s stdin."""
+    return json.dumps({"folders": list(folders), "tokens": list(tokens)}).encode()
+
+
+def scan_hits(output: str, tokens: Sequence[str]) -> set[str]:
+    """The tokens ``SCAN_SCRIPT``'s output names (by index)."""
+    hits = set()
+    for part in output.strip().split(","):
+        if part.strip().isdigit() and int(part) < len(tokens):
+            hits.add(tokens[int(part)])
+    return hits

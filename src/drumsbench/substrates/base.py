@@ -172,13 +172,28 @@ class Sandbox(ABC):
         return self._run_checked(["python3", "-c", DIGEST_SCRIPT, path], "tree digest")
 
     def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
-        """Which of ``tokens`` occur in any file below ``folders`` (in-sandbox paths)."""
+        """Which of ``tokens`` occur in any file below ``folders`` (in-sandbox paths).
+
+        The tokens travel on the command's stdin, never in its argv or environment (which a runtime
+        may write to host files, e.g. runc's ``/tmp/runc-process*``), and come back as indices."""
+        from drumsbench.errors import SubstrateError
+        from drumsbench.scan import scan_hits, scan_request
+
         if not tokens:
             return set()
-        out = self._run_checked(
-            ["python3", "-c", SCAN_SCRIPT, ",".join(folders), ",".join(tokens)], "canary scan"
+        tokens = list(tokens)
+        res = self.exec(
+            ["python3", "-c", SCAN_SCRIPT],
+            timeout=60.0,
+            cwd=self.paths.root,
+            stdin=scan_request(folders, tokens),
         )
-        return {t for t in out.split(",") if t}
+        if res.exit_code != 0 or res.timed_out:
+            raise SubstrateError(
+                f"{self.substrate}: canary scan failed (exit {res.exit_code}): "
+                f"{res.stderr.decode(errors='replace')[-300:]}"
+            )
+        return scan_hits(res.stdout.decode(), tokens)
 
     def describe(self) -> str:
         return f"{self.substrate}:{self.id}"

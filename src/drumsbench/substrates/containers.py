@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
@@ -111,6 +112,46 @@ kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null
 rm -rf {" ".join(FOLDERS)} /tmp/* /tmp/.[!.]* /var/tmp/* /var/tmp/.[!.]* /dev/shm/* 2>/dev/null
 mkdir -p {" ".join(FOLDERS)} && chmod 1777 {PATHS.tmp} && cd {PATHS.work}
 """
+
+# ``end_processes``: kill every process but pid 1 (the reaper, or the vm's agent) and this script,
+# keeping files. ``kill(-1)`` first (the kernel signals them all at once, so a fork loop cannot
+# outrun it), then /proc is listed until nothing but kernel threads and zombies is left (zombies
+# are reaped by pid 1). Only ever run *inside* a sandbox's own pid namespace or guest: on the host
+# ``kill(-1)`` would kill every process the user may signal.
+END_SCRIPT = """\
+import os, signal, sys, time
+me = os.getpid()
+PF_KTHREAD = 0x00200000
+left = []
+for _ in range(200):
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    left = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in (1, me):
+            continue
+        try:
+            with open("/proc/" + d + "/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_KTHREAD:
+                continue
+        except (OSError, IndexError, ValueError):
+            continue
+        left.append(int(d))
+    if not left:
+        sys.exit(0)
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.01)
+sys.exit("processes survive SIGKILL: " + " ".join(map(str, left[:20])))
+"""
+END_ARGV = ["python3", "-S", "-E", "-c", END_SCRIPT]
+
 
 # read_file through a command: exit 3 when missing, 4 when a folder; $2 = byte limit or "".
 READ_SCRIPT = """\
@@ -230,6 +271,27 @@ def build_lock(name: str, wait: bool = True) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def state_evidence(engine: str, state: Mapping[str, Any]) -> str | None:
+    """What a container's ``State`` (``docker inspect`` / ``podman inspect``) says against it.
+
+    Only what a process inside cannot cause counts: a pause (the cgroup freezer is driven from the
+    host; the container sees its cgroup file system read-only) and the container no longer running
+    (its init, the reaper, ignores every signal sent from inside). ``OOMKilled`` on a running
+    container is not evidence: the policy reaches it by outgrowing the memory limit itself.
+    """
+    if state.get("Paused"):
+        return f"{engine}: the container is paused (a host-side freeze)"
+    status = str(state.get("Status") or "?")
+    if not state.get("Running") or status.lower() not in ("running", ""):
+        detail = [f"exit code {state.get('ExitCode')}"]
+        if state.get("OOMKilled"):
+            detail.append("OOM-killed")
+        if state.get("Error"):
+            detail.append(f"error: {str(state['Error'])[:200]}")
+        return f"{engine}: the container is not running (status {status}, {', '.join(detail)})"
+    return None
 
 
 def decode_tail(data: bytes, n: int = 300) -> str:

@@ -42,6 +42,7 @@ from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -141,7 +142,7 @@ def ensure_image(client: Any | None = None) -> str:
         return tag
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(Sandbox, Freezable):
     def __init__(self, sub: DockerSubstrate, cid: str, sid: str) -> None:
         self.substrate = sub.name
         self.run_id = sub.run_id
@@ -311,9 +312,14 @@ class DockerSandbox(Sandbox):
         except docker.errors.NotFound:
             return True
 
-    # -- reset and destroy ----------------------------------------------------------------------
+    # -- reset, end of processes and destroy ----------------------------------------------------
     def reset_in_place(self) -> None:
         self._run_checked(["/bin/sh", "-c", C.RESET_SCRIPT], "in-place reset")
+
+    def end_processes(self) -> None:
+        """Kill every process in the container but its reaper (``containers.END_SCRIPT``, run in
+        the container's own pid namespace); files stay."""
+        self._run_checked(C.END_ARGV, "ending the sandbox's processes", timeout=60.0)
 
     def destroy(self) -> None:
         if self._destroyed:
@@ -323,8 +329,57 @@ class DockerSandbox(Sandbox):
             self._api.remove_container(self.container_id, force=True)
         except docker.errors.NotFound:
             pass
+        except _api_errors() as first:
+            # A daemon that refuses to remove a paused container: unpause it, then remove.
+            try:
+                with contextlib.suppress(docker.errors.APIError):
+                    self._api.unpause(self.container_id)
+                self._api.remove_container(self.container_id, force=True)
+            except docker.errors.NotFound:
+                pass
+            except _api_errors() as e:
+                raise self._gone(e, f"cannot remove the container ({first})") from e
+
+    # -- gate-side evidence ----------------------------------------------------------------------
+    def probe(self, timeout: float = 5.0) -> str | None:
+        """The daemon's record of the container (``State``: paused, not running), then the base
+        liveness command. Never changes the container."""
+        if self._destroyed:
+            return f"docker: sandbox {self.id} is destroyed"
+        wait = max(timeout, 10.0)  # the daemon's own answer; a loaded host is slow, not absent
+        try:
+            resp = self._api._get(self._api._url("/containers/{0}/json", self.container_id), timeout=wait)
+            state = self._api._result(resp, True).get("State") or {}
+        except docker.errors.NotFound:
+            return f"docker: the container {self.container_id[:12]} is gone (the daemon does not know it)"
         except _api_errors() as e:
-            raise self._gone(e, "cannot remove the container") from e
+            return f"docker: the daemon did not answer an inspect of the container within {wait:g} s: {e}"
+        found = C.state_evidence("docker", state)
+        if found:
+            return found
+        return super().probe(timeout)
+
+    # -- host-side freeze (fault injection only) -------------------------------------------------
+    def freeze(self) -> None:
+        """``docker pause``: the cgroup freezer stops every process of the container."""
+        if self._destroyed:
+            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        try:
+            self._api.pause(self.container_id)
+        except _api_errors() as e:
+            raise self._gone(e, "cannot pause the container") from e
+
+    def thaw(self) -> None:
+        if self._destroyed:
+            return
+        try:
+            self._api.unpause(self.container_id)
+        except docker.errors.APIError as e:
+            if "is not paused" in str(e).lower():  # 409 or 500, depending on the daemon
+                return  # idempotent
+            raise self._gone(e, "cannot unpause the container") from e
+        except _api_errors() as e:
+            raise self._gone(e, "cannot unpause the container") from e
 
 
 def posixpath_join(path: str, target: str) -> str:

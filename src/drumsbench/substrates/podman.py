@@ -40,6 +40,7 @@ from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -48,6 +49,8 @@ from drumsbench.substrates.base import (
 from drumsbench.substrates.hostproc import run_bounded
 
 PODMAN_ERROR = 125  # podman's own failure (also a command's possible exit code: checked)
+# podman exec's exit code when it cannot create the exec session (a paused or stopped container)
+PODMAN_EXEC_REFUSED = 255
 RUNTIME_DIR = Path("/dev/shm/drumsbench-podman")
 
 
@@ -204,7 +207,7 @@ def ensure_image() -> str:
         return tag
 
 
-class PodmanSandbox(Sandbox):
+class PodmanSandbox(Sandbox, Freezable):
     def __init__(self, sub: PodmanSubstrate, cid: str, sid: str) -> None:
         self.substrate = sub.name
         self.run_id = sub.run_id
@@ -285,7 +288,7 @@ class PodmanSandbox(Sandbox):
             if kill.returncode != 0 and not self._running():
                 raise SubstrateError(f"podman: sandbox {self.id}: the container is gone")
             return res
-        if res.exit_code == PODMAN_ERROR and not self._running():
+        if res.exit_code in (PODMAN_ERROR, PODMAN_EXEC_REFUSED) and not self._running():
             raise SubstrateError(
                 f"podman: sandbox {self.id}: exec failed, the container is not running: "
                 f"{C.decode_tail(res.stderr)}"
@@ -344,15 +347,64 @@ class PodmanSandbox(Sandbox):
     def reset_in_place(self) -> None:
         self._run_checked(["/bin/sh", "-c", C.RESET_SCRIPT], "in-place reset")
 
+    def end_processes(self) -> None:
+        """Kill every process in the container but its reaper (``containers.END_SCRIPT``, run in
+        the container's own pid namespace); files stay."""
+        self._run_checked(C.END_ARGV, "ending the sandbox's processes", timeout=60.0)
+
     def destroy(self) -> None:
         if self._destroyed:
             return
         self._destroyed = True
         proc = podman(["rm", "--force", "--time", "0", self.container_id], check=False)
         if proc.returncode != 0 and b"no such container" not in proc.stderr.lower():
+            # A frozen container that podman would not remove: unpause it, then remove.
+            podman(["unpause", self.container_id], check=False)
+            proc = podman(["rm", "--force", "--time", "0", self.container_id], check=False)
+        if proc.returncode != 0 and b"no such container" not in proc.stderr.lower():
             raise SubstrateError(
                 f"podman: cannot remove {self.container_id[:12]}: {C.decode_tail(proc.stderr)}"
             )
+
+    # -- gate-side evidence ----------------------------------------------------------------------
+    def probe(self, timeout: float = 5.0) -> str | None:
+        """Podman's record of the container (``State``: paused, not running), then the base
+        liveness command. Never changes the container."""
+        if self._destroyed:
+            return f"podman: sandbox {self.id} is destroyed"
+        wait = max(timeout, 15.0)  # a CLI process on a loaded host is slow, not absent
+        try:
+            proc = podman(["container", "inspect", "--format", "json", self.container_id],
+                          check=False, timeout=wait)
+        except SubstrateError as e:
+            return f"podman: no answer to an inspect of the container: {e}"
+        if proc.returncode != 0:
+            if b"no such" in proc.stderr.lower():
+                return f"podman: the container {self.container_id[:12]} is gone"
+            return f"podman: inspect of the container failed: {C.decode_tail(proc.stderr)}"
+        try:
+            state = (json.loads(proc.stdout) or [{}])[0].get("State") or {}
+        except (ValueError, IndexError, AttributeError) as e:
+            return f"podman: unreadable inspect of the container: {e}"
+        found = C.state_evidence("podman", state)
+        if found:
+            return found
+        return super().probe(timeout)
+
+    # -- host-side freeze (fault injection only) -------------------------------------------------
+    def freeze(self) -> None:
+        """``podman pause``: the cgroup freezer stops every process of the container."""
+        self._check()
+        podman(["pause", self.container_id])
+
+    def thaw(self) -> None:
+        if self._destroyed:
+            return
+        proc = podman(["unpause", self.container_id], check=False)
+        if proc.returncode != 0 and b"not paused" not in proc.stderr.lower() \
+                and b"state improper" not in proc.stderr.lower():
+            raise SubstrateError(f"podman: cannot unpause {self.container_id[:12]}: "
+                                 f"{C.decode_tail(proc.stderr)}")
 
 
 class PodmanSubstrate(Substrate):

@@ -60,12 +60,14 @@ from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
     SandboxPaths,
     Substrate,
 )
+from drumsbench.substrates.containers import END_ARGV
 from drumsbench.substrates.hostproc import kill_pids, pids_with_env
 from drumsbench.substrates.vm_image import IMAGE_RECIPE, PROBE_MARK, GuestImage, cache_lock, ensure_image, missing_tools
 
@@ -314,6 +316,7 @@ class Qmp:
         self.sock = sock
         self.file = sock.makefile("rwb")
         self.lock = threading.Lock()
+        self.shutdown: dict[str, Any] | None = None  # the data of QEMU's SHUTDOWN event, once seen
 
     def send(self, cmd: str, **args: Any) -> None:
         msg: dict[str, Any] = {"execute": cmd}
@@ -329,6 +332,7 @@ class Qmp:
                 raise SubstrateError("vm: QEMU's monitor closed (QEMU exited)")
             msg = json.loads(line)
             if "event" in msg or "QMP" in msg:
+                self._note(msg)
                 continue
             if "error" in msg:
                 raise SubstrateError(f"vm: QEMU monitor: {msg['error'].get('desc', msg['error'])}")
@@ -338,6 +342,29 @@ class Qmp:
         with self.lock:
             self.send(cmd, **args)
             return self.answer()
+
+    def _note(self, msg: dict[str, Any]) -> None:
+        if msg.get("event") == "SHUTDOWN":
+            self.shutdown = dict(msg.get("data") or {})
+
+    def last_words(self, wait: float = 2.0) -> dict[str, Any] | None:
+        """After QEMU exited: read what its monitor still holds, and return the SHUTDOWN event's
+        data (``{"guest": bool, "reason": ...}``) if QEMU sent one (a SIGKILL leaves none)."""
+        if not self.lock.acquire(timeout=wait):
+            return self.shutdown
+        try:
+            self.sock.settimeout(wait)
+            while True:
+                line = self.file.readline()
+                if not line:
+                    break
+                with contextlib.suppress(ValueError):
+                    self._note(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.lock.release()
+        return self.shutdown
 
     def send_fd(self, name: str, fd: int) -> None:
         """``getfd``: hand QEMU a file descriptor (SCM_RIGHTS) under ``name``."""
@@ -636,7 +663,7 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "vm" / run_id
 
 
-class VmSandbox(Sandbox):
+class VmSandbox(Sandbox, Freezable):
     def __init__(self, substrate: VmSubstrate, sid: str, folder: Path, vm: Qemu) -> None:
         self.substrate = "vm"
         self.run_id = substrate.run_id
@@ -743,6 +770,83 @@ class VmSandbox(Sandbox):
             self._call("reset", 60, dirs=[p.work, p.home, p.tmp, p.verify])
         except AgentError as e:
             raise SubstrateError(f"sandbox {self.id}: in-place reset failed: {e}") from e
+
+    def end_processes(self) -> None:
+        """Kill every guest process but the agent (PID 1), keeping files: ``containers.END_SCRIPT``
+        run through the agent's exec (the agent's ``reset`` also kills them all, but empties the
+        guest's temp folders)."""
+        self._run_checked(END_ARGV, "ending the sandbox's processes", timeout=60.0)
+
+    # -- gate-side evidence ----------------------------------------------------------------------
+    def probe(self, timeout: float = 5.0) -> str | None:
+        """What QEMU, outside the guest, says about the VM; never changes it.
+
+        Evidence: QEMU killed by a signal or exited with an error, its process stopped, its monitor
+        silent, or ``query-status`` other than ``running`` (``paused``: a host-side ``stop``). Not
+        evidence: the guest shutting itself down (SHUTDOWN event with ``guest: true``; root in the
+        guest can power off), nor a silent agent inside a running VM (root in the guest can stop
+        or kill PID 1): everything inside the guest is within the policy's reach, so the base
+        class's liveness command is not used here."""
+        if self._destroyed:
+            return f"vm: sandbox {self.id} is destroyed"
+        proc = self.vm.proc
+        if proc.poll() is not None:
+            return self._death_evidence()
+        with contextlib.suppress(OSError, IndexError):
+            state = Path(f"/proc/{proc.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            if state in (b"T", b"t"):
+                return f"vm: the QEMU process {proc.pid} is stopped (by a signal or a debugger on the host)"
+        answer: list[Any] = []
+
+        def ask() -> None:
+            try:
+                answer.append(self.vm.qmp.cmd("query-status")["return"])
+            except (SubstrateError, OSError, ValueError) as e:
+                answer.append(e)
+
+        asker = threading.Thread(target=ask, daemon=True, name=f"vm-probe-{self.id}")
+        asker.start()
+        wait = max(timeout, 10.0)  # QEMU's own answer; a loaded host is slow, not absent
+        asker.join(wait)
+        if not answer:
+            return f"vm: QEMU's monitor did not answer query-status within {wait:g} s"
+        if isinstance(answer[0], BaseException):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+            if proc.poll() is not None:
+                return self._death_evidence()
+            return f"vm: QEMU's monitor failed: {answer[0]}"
+        status = str(answer[0].get("status", "?"))
+        if status != "running":
+            return f"vm: QEMU reports the VM {status}" + (" (a host-side stop)" if status == "paused" else "")
+        return None
+
+    def _death_evidence(self) -> str | None:
+        code = self.vm.proc.returncode
+        last = self.vm.qmp.last_words() or {}
+        if code == 0 and last.get("guest") is True:
+            return None  # the guest powered itself off or reset (-no-reboot): within the policy's reach
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        reason = f", shutdown reason {last.get('reason')}" if last else ""
+        return f"vm: QEMU {how}{reason}: {self.vm.why_dead()}"
+
+    # -- host-side freeze (fault injection only) -------------------------------------------------
+    def freeze(self) -> None:
+        """QEMU monitor ``stop``: the guest's vCPU stops (its clock and every process with it)."""
+        if self._destroyed:
+            raise SubstrateError(f"vm: sandbox {self.id} is destroyed")
+        try:
+            self.vm.qmp.cmd("stop")
+        except (OSError, ValueError) as e:
+            raise SubstrateError(f"vm: sandbox {self.id}: cannot stop the VM: {e}") from e
+
+    def thaw(self) -> None:
+        if self._destroyed or self.vm.proc.poll() is not None:
+            return
+        try:
+            self.vm.qmp.cmd("cont")  # a no-op on a running VM
+        except (OSError, ValueError) as e:
+            raise SubstrateError(f"vm: sandbox {self.id}: cannot continue the VM: {e}") from e
 
     def snapshot(self) -> str:
         """A live snapshot of this VM (processes, memory, files) for ``VmSubstrate.fork``; this
@@ -853,7 +957,6 @@ class VmSubstrate(Substrate):
             elif self.create_mode == "boot":
                 vm = boot(snap.image, snap.accel, folder, self.run_id, sid, ram=folder / "ram", share=False,
                           disk=_fresh_disk(snap.image, folder))
-                vm.qmp.close()
                 vm.agent.call("exec", 60, argv=["mkdir", "-p", *(f"{SANDBOX_ROOT}/{d}" for d in
                                                                   ("work", "home", "tmp", "verify"))],
                               cwd="/", env={"PATH": GUEST_PATH}, timeout=30, limit=4096)
