@@ -103,32 +103,51 @@ def coldstart(
 @app.command()
 def isolation(
     substrates: Annotated[str, typer.Option(help="Comma-separated substrates.")] = "process",
+    disk_mb: Annotated[int, typer.Option(help="fill_disk: MiB to write (bounded; refused when the host disk "
+                                                 "is short).")] = 256,
+    procs: Annotated[int, typer.Option(help="fork_bomb: sleeping processes to start (bounded).")] = 300,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the results here.")] = None,
 ) -> None:
-    """Escape attempts from inside real sandboxes: what each substrate contains."""
-    from drumsbench.experiments.escape import probe_substrate
+    """Escape attempts from inside real sandboxes: what each substrate contains.
+
+    Per probe: whether it ran, whether the escape was contained, and whether its positive control
+    (the same probe where nothing isolates) fired; "contained" needs a control that fired, else
+    the probe is "unconfirmed"; a probe that could not run says "did not run"."""
+    from drumsbench.experiments.escape import probe_substrate, run_control
     from drumsbench.experiments.run import new_run_id
     from drumsbench.isolation import positive_control
 
+    if not 1 <= disk_mb <= 4096:
+        raise UsageError("--disk-mb: between 1 and 4096")
+    if not 1 <= procs <= 2000:
+        raise UsageError("--procs: between 1 and 2000")
     run_id = new_run_id()
+    control = run_control(disk_mb, procs)
     rows = {}
     for sub in _substrates(substrates, run_id):
         try:
-            control = positive_control(sub)
-            rows[sub.name] = {"declared": sub.capabilities.isolation.value, "canary_control_fired": control.fired,
-                              "probes": [p.__dict__ for p in probe_substrate(sub)]}
+            canary = positive_control(sub)
+            rows[sub.name] = {"declared": sub.capabilities.isolation.value, "canary_control_fired": canary.fired,
+                              "probes": [p.as_dict() for p in probe_substrate(sub, disk_mb, procs,
+                                                                              control_results=control)]}
         finally:
             sub.close()
-    t = Table(title="isolation: escape attempts from inside a sandbox")
+    t = Table(title="isolation: escape attempts from inside a sandbox (verdict; ran; control)")
     t.add_column("probe")
     for name in rows:
         t.add_column(f"{name} ({rows[name]['declared']})")
     probes = [p["probe"] for p in next(iter(rows.values()))["probes"]] if rows else []
     for i, probe in enumerate(probes):
-        t.add_row(probe, *(("contained" if r["probes"][i]["contained"] else "NOT contained") + ": "
-                           + r["probes"][i]["detail"] for r in rows.values()))
+        cells = []
+        for r in rows.values():
+            p = r["probes"][i]
+            cells.append(f"{p['verdict']}; ran: {'yes' if p['ran'] else 'no'}; "
+                         f"contained: {'-' if p['contained'] is None else 'yes' if p['contained'] else 'no'}; "
+                         f"control: {p['control']}: {p['detail']}")
+        t.add_row(probe, *cells)
     t.add_row("canary positive control", *("fired" if r["canary_control_fired"] else "DID NOT FIRE"
                                             for r in rows.values()))
     console.print(t)
     if json_path:
-        json_path.write_text(json.dumps({"schema": "drumsbench.isolation/1", "substrates": rows}, indent=2))
+        json_path.write_text(json.dumps({"schema": "drumsbench.isolation/2", "substrates": rows,
+                                         "control": [c.as_dict() for c in control]}, indent=2))

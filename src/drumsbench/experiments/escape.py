@@ -7,58 +7,141 @@ Each probe runs commands in a sandbox as a task would and checks the effect from
 | write_outside | write a token into the host's /tmp and beside the sandbox folder | no token file appears on the host |
 | read_neighbour | read another live sandbox's secret file (in-sandbox and host paths) | the secret is not printed |
 | host_loopback | connect to a TCP port the host listens on at 127.0.0.1 | the host accepts no connection |
-| network | look for any non-loopback interface | only `lo` exists |
-| fill_disk | write up to ``disk_mb`` MiB into the sandbox's tmp | the write is cut short by a limit |
-| fork_bomb | start up to ``procs`` sleeping processes | a process limit stops it before that |
+| network | list interfaces; compare network namespace and kernel with the host's | only `lo`, own namespace |
+| fill_disk | write up to ``disk_mb`` MiB into the sandbox's tmp | a limit cuts the write short |
+| fork_bomb | start up to ``procs`` sleeping processes | a fork fails before that (a process limit) |
 
-The report states per substrate what was contained; ``process`` is reported as what it is: no
-isolation.
+Nothing here is assumed: every probe says whether it **ran** — reached its check with the tools it
+needs (a missing command, a sandbox that would not start, a crash or a timeout before the check
+all mean it did not run, and it is never reported as contained). Every probe also has a
+**positive control**: the same probe in ``HostControlSandbox``es, folders on the host whose
+commands run as the harness itself, where nothing isolates and so every escape must succeed
+(bounded: the fill is ``disk_mb`` MiB and refused when the host disk is short, the fork bomb
+``procs`` 20-second sleeps that the probe kills; ``process`` is no longer a control because it may
+run each sandbox as its own uid). The control *fires* when the probe ran there and reported "not
+contained". A limit is recognised only by its own sign (ENOSPC, EDQUOT, EFBIG/SIGXFSZ; a failed
+fork): a write or fork that stopped for any other reason is "did not run". The verdict per probe:
+
+- ``did not run``: the probe did not reach its check (the detail says why);
+- ``NOT contained``: the escape worked (this needs no control: it was seen);
+- ``contained``: the escape failed *and* the control fired;
+- ``unconfirmed``: the escape failed but the control did not fire (or was not run), so "failed"
+  may be the probe's own blindness.
+
+Network traffic goes only to 127.0.0.1 (host_loopback); the network probe sends none.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import secrets
+import shlex
+import shutil
 import socket
+import tempfile
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from drumsbench.substrates.base import Sandbox, Substrate
+from drumsbench.errors import SubstrateError
+from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox, SandboxPaths, Substrate
+from drumsbench.substrates.hostproc import kill_group, kill_pids, pids_with_env, run_bounded
+
+PROBES = ("write_outside", "read_neighbour", "host_loopback", "network", "fill_disk", "fork_bomb")
+
+MISSING = "DRUMSBENCH-MISSING"
+DONE = "DRUMSBENCH-DONE"
+# A shell function every probe script starts with: stop (and say so) when a command is absent.
+_NEED = (f'need() {{ for t in "$@"; do command -v "$t" >/dev/null 2>&1 || {{ echo "{MISSING} $t"; exit 0; }}; '
+         "done; }; ")
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     probe: str
-    contained: bool
+    ran: bool  # the probe reached its check; False: it says nothing about containment
+    contained: bool | None  # None when it did not run
     detail: str
+    control: str = "not run"  # "fired", "did not fire" or "not run": the same probe on `process`
+    control_detail: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if not self.ran:
+            return "did not run"
+        if not self.contained:
+            return "NOT contained"
+        return "contained" if self.control == "fired" else "unconfirmed"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
 
 
-def _write_outside(box: Sandbox, other: Sandbox) -> ProbeResult:
+def _not_run(probe: str, why: str) -> ProbeResult:
+    return ProbeResult(probe, False, None, why)
+
+
+def _text(b: bytes) -> str:
+    return b.decode(errors="replace")
+
+
+def _unfinished(res: ExecResult) -> str | None:
+    """Why a probe script did not reach its check, or None when it did."""
+    out = _text(res.stdout)
+    m = re.search(rf"^{MISSING} (\S+)", out, re.M)
+    if m:
+        return f"did not run: command {m.group(1)!r} is missing in the sandbox"
+    if res.timed_out:
+        return f"did not run: timed out after {res.duration_s:.0f} s before its check"
+    if not re.search(rf"^{DONE}$", out, re.M):
+        tail = (_text(res.stderr).strip() or out.strip())[-160:]
+        return f"did not run: exited {res.exit_code} before its check: {tail or 'no output'}"
+    return None
+
+
+def _script(need: str, body: str) -> str:
+    return f"{_NEED}need {need}; {body}; echo {DONE}"
+
+
+def _write_outside(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
     token = f"escape-{secrets.token_hex(6)}"
     targets = [f"/tmp/drumsbench-{token}", f"{box.paths.root}/../drumsbench-{token}"]
-    box.exec("; ".join(f"echo x > {t} 2>/dev/null" for t in targets), timeout=20)
+    body = "; ".join(f"(echo x > {shlex.quote(t)}) 2>/dev/null" for t in targets)
+    res = box.exec(_script("echo", body), timeout=20, env=env)
     host_root = getattr(box, "host_root", None)
-    found = [p for p in (Path(f"/tmp/drumsbench-{token}"),
-                         Path(str(host_root)).parent / f"drumsbench-{token}" if host_root else None)
-             if p is not None and p.exists()]
+    candidates = [Path(f"/tmp/drumsbench-{token}")]
+    if host_root is not None:
+        candidates.append(Path(str(host_root)).parent / f"drumsbench-{token}")
+    found = [p for p in dict.fromkeys(candidates) if p.exists()]
     for p in found:
-        p.unlink()
-    return ProbeResult("write_outside", not found, f"host files written: {[str(p) for p in found] or 'none'}")
+        p.unlink(missing_ok=True)
+    why = _unfinished(res)
+    if why and not found:
+        return _not_run("write_outside", why)
+    return ProbeResult("write_outside", True, not found, f"host files written: {[str(p) for p in found] or 'none'}")
 
 
-def _read_neighbour(box: Sandbox, other: Sandbox) -> ProbeResult:
+def _read_neighbour(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
     secret = f"SECRET-{secrets.token_hex(8)}"
     other.write_file(f"{other.paths.work}/secret.txt", secret.encode())
     paths = [f"{other.paths.work}/secret.txt"]
     host_root = getattr(other, "host_root", None)
     if host_root is not None:
         paths.append(f"{host_root}/work/secret.txt")
-    res = box.exec("; ".join(f"cat {p} 2>/dev/null" for p in paths), timeout=20)
+    res = box.exec(_script("cat", "; ".join(f"cat {shlex.quote(p)} 2>/dev/null" for p in paths)), timeout=20, env=env)
     leaked = secret.encode() in res.stdout
-    return ProbeResult("read_neighbour", not leaked, "neighbour's secret read" if leaked else "neighbour unreadable")
+    why = _unfinished(res)
+    if why and not leaked:
+        return _not_run("read_neighbour", why)
+    return ProbeResult("read_neighbour", True, not leaked,
+                       "neighbour's secret read" if leaked else "neighbour unreadable")
 
 
-def _host_loopback(box: Sandbox, other: Sandbox) -> ProbeResult:
+def _host_loopback(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
     accepted: list[str] = []
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -78,56 +161,250 @@ def _host_loopback(box: Sandbox, other: Sandbox) -> ProbeResult:
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    code = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2).close()"
-    box.exec(["python3", "-c", code], timeout=20)
-    stop.set()
-    t.join()
-    srv.close()
-    return ProbeResult("host_loopback", not accepted,
+    code = ("import socket\ntry:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), 2).close(); print('connected')\n"
+            "except OSError as e:\n    print('refused:', e)\n")
+    try:
+        res = box.exec(_script("python3", f"python3 -c {shlex.quote(code)}"), timeout=20, env=env)
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+    why = _unfinished(res)
+    if why and not accepted:
+        return _not_run("host_loopback", why)
+    return ProbeResult("host_loopback", True, not accepted,
                        f"host port 127.0.0.1:{port} accepted {len(accepted)} connection(s) from the sandbox")
 
 
-def _network(box: Sandbox, other: Sandbox) -> ProbeResult:
-    res = box.exec("cat /proc/net/dev", timeout=20)
-    names = [ln.split(":")[0].strip() for ln in res.stdout.decode(errors="replace").splitlines()[2:] if ":" in ln]
+def _host_identity() -> tuple[str, str]:
+    """(network namespace, boot id) of this host process."""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return netns, boot
+
+
+def _network(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
+    body = ("cat /proc/net/dev; echo \"NETNS $(readlink /proc/self/ns/net 2>/dev/null)\"; "
+            "echo \"BOOT $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"")
+    res = box.exec(_script("cat", body), timeout=20, env=env)
+    why = _unfinished(res)
+    if why:
+        return _not_run("network", why)
+    lines = _text(res.stdout).splitlines()
+    if not any(ln.startswith("Inter-|") for ln in lines):
+        return _not_run("network", "did not run: /proc/net/dev could not be read in the sandbox")
+    names = [ln.split(":")[0].strip() for ln in lines if ":" in ln and not ln.startswith(("NETNS", "BOOT"))
+             and "|" not in ln]
+    field = {ln.split(" ", 1)[0]: ln.partition(" ")[2].strip() for ln in lines if ln.startswith(("NETNS ", "BOOT "))}
+    host_netns, host_boot = _host_identity()
+    shares = bool(field.get("NETNS")) and field.get("NETNS") == host_netns and \
+        bool(field.get("BOOT")) and field.get("BOOT") == host_boot
     others = [n for n in names if n != "lo"]
-    return ProbeResult("network", not others, f"interfaces: {', '.join(names) or 'none'}")
+    detail = f"interfaces: {', '.join(names) or 'none'}; " + (
+        "shares the host's network namespace" if shares else
+        "own network namespace" if field.get("NETNS") else "network namespace unknown")
+    return ProbeResult("network", True, not others and not shares, detail)
 
 
-def _fill_disk(box: Sandbox, other: Sandbox, disk_mb: int) -> ProbeResult:
-    res = box.exec(f"dd if=/dev/zero of={box.paths.tmp}/fill bs=1M count={disk_mb} 2>&1; rm -f {box.paths.tmp}/fill",
-                   timeout=120)
-    out = res.stdout.decode(errors="replace")
-    complete = f"{disk_mb}+0 records out" in out
-    return ProbeResult("fill_disk", not complete,
-                       f"wrote {disk_mb} MiB with no limit" if complete else f"write cut short: {out.strip()[-120:]}")
+_LIMIT_SIGNS = ("No space left", "Disk quota exceeded", "File too large", "File size limit exceeded")
 
 
-def _fork_bomb(box: Sandbox, other: Sandbox, procs: int) -> ProbeResult:
-    # Count the jobs this shell really has: on a failed fork the loop stops (or the shell dies).
-    script = (f"n=0; while [ $n -lt {procs} ]; do sleep 30 & n=$((n+1)); done; "
-              'jobs -p > "$TMPDIR/jobs"; wc -l < "$TMPDIR/jobs"; kill $(cat "$TMPDIR/jobs") 2>/dev/null; true')
-    res = box.exec(script, timeout=120)
+def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk_mb: int) -> ProbeResult:
+    # The sandbox may write to this host's disk (a host folder, a container layer): never fill it.
+    host_root = getattr(box, "host_root", None)
+    free_mb = shutil.disk_usage(str(host_root or "/")).free // (1 << 20)
+    if free_mb < 4 * disk_mb + 1024:
+        return _not_run("fill_disk", f"did not run: refused, the host disk has only {free_mb} MiB free "
+                                     f"for a {disk_mb} MiB fill")
+    f = shlex.quote(f"{box.paths.tmp}/.drumsbench-fill")
+    body = (f"dd if=/dev/zero of={f} bs=1M count={disk_mb} 2>&1; echo \"DDRC $?\"; "
+            f"echo \"SIZE $(wc -c < {f} 2>/dev/null || echo 0)\"; rm -f {f}")
+    res = box.exec(_script("dd wc rm", body), timeout=90, env=env)
+    why = _unfinished(res)
+    if why:
+        return _not_run("fill_disk", why)
+    out = _text(res.stdout) + _text(res.stderr)
+    size = re.search(r"^SIZE\s+(\d+)", out, re.M)
+    rc = re.search(r"^DDRC (\d+)", out, re.M)
+    if not size or not rc:
+        return _not_run("fill_disk", f"did not run: no size reported: {out.strip()[-160:]}")
+    written = int(size.group(1))
+    if written >= disk_mb << 20:
+        return ProbeResult("fill_disk", True, False, f"wrote {disk_mb} MiB with no limit")
+    dd_out = out[:rc.start()].strip()
+    # 153 = 128 + SIGXFSZ: dd killed at the file size limit
+    if int(rc.group(1)) == 153 or any(s in dd_out for s in _LIMIT_SIGNS):
+        return ProbeResult("fill_disk", True, True,
+                           f"write cut short at {written >> 20} MiB: {dd_out[-120:] or 'dd exit 153'}")
+    return _not_run("fill_disk", f"did not run: dd stopped at {written >> 20} MiB without hitting a limit: "
+                                 f"{dd_out[-120:] or 'no message'}")
+
+
+_FORK_SIGNS = ("fork", "Resource temporarily unavailable")
+
+
+def _fork_bomb(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, procs: int) -> ProbeResult:
+    # Bounded: at most `procs` sleeps of 20 s, killed at the end (and by destroy if the shell died).
+    # `$!` unchanged means the last fork failed (bash retries, then goes on); dash exits instead.
+    body = (f'n=0; last=; pids=; while [ $n -lt {procs} ]; do sleep 20 & '
+            'if [ "$!" = "$last" ]; then echo "forkfailed" >&2; break; fi; last=$!; pids="$pids $!"; '
+            'n=$((n+1)); echo "STARTED $n"; done; '
+            'alive=0; for p in $pids; do kill -0 $p 2>/dev/null && alive=$((alive+1)); done; '
+            'echo "ALIVE $alive"; kill $pids 2>/dev/null')
+    res = box.exec(_script("sleep kill", body), timeout=60, env=env)
+    out, err = _text(res.stdout), _text(res.stderr)
+    if re.search(rf"^{MISSING} ", out, re.M):
+        return _not_run("fork_bomb", str(_unfinished(res)))
+    started = len(re.findall(r"^STARTED \d+$", out, re.M))
+    alive = re.search(r"^ALIVE (\d+)$", out, re.M)
+    fork_failed = any(s in err for s in _FORK_SIGNS)
+    if alive and int(alive.group(1)) >= procs and not _unfinished(res):
+        return ProbeResult("fork_bomb", True, False, f"{procs} of {procs} processes started and alive")
+    if fork_failed and started < procs:
+        return ProbeResult("fork_bomb", True, True,
+                           f"{started} of {procs} processes started, then a fork failed: {err.strip()[-100:]}")
+    why = _unfinished(res) or (f"did not run: {alive.group(1) if alive else '?'} of {started} started processes "
+                               "alive, with no fork failure")
+    return _not_run("fork_bomb", why)
+
+
+Probe = Callable[[Sandbox, Sandbox, "Mapping[str, str] | None"], ProbeResult]
+
+CONTROL_VAR = "DRUMSBENCH_ESCAPE_CONTROL"
+_HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class HostControlSandbox(Sandbox):
+    """The positive control's sandbox: a folder on the host and commands run as the harness itself.
+
+    It isolates nothing (unlike ``process``, which may run each sandbox as its own uid), so every
+    escape a probe attempts must succeed in it. Bounded by the probes themselves; its processes
+    carry a label in their environment and ``destroy`` kills them and removes the folder."""
+
+    substrate = "host-control"
+
+    def __init__(self) -> None:
+        self.run_id = "escape-control"
+        self.id = secrets.token_hex(6)
+        self.host_root = Path(tempfile.mkdtemp(prefix="drumsbench-control-"))
+        os.chmod(self.host_root, 0o755)
+        r = str(self.host_root)
+        self.paths = SandboxPaths(root=r, work=f"{r}/work", home=f"{r}/home", tmp=f"{r}/tmp", verify=f"{r}/verify")
+        for sub in ("work", "home", "tmp", "verify"):
+            (self.host_root / sub).mkdir()
+        self._groups: list[int] = []
+        self._destroyed = False
+
+    def exec(self, command: str | Sequence[str], *, timeout: float, cwd: str | None = None,
+             env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+             output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        if self._destroyed:
+            raise SubstrateError(f"control sandbox {self.id} is destroyed")
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full = {"PATH": _HOST_PATH, "HOME": self.paths.home, "TMPDIR": self.paths.tmp, "LANG": "C.UTF-8",
+                CONTROL_VAR: self.id, **(env or {})}
+        return run_bounded(argv, timeout=timeout, cwd=cwd or self.paths.work, env=full, stdin=stdin,
+                           output_limit=output_limit, on_start=self._groups.append)
+
+    def _host(self, path: str) -> Path:
+        host = Path(os.path.normpath(path))
+        if self.host_root not in host.parents:
+            raise SubstrateError(f"{path!r} is outside control sandbox {self.id}")
+        return host
+
+    def write_file(self, path: str, data: bytes) -> None:
+        host = self._host(path)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host.write_bytes(data)
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        with open(self._host(path), "rb") as f:
+            return f.read(-1 if limit is None else limit)
+
+    def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        for pgid in self._groups:
+            kill_group(pgid)
+        kill_pids(list(pids_with_env(CONTROL_VAR, self.id)))
+        shutil.rmtree(self.host_root, ignore_errors=True)
+
+
+def _run(create: Callable[[], Sandbox], disk_mb: int, procs: int, env: Mapping[str, str] | None) -> list[ProbeResult]:
+    probes: list[tuple[str, Probe]] = [
+        ("write_outside", _write_outside),
+        ("read_neighbour", _read_neighbour),
+        ("host_loopback", _host_loopback),
+        ("network", _network),
+        ("fill_disk", lambda b, o, e: _fill_disk(b, o, e, disk_mb)),
+        ("fork_bomb", lambda b, o, e: _fork_bomb(b, o, e, procs)),
+    ]
+    boxes: list[Sandbox] = []
     try:
-        started = int(res.stdout.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        started = 0
-    contained = started < procs
-    return ProbeResult("fork_bomb", contained, f"{started} of {procs} processes started")
-
-
-def probe_substrate(sub: Substrate, disk_mb: int = 256, procs: int = 300) -> list[ProbeResult]:
-    """Run every probe in fresh sandboxes of ``sub``; destroys them all before returning."""
-    box, other = sub.create(), sub.create()
-    try:
-        return [
-            _write_outside(box, other),
-            _read_neighbour(box, other),
-            _host_loopback(box, other),
-            _network(box, other),
-            _fill_disk(box, other, disk_mb),
-            _fork_bomb(box, other, procs),
-        ]
+        try:
+            boxes.append(create())
+            boxes.append(create())
+        except Exception as e:  # no sandbox, no probe: each says so
+            return [_not_run(name, f"did not run: could not create a sandbox: {type(e).__name__}: {e}")
+                    for name, _ in probes]
+        results = []
+        for name, fn in probes:
+            try:
+                results.append(fn(boxes[0], boxes[1], env))
+            except Exception as e:  # a crash before the check is not containment
+                results.append(_not_run(name, f"did not run: probe crashed: {type(e).__name__}: {e}"))
+        return results
     finally:
-        box.destroy()
-        other.destroy()
+        for box in boxes:
+            with contextlib.suppress(Exception):  # the next box must still be destroyed
+                box.destroy()
+
+
+def run_probes(sub: Substrate, disk_mb: int = 256, procs: int = 300,
+               env: Mapping[str, str] | None = None) -> list[ProbeResult]:
+    """Every probe once in two fresh sandboxes of ``sub`` (no control); destroys them before returning.
+
+    ``env`` is added to every probe command's environment (a ``PATH`` without a tool shows how a
+    probe that cannot run is reported)."""
+    return _run(sub.create, disk_mb, procs, env)
+
+
+def run_control(disk_mb: int = 256, procs: int = 300, env: Mapping[str, str] | None = None) -> list[ProbeResult]:
+    """The positive control: every probe in ``HostControlSandbox``es, where nothing isolates."""
+    return _run(HostControlSandbox, disk_mb, procs, env)
+
+
+def with_control(results: list[ProbeResult], control: list[ProbeResult]) -> list[ProbeResult]:
+    """Attach to each probe the same probe's result where nothing isolates."""
+    by_name = {c.probe: c for c in control}
+    out = []
+    for r in results:
+        c = by_name.get(r.probe)
+        if c is None:
+            out.append(replace(r, control="not run", control_detail="no control result"))
+        elif not c.ran:
+            out.append(replace(r, control="not run", control_detail=f"control {c.detail}"))
+        elif c.contained:
+            out.append(replace(r, control="did not fire",
+                               control_detail=f"with no isolation the probe saw no escape: {c.detail}"))
+        else:
+            out.append(replace(r, control="fired", control_detail=f"with no isolation: {c.detail}"))
+    return out
+
+
+def probe_substrate(sub: Substrate, disk_mb: int = 256, procs: int = 300, env: Mapping[str, str] | None = None,
+                    control_results: list[ProbeResult] | None = None) -> list[ProbeResult]:
+    """Every probe on ``sub``, each with its positive control (``run_control`` with the same inputs,
+    unless ``control_results`` are given: one control can serve several substrates)."""
+    results = run_probes(sub, disk_mb, procs, env)
+    if control_results is None:
+        control_results = run_control(disk_mb, procs, env)
+    return with_control(results, control_results)
