@@ -8,8 +8,8 @@ rollout loop), 4 observation validity, 5 verifier availability (inside ``run_ver
 from __future__ import annotations
 
 from drumsbench.envs.base import Environment, Observation, Task
-from drumsbench.errors import InvalidAttempt
-from drumsbench.isolation import CanaryRegistry, contamination
+from drumsbench.errors import InvalidAttempt, PolicyFault
+from drumsbench.isolation import CanaryRegistry, shared_places_hits
 from drumsbench.outcome import InvalidCause
 
 
@@ -34,6 +34,14 @@ def check_observation(env: Environment, obs: Observation) -> None:
 
 
 def check_isolation(env: Environment, token: str, registry: CanaryRegistry) -> None:
-    found = contamination(env.box, env.canary_folders(), token, registry)
-    if found:
-        raise InvalidAttempt(InvalidCause.CONTAMINATION, found)
+    """Another sandbox's canary inside this one: contamination (invalid) — this attempt's policy
+    cannot read a neighbour's canary, so it cannot have planted it. This sandbox's own canary in
+    the host's shared places: this attempt's own code put it there (``PolicyFault``: failed, the
+    leak recorded); the substrate's isolation figure is measured by the escape probes."""
+    foreign = env.box.scan(env.canary_folders(), registry.others(token))
+    if foreign:
+        raise InvalidAttempt(InvalidCause.CONTAMINATION,
+                             f"other sandboxes' canaries found inside: {', '.join(sorted(foreign))}")
+    leaked = shared_places_hits(token)
+    if leaked:
+        raise PolicyFault(f"the attempt leaked its own canary to the host: {', '.join(leaked)}")

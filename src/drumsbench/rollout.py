@@ -60,6 +60,7 @@ class RolloutConfig(BaseModel, frozen=True):
     think_time_s: float = Field(0.0, ge=0)
     reset: ResetStrategy | None = None  # None: in_place when the substrate has it
     max_steps: int = Field(400, gt=0)
+    verify_timeout_s: float | None = Field(None, gt=0)  # None: the task's own
 
     @model_validator(mode="after")
     def _timeouts(self) -> RolloutConfig:
@@ -140,6 +141,8 @@ def run_attempt(
         except Exception as e:  # the attempt stays invalid; say that the destroy failed too
             verdict = Verdict.invalid(verdict.cause or InvalidCause.SUBSTRATE_FAILURE,
                                       f"{verdict.detail}; destroy failed: {e}")
+    fields = dict(meta or {})
+    extra = {**dict(fields.pop("extra", None) or {}), **policy.notes()}  # type: ignore[call-overload]
     return AttemptRecord(
         run_id=run_id,
         seq=seq,
@@ -161,7 +164,8 @@ def run_attempt(
         steps_s=ep.steps,
         verify_s=ep.phases.get("verify", 0.0),
         teardown_s=teardown,
-        **(meta or {}),
+        extra=extra,
+        **fields,
     )
 
 
@@ -219,7 +223,7 @@ class _Episode:
         try:
             env.stage_verifier(self.task)
             inject.after_stage_verifier(env)
-            done = env.run_verifier(self.task, self.task.verify_timeout)  # gate 5
+            done = env.run_verifier(self.task, self.cfg.verify_timeout_s or self.task.verify_timeout)  # gate 5
             reason = ""
         except PolicyFault as e:
             if e.destroy:

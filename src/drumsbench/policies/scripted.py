@@ -33,6 +33,10 @@ class Policy(ABC):
     @abstractmethod
     def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]: ...
 
+    def notes(self) -> dict[str, object]:
+        """What the ledger keeps of the current attempt's plan (``AttemptRecord.extra``)."""
+        return {}
+
     def act(self, obs: Observation) -> Action:
         spec = self._plan[self._i] if self._i < len(self._plan) else ActionSpec(SUBMIT)
         self._i += 1
@@ -100,10 +104,15 @@ POLICIES = {"oracle": Oracle, "null": Null, "noisy": Noisy, "explorer": Explorer
 
 
 def make_policy(name: str, noisy_p: float = 0.5, explorer_steps: int = 20) -> Policy:
+    if name == "adversary" or name.startswith("adversary:"):
+        from drumsbench.policies import adversary  # the red team: policies/adversary.py
+
+        return adversary.parse(name)
     if name == "noisy":
         return Noisy(noisy_p)
     if name == "explorer":
         return Explorer(explorer_steps)
     if name in POLICIES:
         return POLICIES[name]()
-    raise UsageError(f"--policy: unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
+    raise UsageError(f"--policy: unknown policy {name!r}; choose one of: {', '.join(POLICIES)}, "
+                     "adversary[:STRATEGY,...]")

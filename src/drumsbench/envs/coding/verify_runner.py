@@ -204,7 +204,8 @@ def main():
     deadline = time.monotonic() + float(config["limit_s"])
     rfd, wfd = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-I", os.path.abspath(__file__), "--child", verify_dir, str(wfd), *config["tests"]],
+        [sys.executable, "-I", os.path.abspath(__file__), "--child", verify_dir, str(wfd),
+         ",".join(config.get("task_modules", ())), *config["tests"]],
         pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     os.close(wfd)
@@ -234,9 +235,11 @@ def child():
     import secrets
     import unittest
 
-    verify_dir, fd, names = sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+    verify_dir, fd, task_modules = sys.argv[2], int(sys.argv[3]), frozenset(sys.argv[4].split(",")) - {""}
+    names = sys.argv[5:]
     write, dumps, monotonic = os.write, json.dumps, time.monotonic
     nonce = secrets.token_hex(16)
+    tests_dir = os.path.join(verify_dir, "tests")
     write(fd, (dumps({"ev": "hello", "n": nonce}) + "\n").encode())
 
     def emit(**ev):
@@ -264,7 +267,14 @@ def child():
             report_refusal[0] = True
         return PermissionError(f"refused while the verifier runs: {what}")
 
+    compiled = set()
+
     def hook(event, args):
+        if event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(tests_dir):
+            if args[1] in compiled:
+                raise refuse(f"compiling {args[1]} again")
+            compiled.add(args[1])
+            return
         if event == "sys._getframe":
             raise ValueError("frame introspection is refused while the verifier runs")
         if event == "object.__getattr__" and len(args) > 1 and args[1] in frame_attrs:
@@ -285,23 +295,6 @@ def child():
     import types
 
     unittest.case.traceback = types.SimpleNamespace(clear_frames=lambda tb: None)
-    # The framework's parts as they were before the code under test could run.
-    watched = [unittest.TestCase, unittest.TestSuite, unittest.TestResult, unittest.TestLoader,
-               unittest.case._Outcome, unittest.FunctionTestCase, unittest.SkipTest]
-    snapshot = {(c, k): v for c in watched for k, v in vars(c).items()}
-    module_snapshot = {(m, k): v for m in (unittest, unittest.case, unittest.suite)
-                       for k, v in vars(m).items() if not k.startswith("__")}
-    items, vars_ = snapshot.items, vars
-
-    def tampered():
-        for (cls, key), value in items():
-            if vars_(cls).get(key, value) is not value or key not in vars_(cls):
-                return f"{cls.__name__}.{key}"
-        for (mod, key), value in module_snapshot.items():
-            if vars_(mod).get(key) is not value:
-                return f"{mod.__name__}.{key}"
-        return None
-
     statuses = {}
 
     class Result(unittest.TestResult):
@@ -332,8 +325,51 @@ def child():
             if err is not None:
                 self._put(test, "fail")
 
-    tests_dir = os.path.join(verify_dir, "tests")
+    # What the hidden tests import from outside the task is imported now, before the work tree is
+    # on sys.path: a module of the policy's named like it (datetime.py) cannot stand in for it.
+    for top in sorted(_test_imports(verify_dir, names) - task_modules):
+        try:
+            __import__(top)
+        except BaseException:  # missing from the image: reported when the test imports it
+            pass
+
+    # assertEqual compares values of one type (numbers of different types aside): an object of
+    # the policy's whose __eq__ says yes to everything does not equal an expected int or str.
+    base_assert_equal = unittest.TestCase.assertEqual
+    numbers = (bool, int, float, complex)
+
+    def assert_equal(self, first, second, msg=None):
+        if type(first) is not type(second) and not (isinstance(first, numbers) and isinstance(second, numbers)):
+            raise self.failureException(msg or f"{type(first).__name__} is not {type(second).__name__}")
+        base_assert_equal(self, first, second, msg)
+
+    unittest.TestCase.assertEqual = assert_equal
+    unittest.TestCase.assertEquals = assert_equal
+
     sys.path[:0] = [os.getcwd(), tests_dir]
+    # The framework's parts as they were before the code under test could run.
+    watched = [unittest.TestCase, unittest.TestSuite, unittest.TestResult, unittest.TestLoader,
+               unittest.case._Outcome, unittest.FunctionTestCase, unittest.SkipTest]
+    snapshot = {(c, k): v for c in watched for k, v in vars(c).items()}
+    import builtins
+
+    module_snapshot = {(m, k): v for m in (unittest, unittest.case, unittest.suite, builtins)
+                       for k, v in vars(m).items() if not k.startswith("__") or m is builtins}
+    sizes = {c: len(vars(c)) for c in watched}
+    items, vars_, len_ = snapshot.items, vars, len
+
+    def tampered():
+        for cls, size in sizes.items():
+            if len_(vars_(cls)) != size:
+                return f"{cls.__name__} (attributes added or removed)"
+        for (cls, key), value in items():
+            if vars_(cls).get(key, value) is not value or key not in vars_(cls):
+                return f"{cls.__name__}.{key}"
+        for (mod, key), value in module_snapshot.items():
+            if vars_(mod).get(key) is not value:
+                return f"{mod.__name__}.{key}"
+        return None
+
     loader, result = unittest.TestLoader(), Result()
     sys.addaudithook(hook)
     for name in names:
@@ -349,6 +385,11 @@ def child():
             emit(ev="tampered", what=bad)
             return
         for test in _flatten(suite):
+            method = getattr(type(test), test._testMethodName, None)
+            code = getattr(method, "__code__", None)
+            if code is None or code.co_filename != os.path.join(tests_dir, name):
+                emit(ev="tampered", what=f"{test.id()} is not the hidden test's own code")
+                return
             t0 = monotonic()
             test.run(result)
             bad = tampered()

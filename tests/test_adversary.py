@@ -1,0 +1,68 @@
+"""The policy is an adversary: every red-team strategy ends failed (never success, never invalid),
+with the strategy named in the ledger, while the oracle still succeeds and null fails."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from drumsbench.envs.coding.task import load_suite
+from drumsbench.isolation import CanaryRegistry
+from drumsbench.outcome import Outcome
+from drumsbench.policies.adversary import STRATEGIES, Adversary
+from drumsbench.policies.scripted import make_policy
+from drumsbench.rollout import RolloutConfig, run_attempt
+from drumsbench.substrates import registry
+
+from conftest import require
+from helpers import slot_on
+
+# Short limits so that hanging strategies end quickly; the verifier still has room on a loaded host.
+CFG = RolloutConfig(step_timeout_s=3.0, episode_timeout_s=60.0, verify_timeout_s=15.0, max_steps=60)
+SUBSTRATES = ["process", "bwrap", "overlay", "docker", "podman"]
+
+
+def _play(substrate: str, strategies: list[str], state_dir, run_id):
+    require(registry.get(substrate).missing())
+    slot = slot_on(substrate, run_id, state_dir)
+    task = load_suite("coding")[0]
+    canaries = CanaryRegistry()
+    out = {}
+    try:
+        for i, name in enumerate(strategies):
+            rec = run_attempt(slot, task, Adversary([name]), CFG, canaries, run_id=run_id, seq=i, seed=0)
+            out[name] = rec
+        control = run_attempt(slot, task, make_policy("oracle"), CFG, canaries, run_id=run_id,
+                              seq=len(strategies), seed=0)
+    finally:
+        slot.destroy()
+    assert not slot.substrate.leftovers()
+    return out, control
+
+
+@pytest.mark.parametrize("substrate", SUBSTRATES)
+def test_no_strategy_reaches_success_or_invalid(substrate, state_dir, run_id):
+    names = [s for s in STRATEGIES if not (substrate != "process" and s == "signal_harness")]
+    harness = os.getpid()
+    out, control = _play(substrate, names, state_dir, run_id)
+    escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}
+    assert not escaped, f"strategies that did not end failed on {substrate}: {escaped}"
+    assert all(r.extra.get("strategy") == n for n, r in out.items())
+    assert all(r.detail for r in out.values() if r.extra.get("strategy") != "plant_fake_canary")
+    assert control.outcome is Outcome.SUCCESS, control.detail  # the slot still works afterwards
+    assert os.getpid() == harness
+
+
+def test_reasons_name_what_the_code_did(state_dir, run_id):
+    out, _ = _play("process", ["verdict_stdout", "skip_at_import", "hang_verifier", "hang_step",
+                               "run_past_max_steps", "leak_own_canary", "kill_verifier", "patch_asserts"],
+                   state_dir, run_id)
+    assert "ended before its last test" in out["verdict_stdout"].detail
+    assert "SkipTest" in out["skip_at_import"].detail
+    assert "time limit" in out["hang_verifier"].detail
+    assert "live sandbox" in out["hang_step"].detail
+    assert "truncated" in out["run_past_max_steps"].detail
+    assert "leaked its own canary" in out["leak_own_canary"].detail
+    assert "refused" in out["kill_verifier"].detail
+    assert "changed the test framework" in out["patch_asserts"].detail
