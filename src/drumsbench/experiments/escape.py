@@ -104,13 +104,14 @@ def _unfinished(res: ExecResult) -> str | None:
 
 
 def _script(need: str, body: str) -> str:
-    return f"{_NEED}need {need}; {body}; echo {DONE}"
+    return f"{_NEED}need {need}; {body}; echo; echo {DONE}"
 
 
 def _write_outside(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
     token = f"escape-{secrets.token_hex(6)}"
     targets = [f"/tmp/drumsbench-{token}", f"{box.paths.root}/../drumsbench-{token}"]
-    body = "; ".join(f"(echo x > {shlex.quote(t)}) 2>/dev/null" for t in targets)
+    own = f"{box.paths.tmp}/drumsbench-{token}"  # the self-check: a write the probe may do
+    body = "; ".join(f"(echo {token} > {shlex.quote(t)}) 2>/dev/null" for t in [*targets, own])
     res = box.exec(_script("echo", body), timeout=20, env=env)
     host_root = getattr(box, "host_root", None)
     candidates = [Path(f"/tmp/drumsbench-{token}")]
@@ -119,26 +120,38 @@ def _write_outside(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) 
     found = [p for p in dict.fromkeys(candidates) if p.exists()]
     for p in found:
         p.unlink(missing_ok=True)
+    if found:
+        return ProbeResult("write_outside", True, False, f"host files written: {[str(p) for p in found]}")
     why = _unfinished(res)
-    if why and not found:
+    if why:
         return _not_run("write_outside", why)
-    return ProbeResult("write_outside", True, not found, f"host files written: {[str(p) for p in found] or 'none'}")
+    try:
+        wrote_own = box.read_file(own).strip() == token.encode()
+    except (FileNotFoundError, SubstrateError):
+        wrote_own = False
+    if not wrote_own:
+        return _not_run("write_outside", "did not run: the sandbox could not write even its own tmp")
+    return ProbeResult("write_outside", True, True, "host files written: none")
 
 
 def _read_neighbour(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
     secret = f"SECRET-{secrets.token_hex(8)}"
+    mine = f"MINE-{secrets.token_hex(8)}"  # the self-check: the sandbox reads its own file
     other.write_file(f"{other.paths.work}/secret.txt", secret.encode())
-    paths = [f"{other.paths.work}/secret.txt"]
+    box.write_file(f"{box.paths.work}/mine.txt", mine.encode())
+    paths = [f"{box.paths.work}/mine.txt", f"{other.paths.work}/secret.txt"]
     host_root = getattr(other, "host_root", None)
     if host_root is not None:
         paths.append(f"{host_root}/work/secret.txt")
     res = box.exec(_script("cat", "; ".join(f"cat {shlex.quote(p)} 2>/dev/null" for p in paths)), timeout=20, env=env)
-    leaked = secret.encode() in res.stdout
+    if secret.encode() in res.stdout:
+        return ProbeResult("read_neighbour", True, False, "neighbour's secret read")
     why = _unfinished(res)
-    if why and not leaked:
+    if why:
         return _not_run("read_neighbour", why)
-    return ProbeResult("read_neighbour", True, not leaked,
-                       "neighbour's secret read" if leaked else "neighbour unreadable")
+    if mine.encode() not in res.stdout:
+        return _not_run("read_neighbour", "did not run: the sandbox could not read even its own file")
+    return ProbeResult("read_neighbour", True, True, "neighbour unreadable")
 
 
 def _host_loopback(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> ProbeResult:
@@ -173,6 +186,9 @@ def _host_loopback(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) 
     why = _unfinished(res)
     if why and not accepted:
         return _not_run("host_loopback", why)
+    if not accepted and not re.search(r"^(connected|refused:)", _text(res.stdout), re.M):
+        return _not_run("host_loopback", f"did not run: python3 did not try to connect: "
+                                         f"{(_text(res.stderr).strip() or 'no output')[-160:]}")
     return ProbeResult("host_loopback", True, not accepted,
                        f"host port 127.0.0.1:{port} accepted {len(accepted)} connection(s) from the sandbox")
 
