@@ -280,6 +280,9 @@ def state_evidence(engine: str, state: Mapping[str, Any]) -> str | None:
     host; the container sees its cgroup file system read-only) and the container no longer running
     (its init, the reaper, ignores every signal sent from inside). ``OOMKilled`` on a running
     container is not evidence: the policy reaches it by outgrowing the memory limit itself.
+    Known gap: a command can raise ``/proc/1/oom_score_adj`` (raising needs no capability), so a
+    policy that then outgrows the limit may get the *reaper* OOM-killed, and this reports the
+    container not running, OOM-killed; the engines' records cannot tell that from a host OOM kill.
     """
     if state.get("Paused"):
         return f"{engine}: the container is paused (a host-side freeze)"
