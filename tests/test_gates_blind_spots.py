@@ -156,6 +156,10 @@ def test_unreadable_entry_is_an_oserror_naming_the_path(world, monkeypatch):
         tree_digest(str(world))
     assert isinstance(e.value, OSError) and e.value.path == f"{world}/src/pkg"
     assert str(e.value) == f"unreadable entry {world}/src/pkg in the start state: Permission denied"
+    # a caller walking a /proc/self/fd/N handle names the in-sandbox folder instead
+    with pytest.raises(UnreadableEntry) as e:
+        tree_digest(str(world), shown_root="/sandbox/work")
+    assert e.value.path == "/sandbox/work/src/pkg" and "unreadable entry /sandbox/work/src/pkg " in str(e.value)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "socket"])

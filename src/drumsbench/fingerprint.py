@@ -37,13 +37,18 @@ class UnreadableEntry(OSError):
         self.path = path
 
 
-def tree_digest(root: str) -> str:
+def tree_digest(root: str, shown_root: str | None = None) -> str:
     """Digest of the tree under ``root``; a missing ``root`` digests as an empty tree.
 
-    Raises ``UnreadableEntry`` for any entry it cannot read instead of leaving it out."""
+    Raises ``UnreadableEntry`` for any entry it cannot read instead of leaving it out; its path
+    starts with ``shown_root`` instead of ``root`` when given (a caller that walks a
+    ``/proc/self/fd/N`` handle names the in-sandbox folder)."""
+
+    def shown(path: str) -> str:
+        return path if shown_root is None else shown_root.rstrip("/") + path[len(root.rstrip("/")):]
 
     def unreadable(path: str, err: OSError) -> UnreadableEntry:
-        return UnreadableEntry(path, err.strerror or str(err))
+        return UnreadableEntry(shown(path), err.strerror or str(err))
 
     def walk_error(err: OSError) -> None:
         raise unreadable(err.filename or root, err) from err
@@ -78,12 +83,12 @@ def tree_digest(root: str) -> str:
                         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                         with open(fd, "rb") as f:
                             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                                raise UnreadableEntry(path, "changed type while being digested")
+                                raise UnreadableEntry(shown(path), "changed type while being digested")
                             for chunk in iter(lambda: f.read(1 << 16), b""):
                                 fh.update(chunk)
                         h.update(b"F " + rel + b" " + fh.hexdigest().encode() + b"\n")
                     elif stat.S_ISDIR(mode):  # a folder os.walk could not tell apart: not walked
-                        raise UnreadableEntry(path, "a folder the walk could not enter")
+                        raise UnreadableEntry(shown(path), "a folder the walk could not enter")
                     else:
                         kind = ("fifo" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
                                 else "chardev" if stat.S_ISCHR(mode) else "blockdev" if stat.S_ISBLK(mode)
