@@ -25,6 +25,12 @@ living across steps needs a substrate with a long-lived sandbox (``overlay``, co
 
 File methods act on the host folder directly (no process is started), resolving paths with
 ``openat2(RESOLVE_IN_ROOT)`` so links made inside the sandbox cannot point them at host files.
+
+Commands run as uid 0 of a user namespace that maps it to host root, but in their own pid
+namespace: the harness and other sandboxes' processes have no pid a command could name, so no uid
+of its own is needed (``process`` gives each sandbox one). Where the v1 freezer hierarchy is
+mounted, every ``bwrap`` is placed in the sandbox's freezer cgroup by the same root-run wrapper as
+``process`` (``FreezableBwrapSandbox``), with the same ``probe`` and ``end_processes``.
 """
 
 from __future__ import annotations
@@ -49,7 +55,15 @@ from drumsbench.substrates.base import (
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.process import HostFolderSandbox, gc_host_runs, host_leftovers, new_sandbox_id
+from drumsbench.substrates.hostproc import FreezerCgroup
+from drumsbench.substrates.process import (
+    SHARED_BASE,
+    CgroupFreezable,
+    HostFolderSandbox,
+    gc_host_runs,
+    host_leftovers,
+    new_sandbox_id,
+)
 
 IN_ROOT = "/sandbox"
 SUBFOLDERS = ("work", "home", "tmp", "verify")
@@ -128,7 +142,9 @@ def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
 class BwrapSandbox(HostFolderSandbox):
     """Host folder ``host_root`` is ``/sandbox`` inside; ``/tmp`` inside is ``/sandbox/tmp``."""
 
-    def __init__(self, run_id: str, sid: str, host_root: Path, hide: Sequence[Path]):
+    def __init__(
+        self, run_id: str, sid: str, host_root: Path, hide: Sequence[Path], cgroup: FreezerCgroup | None = None
+    ):
         paths = SandboxPaths(
             root=IN_ROOT,
             work=f"{IN_ROOT}/work",
@@ -136,7 +152,7 @@ class BwrapSandbox(HostFolderSandbox):
             tmp=f"{IN_ROOT}/tmp",
             verify=f"{IN_ROOT}/verify",
         )
-        super().__init__("bwrap", run_id, sid, host_root, paths)
+        super().__init__("bwrap", run_id, sid, host_root, paths, cgroup=cgroup)
         self._prefix = bwrap_prefix(host_root, hide)
         self._fs = rootedfs.RootedFS(str(host_root))
 
@@ -162,7 +178,7 @@ class BwrapSandbox(HostFolderSandbox):
         norm = os.path.normpath(cwd)
         host_cwd: str | None = None
         if _inside(norm, IN_ROOT) or _inside(norm, "/tmp"):
-            # Checked by exec: a vanished working folder is a substrate error, as for ``process``.
+            # Checked by exec: a vanished working folder fails the command, as for ``process``.
             host_cwd = str(self.host_path(norm))
         return [*self._prefix, "--chdir", norm, "--", *argv], host_cwd, env
 
@@ -212,6 +228,10 @@ class BwrapSandbox(HostFolderSandbox):
         return hits
 
 
+class FreezableBwrapSandbox(CgroupFreezable, BwrapSandbox):
+    """A bwrap sandbox with a freezer cgroup: the host can freeze it (fault injection)."""
+
+
 class BwrapSubstrate(Substrate):
     name = "bwrap"
     capabilities = Capabilities(
@@ -220,7 +240,8 @@ class BwrapSubstrate(Substrate):
         network=False,
         notes=(
             "bubblewrap per command: host root read-only, sandbox folder at /sandbox, /tmp private "
-            "to the sandbox, no network but lo; processes do not outlive their command"
+            "to the sandbox, no network but lo; processes do not outlive their command; Freezable "
+            "(cgroup v1 freezer) only where /sys/fs/cgroup/freezer is mounted and writable"
         ),
     )
 
@@ -239,8 +260,9 @@ class BwrapSubstrate(Substrate):
         # image cache (credentials, container engines' sockets such as podman's attach sockets).
         self._hide = [
             Path(os.path.realpath(p))
-            for p in (state_dir, os.path.expanduser("~root"), images.cache_dir())
+            for p in (state_dir, os.path.expanduser("~root"), images.cache_dir(), SHARED_BASE)
         ]
+        self.freezer = FreezerCgroup.hierarchy() is not None
 
     def raw_floor(self) -> list[str] | None:
         """A plain bubblewrap around `true`, as harnesses commonly start one."""
@@ -257,14 +279,23 @@ class BwrapSubstrate(Substrate):
             (root / "tmp").chmod(0o1777)
         except OSError as e:
             raise SubstrateError(f"bwrap: cannot create sandbox folder {root}: {e}") from e
-        return BwrapSandbox(self.run_id, sid, root, self._hide)
+        if not self.freezer:
+            return BwrapSandbox(self.run_id, sid, root, self._hide)
+        try:
+            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}")
+        except SubstrateError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return FreezableBwrapSandbox(self.run_id, sid, root, self._hide, cgroup)
 
     def close(self) -> None:
+        for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
+            cg.remove()
         if self._folder.is_dir() and not any(self._folder.iterdir()):
             self._folder.rmdir()
 
     def leftovers(self) -> list[str]:
-        return host_leftovers(self.run_id, self._folder)
+        return host_leftovers(self.run_id, self._folder, f"{self.name}-")
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import selectors
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates.base import ExecResult
+from drumsbench.substrates.base import ExecResult, sh_quote
 
 # After the main process exits, wait this long for background children to release stdout/stderr.
 _DRAIN_GRACE_S = 0.2
@@ -29,12 +32,17 @@ def run_bounded(
     stdin: bytes | None,
     output_limit: int,
     on_start: Callable[[int], None] | None = None,
+    uid: int | None = None,
 ) -> ExecResult:
     """Run ``argv`` in a new session; return its exit code and at most ``output_limit`` bytes per stream.
 
-    Raises ``SubstrateError`` only when the process cannot be started at all.
+    ``uid``: run as that uid, with the gid of the same number and no supplementary groups.
+    On timeout the process group is killed; a command that still does not die (its cgroup is
+    frozen) is left to ``subprocess``'s reaping after ``_REAP_WAIT_S``: the harness never blocks
+    on it. Raises ``SubstrateError`` only when the process cannot be started at all.
     """
     t0 = time.monotonic()
+    creds: dict = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -44,6 +52,7 @@ def run_bounded(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            **creds,
         )
     except OSError as e:
         raise SubstrateError(f"cannot start {argv[0]!r} in {cwd!r}: {e}") from e
@@ -91,7 +100,15 @@ def run_bounded(
                 keepers[key.data].add(chunk)
         if timed_out:
             kill_group(proc.pid)
-        code = proc.wait()
+            # A frozen process cannot die: wait for it only a bounded time.
+            if exited_at is None and not _pidfd_ready(pidfd, _REAP_WAIT_S):
+                code = proc.poll()
+                if code is None:
+                    code = -signal.SIGKILL
+            else:
+                code = proc.wait()
+        else:
+            code = proc.wait()
     finally:
         sel.close()
         os.close(pidfd)
@@ -106,6 +123,15 @@ def run_bounded(
         timed_out=timed_out,
         duration_s=time.monotonic() - t0,
     )
+
+
+def _pidfd_ready(pidfd: int, timeout: float) -> bool:
+    sel = selectors.DefaultSelector()
+    try:
+        sel.register(pidfd, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
+    finally:
+        sel.close()
 
 
 class HeadTail:
@@ -167,3 +193,212 @@ def kill_pids(pids: Sequence[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+# -- per-sandbox identities and freezer cgroups (process, bwrap, overlay) ------------------------
+
+FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
+CGROUP_PREFIX = "drumsbench"
+UID_BASE = 2_000_000
+UID_SPAN = 1_000_000
+UID_LEASES = Path("/run/drumsbench/uids")
+# How long destroy/reset wait for a cgroup's tasks to go after SIGKILL (thawed first).
+_CGROUP_KILL_WAIT_S = 5.0
+# How long run_bounded waits for a SIGKILLed command to be reaped before it gives up on it (a
+# command in a frozen cgroup cannot die until the cgroup is thawed).
+_REAP_WAIT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class UidLease:
+    """A host uid (and gid of the same number) owned by one sandbox while it lives.
+
+    Leases are symlinks ``UID_LEASES/<uid> -> <run>/<sandbox>`` made with ``symlink(2)`` (atomic,
+    fails when taken), so concurrent runs on one machine never share an identity; ``gc`` removes
+    the leases of dead runs. No ``/etc/passwd`` entry is needed.
+    """
+
+    uid: int
+    run_id: str
+    sandbox_id: str
+
+    @property
+    def path(self) -> Path:
+        return UID_LEASES / str(self.uid)
+
+    @classmethod
+    def acquire(cls, run_id: str, sandbox_id: str) -> UidLease:
+        UID_LEASES.mkdir(parents=True, exist_ok=True)
+        start = secrets.randbelow(UID_SPAN)
+        for i in range(UID_SPAN):
+            uid = UID_BASE + (start + i) % UID_SPAN
+            try:
+                os.symlink(f"{run_id}/{sandbox_id}", UID_LEASES / str(uid))
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise SubstrateError(f"cannot lease a sandbox uid in {UID_LEASES}: {e}") from e
+            return cls(uid, run_id, sandbox_id)
+        raise SubstrateError(f"no free sandbox uid in [{UID_BASE}, {UID_BASE + UID_SPAN})")
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    @staticmethod
+    def of_runs(runs: set[str] | None) -> dict[Path, str]:
+        """Lease files of ``runs`` (all when ``None``): path -> run id."""
+        found: dict[Path, str] = {}
+        try:
+            entries = list(UID_LEASES.iterdir())
+        except OSError:
+            return found
+        for p in entries:
+            try:
+                run = os.readlink(p).split("/", 1)[0]
+            except OSError:
+                continue
+            if runs is None or run in runs:
+                found[p] = run
+        return found
+
+
+def uid_separation_available() -> bool:
+    """Per-sandbox uids need root (setuid, chown)."""
+    return os.geteuid() == 0
+
+
+class FreezerCgroup:
+    """A cgroup v1 freezer group ``FREEZER_ROOT/drumsbench/<run>/<name>`` holding one sandbox.
+
+    Every command is placed in it by a root-run wrapper before its payload runs (``wrap``), so
+    ``procs()`` is the complete list of the sandbox's processes, whatever sessions or groups they
+    left. ``state()`` only reads ``freezer.state`` (the gate's evidence); ``write_state`` is the
+    injector's (``Freezable``) and destroy's path.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @staticmethod
+    def hierarchy() -> Path | None:
+        """The v1 freezer hierarchy when it is mounted and writable by this process, else ``None``."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            with open("/proc/self/mounts") as f:
+                mounts = [ln.split() for ln in f]
+        except OSError:
+            return None
+        for m in mounts:
+            if len(m) >= 4 and m[2] == "cgroup" and m[1] == str(FREEZER_ROOT) and "freezer" in m[3].split(","):
+                return FREEZER_ROOT if os.access(FREEZER_ROOT, os.W_OK) else None
+        return None
+
+    @staticmethod
+    def run_dir(run_id: str) -> Path:
+        return FREEZER_ROOT / CGROUP_PREFIX / run_id
+
+    @classmethod
+    def create(cls, run_id: str, name: str, owner: int | None = None) -> FreezerCgroup:
+        """A new group; ``owner`` (a sandbox uid) may write its ``cgroup.procs``, so a command
+        already running as that uid can place itself (never another sandbox's, never out of it)."""
+        path = cls.run_dir(run_id) / name
+        try:
+            path.mkdir(parents=True)
+            if owner is not None:
+                os.chown(path / "cgroup.procs", owner, owner)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise SubstrateError(f"cannot create freezer cgroup {path}: {e}") from e
+        return cls(path)
+
+    @property
+    def procs_file(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` prefixed so that its process joins this group before the payload starts."""
+        procs = sh_quote([self.procs_file])
+        if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
+            # the command's own shell places itself: one exec fewer, the same $0 and $$
+            return ["/bin/sh", "-c", f"echo $$ > {procs} || exit 125\n{argv[2]}"]
+        return ["/bin/sh", "-c", f'echo $$ > {procs} || exit 125; exec "$@"', "sh", *argv]
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def state(self) -> str | None:
+        """``freezer.state`` (THAWED, FREEZING, FROZEN), ``None`` when the group is gone. Read only."""
+        try:
+            return (self.path / "freezer.state").read_text().strip()
+        except OSError:
+            return None
+
+    def write_state(self, state: str) -> None:
+        try:
+            (self.path / "freezer.state").write_text(state)
+        except OSError as e:
+            raise SubstrateError(f"cannot set {self.path} to {state}: {e}") from e
+
+    def procs(self) -> list[int]:
+        try:
+            with open(self.procs_file) as f:
+                return [int(x) for x in f.read().split()]
+        except OSError:
+            return []
+
+    def kill(self, wait: float = 0.0) -> bool:
+        """SIGKILL every task, again until none is left or ``wait`` seconds passed; True when empty.
+
+        Under the v1 freezer a frozen task dies only once thawed: callers that need the group
+        empty thaw first."""
+        deadline = time.monotonic() + wait
+        while True:
+            pids = self.procs()
+            if not pids:
+                return True
+            kill_pids(pids)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+    def remove(self) -> list[str]:
+        """Thaw, kill, remove the group (and the run's folder when empty); problems, one line each."""
+        if not self.exists():
+            return []
+        problems = []
+        with contextlib.suppress(SubstrateError):
+            self.write_state("THAWED")
+        if not self.kill(wait=_CGROUP_KILL_WAIT_S):
+            problems.append(f"cgroup {self.path}: tasks {self.procs()} do not die")
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            problems.append(f"cgroup {self.path}: {e}")
+        with contextlib.suppress(OSError):
+            self.path.parent.rmdir()
+        return problems
+
+    @classmethod
+    def of_run(cls, run_id: str, prefix: str = "") -> list[FreezerCgroup]:
+        folder = cls.run_dir(run_id)
+        try:
+            return [cls(p) for p in sorted(folder.iterdir()) if p.is_dir() and p.name.startswith(prefix)]
+        except OSError:
+            return []
+
+    @classmethod
+    def gc(cls, dead_runs: set[str]) -> list[str]:
+        """Remove the groups of ``dead_runs`` (thawed and emptied first)."""
+        removed = []
+        for run in dead_runs:
+            for cg in cls.of_run(run):
+                cg.remove()
+                removed.append(f"cgroup {cg.path}")
+            with contextlib.suppress(OSError):
+                cls.run_dir(run).rmdir()
+        return removed

@@ -31,6 +31,13 @@ files only; a snapshot kills the sandbox's running processes (as a reset does).
 
 File methods read and write through ``/proc/<holder>/root`` with ``openat2(RESOLVE_IN_ROOT)``: no
 process is started, and links inside the sandbox resolve as they do inside it.
+
+Commands run as uid 0 (no user namespace) but in the holder's pid namespace, so the harness and
+other sandboxes' processes have no pid they could name; no uid of its own is needed. Where the v1
+freezer hierarchy is mounted, each sandbox gets a freezer cgroup holding its holder and every
+command (``nsenter`` is placed by the same root-run wrapper as ``process``'s commands), and is
+``Freezable`` (``FreezableOverlaySandbox``). ``end_processes`` kills every process of the holder's
+pid namespace but the holder.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -66,7 +74,7 @@ from drumsbench.substrates.base import (
     Substrate,
 )
 from drumsbench.substrates.bwrap import SANDBOX_CAPS
-from drumsbench.substrates.hostproc import kill_group, kill_pids, pids_with_env, run_bounded
+from drumsbench.substrates.hostproc import FreezerCgroup, kill_group, kill_pids, pids_with_env, run_bounded
 from drumsbench.substrates.process import HOST_PATH, RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
 NSINIT = Path(__file__).with_name("_nsinit.py")
@@ -217,7 +225,9 @@ class _Trash:
 
 
 class OverlaySandbox(Sandbox):
-    def __init__(self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...]) -> None:
+    def __init__(
+        self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...], cgroup: FreezerCgroup | None = None
+    ) -> None:
         self.substrate = sub.name
         self.run_id = sub.run_id
         self.id = sid
@@ -238,6 +248,7 @@ class OverlaySandbox(Sandbox):
         self._groups: set[int] = set()
         self._lock = threading.RLock()
         self._destroyed = False
+        self.cgroup = cgroup
         try:
             (self._dir / "m").mkdir(parents=True)
         except OSError as e:
@@ -278,6 +289,13 @@ class OverlaySandbox(Sandbox):
             self._pidfd = os.pidfd_open(self._pid)
         except OSError as e:
             raise SubstrateError(f"overlay: sandbox {self.id} died at start: {e}") from e
+        if self.cgroup is not None:
+            # The holder starts nothing by itself: placing it now, before any command, is race-free.
+            try:
+                with open(self.cgroup.procs_file, "w") as f:
+                    f.write(str(self._pid))
+            except OSError as e:
+                raise SubstrateError(f"overlay: cannot place sandbox {self.id} in {self.cgroup.path}: {e}") from e
 
     def _stop(self, sweep: bool = False) -> None:
         """Kill the holder (the kernel kills its pid namespace) and the running ``nsenter``s.
@@ -285,7 +303,10 @@ class OverlaySandbox(Sandbox):
         Every process inside dies with the holder; outside it there are only the ``nsenter``
         parents of running commands, killed by group. ``sweep`` also kills any process still
         carrying the sandbox's label (a scan of /proc: for destroy, not for the hot reset path).
+        A frozen sandbox is thawed first (frozen tasks cannot die).
         """
+        if self.cgroup is not None and self.cgroup.state() not in (None, "THAWED"):
+            self.cgroup.write_state("THAWED")
         if self._pidfd >= 0:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -339,7 +360,10 @@ class OverlaySandbox(Sandbox):
         workdir = os.path.normpath(cwd or self.paths.work)
         fs = self._fs()
         if not fs.is_dir(self._rel(workdir)):
-            raise SubstrateError(f"sandbox {self.id}: working folder {workdir} is gone")
+            # The sandbox lives; a command removed the folder: the command's outcome, not ours.
+            msg = f"drumsbench: working folder {workdir} does not exist\n".encode()
+            return ExecResult(exit_code=126, stdout=b"", stderr=msg, stdout_total=0,
+                              stderr_total=len(msg), timed_out=False, duration_s=0.0)
         full_env = {
             "PATH": HOST_PATH,
             "HOME": self.paths.home,
@@ -361,6 +385,8 @@ class OverlaySandbox(Sandbox):
             *_SETPRIV,
             *argv,
         ]  # fmt: skip
+        if self.cgroup is not None:
+            host_argv = self.cgroup.wrap(host_argv)
 
         started: list[int] = []
 
@@ -416,6 +442,45 @@ class OverlaySandbox(Sandbox):
                     hits |= scan_tokens([host], list(tokens))
         return hits
 
+    def end_processes(self) -> None:
+        """Kill every process of the holder's pid namespace but the holder, and running ``nsenter``s."""
+        with self._lock:
+            if self._destroyed or not self._alive():
+                return
+            holder = self._pid
+            try:
+                ns = os.readlink(f"/proc/{holder}/ns/pid")
+            except OSError:
+                return
+            groups, self._groups = self._groups, set()
+        for pgid in groups:
+            kill_group(pgid)
+        for _ in range(3):  # what forked while a pass ran
+            victims = []
+            for entry in os.listdir("/proc"):
+                if entry.isdigit() and int(entry) != holder:
+                    try:
+                        if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                            victims.append(int(entry))
+                    except OSError:
+                        continue
+            if not victims:
+                return
+            kill_pids(victims)
+
+    def probe(self, timeout: float = 5.0) -> str | None:
+        if self._destroyed:
+            return f"sandbox {self.id} is destroyed"
+        if self.cgroup is not None:
+            state = self.cgroup.state()
+            if state is None:
+                return f"the sandbox's freezer cgroup {self.cgroup.path} is gone"
+            if state in ("FROZEN", "FREEZING"):
+                return f"the host froze the sandbox (freezer.state {state})"
+        if not self._alive():
+            return f"the sandbox's holder process {self._pid} is gone"
+        return super().probe(timeout)
+
     def reset_in_place(self) -> None:
         """Back to the start state: processes killed, upper layer (and later snapshots) dropped."""
         with self._lock:
@@ -458,12 +523,27 @@ class OverlaySandbox(Sandbox):
             try:
                 self._stop(sweep=True)
             finally:
+                if self.cgroup is not None:
+                    self.cgroup.remove()
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._sub.forget(self)
 
     @property
     def holder_pid(self) -> int:
         return self._pid
+
+
+class FreezableOverlaySandbox(Freezable, OverlaySandbox):
+    """An overlay sandbox with a freezer cgroup (holder and commands): the host can freeze it."""
+
+    cgroup: FreezerCgroup
+
+    def freeze(self) -> None:
+        self.cgroup.write_state("FROZEN")
+
+    def thaw(self) -> None:
+        if self.cgroup.exists():
+            self.cgroup.write_state("THAWED")
 
 
 class OverlaySubstrate(Substrate):
@@ -475,7 +555,8 @@ class OverlaySubstrate(Substrate):
         network=False,
         notes=(
             "pid/mount/ipc/uts/net namespaces + overlayfs over a Debian rootfs, pivot_root; "
-            "processes live between commands; O(1) snapshot/fork by stacking frozen upper layers"
+            "processes live between commands; O(1) snapshot/fork by stacking frozen upper layers; "
+            "Freezable (cgroup v1 freezer) only where /sys/fs/cgroup/freezer is mounted and writable"
         ),
     )
 
@@ -489,6 +570,7 @@ class OverlaySubstrate(Substrate):
         self._live: dict[str, OverlaySandbox] = {}
         self._snapshots: dict[str, tuple[str, ...]] = {}
         self.trash = _Trash(self.folder / "trash")
+        self.freezer = FreezerCgroup.hierarchy() is not None
 
     def raw_floor(self) -> list[str] | None:
         """What a hand-written harness does for one overlay sandbox: fresh namespaces, an overlay
@@ -557,7 +639,16 @@ class OverlaySubstrate(Substrate):
             self._live.pop(box.id, None)
 
     def _new(self, base: tuple[str, ...]) -> OverlaySandbox:
-        box = OverlaySandbox(self, new_sandbox_id(), base)
+        sid = new_sandbox_id()
+        if not self.freezer:
+            box = OverlaySandbox(self, sid, base)
+        else:
+            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}")
+            try:
+                box = FreezableOverlaySandbox(self, sid, base, cgroup)
+            except BaseException:
+                cgroup.remove()
+                raise
         with self._lock:
             self._live[box.id] = box
         return box
@@ -592,6 +683,8 @@ class OverlaySubstrate(Substrate):
             self._rootfs = None
         if server is not None:
             server.stop()
+        for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
+            cg.remove()
         self.trash.drain()
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -601,6 +694,7 @@ class OverlaySubstrate(Substrate):
         own = server.pid if server is not None and server.proc.poll() is None else None
         left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id) if pid != own]
         left += [f"mount {m}" for m in host_mounts_below(self.folder)]
+        left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-")]
         sandboxes = self.folder / "sb"
         if sandboxes.is_dir():
             left += [f"folder {p}" for p in sandboxes.iterdir()]
@@ -610,7 +704,7 @@ class OverlaySubstrate(Substrate):
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        removed = []
+        removed = FreezerCgroup.gc(dead_runs)  # thaws first: frozen tasks cannot die
         victims = {pid: run for pid, run in pids_with_env(RUN_VAR).items() if run in dead_runs}
         kill_pids(list(victims))
         removed += [f"process {pid} of run {run}" for pid, run in victims.items()]

@@ -1,15 +1,31 @@
 """``process``: each sandbox is a folder on the host and commands are plain host processes.
 
-It gives **no isolation**: a command can read and write anything the user can. HOME and TMPDIR
-point inside the sandbox so that well-behaved tools stay in it, and every process a command
-starts runs in its own session; destroy kills those sessions and any process still carrying the
-sandbox's label in its environment. It is the baseline every other substrate is compared with.
+It isolates **processes, not files or the network**. As root (the normal case), every sandbox
+gets its own host uid/gid (``hostproc.UidLease``: ``2_000_000 + n``, no passwd entry, no
+supplementary groups) and its commands run as that uid, so a command cannot signal, ptrace or stop
+the harness or another sandbox's processes, and cannot read another sandbox's folders (work, home,
+tmp and verify belong to the sandbox's uid, mode 0700; the sandbox's root folder stays root's, so
+a command cannot delete the four folders). It can still read what any user can read on the host
+and reach the network. HOME and TMPDIR point inside the sandbox.
+
+Where the v1 freezer hierarchy is mounted (``/sys/fs/cgroup/freezer``) every sandbox also gets
+its own freezer cgroup and every command is placed in it before its payload runs; the sandbox is
+then ``Freezable`` (``FreezableProcessSandbox``), ``end_processes`` kills the cgroup's complete
+task list and ``probe`` reads ``freezer.state``. Without it (or without root) the substrate
+decides at construction not to offer ``Freezable``; processes are then tracked by session and by
+the sandbox's label in their environment, as before.
+
+The harness writes files as root through ``rootedfs`` (links made by a command resolve inside the
+sandbox folder, never on the host) and hands them to the sandbox's uid.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,47 +34,123 @@ from pathlib import Path
 from drumsbench.errors import SubstrateError
 from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
+from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.hostproc import kill_group, kill_pids, pids_with_env, run_bounded
+from drumsbench.substrates.hostproc import (
+    FreezerCgroup,
+    UidLease,
+    kill_group,
+    kill_pids,
+    pids_with_env,
+    run_bounded,
+    uid_separation_available,
+)
 
 RUN_VAR = "DRUMSBENCH_RUN"
 SANDBOX_VAR = "DRUMSBENCH_SANDBOX"
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# Sandbox folders of a state folder that a sandbox uid cannot traverse (the default state folder is
+# below /root, mode 0700) live here instead, below the state folder's own path (so the path still
+# names the state folder: ``SHARED_BASE/root/.local/state/drumsbench/<run>/<sandbox>``).
+SHARED_BASE = Path("/var/lib/drumsbench/sandboxes")
+SUBFOLDERS = ("work", "home", "tmp", "verify")
+
+
+def _traversable(path: Path) -> bool:
+    """Every existing folder on the way to ``path`` can be searched by other users."""
+    p = Path(os.path.realpath(path))
+    for folder in (p, *p.parents):
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if not st.st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def _shared_base(state_dir: Path) -> Path:
+    return SHARED_BASE / os.path.realpath(state_dir).lstrip("/")
+
+
+def _remove_empty_parents(folder: Path) -> None:
+    """Remove ``folder``'s empty parents up to (not including) ``SHARED_BASE``."""
+    p = folder.parent
+    while SHARED_BASE in p.parents:
+        try:
+            p.rmdir()
+        except OSError:
+            return
+        p = p.parent
+
+
 def sandbox_root(state_dir: Path, run_id: str) -> Path:
-    return state_dir / "sandboxes" / run_id
+    """The run's sandbox folders: below the state folder, unless sandbox uids could not reach
+    them there (then below ``SHARED_BASE``)."""
+    if not uid_separation_available() or _traversable(state_dir):
+        return state_dir / "sandboxes" / run_id
+    return _shared_base(state_dir) / run_id
 
 
-def host_leftovers(run_id: str, folder: Path) -> list[str]:
-    """Host processes labelled with ``run_id`` and sandbox folders still under ``folder``."""
+def _make_reachable(folder: Path) -> None:
+    """Create ``folder`` and its missing parents root-owned, searchable by others (0755)."""
+    missing = []
+    p = folder
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for m in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            m.mkdir(mode=0o755)
+            os.chmod(m, 0o755)
+
+
+def host_leftovers(run_id: str, folder: Path, cgroup_prefix: str | None = None) -> list[str]:
+    """Host processes labelled with ``run_id``, sandbox folders still under ``folder``, and (for
+    a substrate with ``cgroup_prefix``) the run's freezer cgroups and uid leases."""
     left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, run_id)]
     if folder.is_dir():
         left += [f"folder {p}" for p in folder.iterdir()]
+    if cgroup_prefix is not None:
+        left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(run_id, cgroup_prefix)]
+        left += [f"uid lease {p} of {run_id}" for p in UidLease.of_runs({run_id})
+                 if os.readlink(p).split("/", 1)[-1].startswith(cgroup_prefix)]
     return left
 
 
-def gc_host_runs(dead_runs: set[str], folder_of: Callable[[str], Path]) -> list[str]:
-    """Kill the labelled processes of ``dead_runs`` and remove their folders; one line per thing."""
-    removed = []
+def gc_host_runs(dead_runs: set[str], folder_of: Callable[[str], Path] | Sequence[Callable[[str], Path]]) -> list[str]:
+    """Kill the labelled processes of ``dead_runs``, remove their freezer cgroups, uid leases and
+    folders; one line per thing."""
+    removed = FreezerCgroup.gc(dead_runs)  # thaws first: frozen tasks cannot die
     for pid, run in pids_with_env(RUN_VAR).items():
         if run in dead_runs:
             kill_pids([pid])
             removed.append(f"process {pid} of run {run}")
+    for lease, run in UidLease.of_runs(dead_runs).items():
+        with contextlib.suppress(OSError):
+            lease.unlink()
+            removed.append(f"uid lease {lease} of run {run}")
+    folders = [folder_of] if callable(folder_of) else list(folder_of)
     for run in dead_runs:
-        folder = folder_of(run)
-        if folder.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(f"folder {folder}")
+        for of in folders:
+            folder = of(run)
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(f"folder {folder}")
     return removed
 
 
@@ -70,9 +162,21 @@ class HostFolderSandbox(Sandbox):
     """A sandbox whose files live in a host folder: file methods act on the host directly.
 
     Subclasses choose how commands run (``_argv``) and how paths map (``host_path``).
+    ``cgroup``: the sandbox's freezer group (every command joins it before its payload runs);
+    ``lease``: the sandbox's own uid, which commands run as (``None``: the harness's).
     """
 
-    def __init__(self, substrate: str, run_id: str, sid: str, host_root: Path, paths: SandboxPaths):
+    def __init__(
+        self,
+        substrate: str,
+        run_id: str,
+        sid: str,
+        host_root: Path,
+        paths: SandboxPaths,
+        *,
+        cgroup: FreezerCgroup | None = None,
+        lease: UidLease | None = None,
+    ):
         self.substrate = substrate
         self.run_id = run_id
         self.id = sid
@@ -81,8 +185,23 @@ class HostFolderSandbox(Sandbox):
         self._groups: set[int] = set()
         self._lock = threading.Lock()
         self._destroyed = False
-        for sub in ("work", "home", "tmp", "verify"):
-            (host_root / sub).mkdir(parents=True, exist_ok=True)
+        self.cgroup = cgroup
+        self.lease = lease
+        self._fs = rootedfs.RootedFS(str(host_root))
+        self._make_folders()
+
+    @property
+    def uid(self) -> int | None:
+        """The host uid the sandbox's commands run as (``None``: the harness's own)."""
+        return None if self.lease is None else self.lease.uid
+
+    def _make_folders(self) -> None:
+        for sub in SUBFOLDERS:
+            folder = self.host_root / sub
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.lease is not None:
+                os.chown(folder, self.lease.uid, self.lease.uid, follow_symlinks=False)
+                os.chmod(folder, 0o700, follow_symlinks=False)
 
     # -- mapping -------------------------------------------------------------------------------
     def host_path(self, path: str) -> Path:
@@ -96,6 +215,11 @@ class HostFolderSandbox(Sandbox):
         if host != self.host_root and self.host_root not in host.parents:
             raise SubstrateError(f"{path!r} escapes sandbox {self.id}")
         return host
+
+    def _rel(self, path: str) -> str:
+        """``path`` relative to the sandbox folder (for ``rootedfs``)."""
+        rel = os.path.relpath(self.host_path(path), self.host_root)
+        return "" if rel == "." else rel
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {
@@ -126,20 +250,39 @@ class HostFolderSandbox(Sandbox):
         stdin: bytes | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
+        return self._exec(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
+                          output_limit=output_limit, uid=self.uid)
+
+    def _exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+        output_limit: int,
+        uid: int | None,
+    ) -> ExecResult:
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         host_argv, host_cwd, host_env = self._argv(argv, cwd or self.paths.work, self._env(env))
+        if not self.host_root.is_dir():
+            raise SubstrateError(f"sandbox {self.id}: its folder {self.host_root} is gone")
         if host_cwd is not None and not os.path.isdir(host_cwd):
-            raise SubstrateError(f"sandbox {self.id}: working folder {host_cwd} is gone")
-
-        def remember(pid: int) -> None:
-            with self._lock:
-                self._groups.add(pid)
+            # The sandbox lives; its working folder does not (a command may have removed it):
+            # that is the command's outcome, not the substrate's failure.
+            msg = f"drumsbench: working folder {cwd or self.paths.work} does not exist\n".encode()
+            return ExecResult(exit_code=126, stdout=b"", stderr=msg, stdout_total=0,
+                              stderr_total=len(msg), timed_out=False, duration_s=0.0)
+        if self.cgroup is not None:
+            host_argv = self.cgroup.wrap(host_argv)
 
         started: list[int] = []
 
-        def remember_this(pid: int) -> None:
+        def remember(pid: int) -> None:
             started.append(pid)
-            remember(pid)
+            with self._lock:
+                self._groups.add(pid)
 
         res = run_bounded(
             host_argv,
@@ -148,7 +291,8 @@ class HostFolderSandbox(Sandbox):
             env=host_env,
             stdin=stdin,
             output_limit=output_limit,
-            on_start=remember_this,
+            on_start=remember,
+            uid=uid,
         )
         # Forget a process group once it is empty: its id may be reused by an unrelated group.
         for pgid in started:
@@ -162,21 +306,22 @@ class HostFolderSandbox(Sandbox):
         return res
 
     def write_file(self, path: str, data: bytes) -> None:
-        host = self.host_path(path)
+        rel = self._rel(path)
+        owner = None if self.lease is None else (self.lease.uid, self.lease.uid)
         try:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            host.write_bytes(data)
+            self._fs.write(rel, data, owner=owner)
         except OSError as e:
             raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
 
     def read_file(self, path: str, limit: int | None = None) -> bytes:
-        host = self.host_path(path)
+        rel = self._rel(path)
         try:
-            with open(host, "rb") as f:
-                return f.read(-1 if limit is None else limit)
+            return self._fs.read(rel, limit)
         except FileNotFoundError:
             raise
         except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from e
             raise SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}") from e
 
     def tree_digest(self, path: str) -> str:
@@ -186,33 +331,106 @@ class HostFolderSandbox(Sandbox):
         return scan_tokens([str(self.host_path(f)) for f in folders], list(tokens))
 
     def kill_all(self) -> None:
-        """Kill every process this sandbox started, including ones that left their session."""
+        """Kill every process this sandbox started, including ones that left their session: the
+        cgroup's task list (complete), the process groups of commands, labelled processes.
+
+        A frozen cgroup's tasks die only when thawed; this does not thaw (``destroy`` does)."""
         with self._lock:
             groups, self._groups = self._groups, set()
+        if self.cgroup is not None:
+            self.cgroup.kill()
         for pgid in groups:
             kill_group(pgid)
         kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
+        if self.cgroup is not None and self.cgroup.state() == "THAWED":
+            self.cgroup.kill(wait=1.0)  # what forked while the first pass ran
+
+    def end_processes(self) -> None:
+        if self._destroyed:
+            return
+        self.kill_all()
+
+    def probe(self, timeout: float = 5.0) -> str | None:
+        if self._destroyed:
+            return f"sandbox {self.id} is destroyed"
+        if self.cgroup is not None:
+            state = self.cgroup.state()
+            if state is None:
+                return f"the sandbox's freezer cgroup {self.cgroup.path} is gone"
+            if state in ("FROZEN", "FREEZING"):
+                return f"the host froze the sandbox (freezer.state {state})"
+        if not self.host_root.is_dir():
+            return f"the sandbox's folder {self.host_root} is gone"
+        return super().probe(timeout)
+
+    def _thaw_for_kill(self) -> None:
+        if self.cgroup is not None and self.cgroup.state() not in (None, "THAWED"):
+            self.cgroup.write_state("THAWED")
 
     def reset_in_place(self) -> None:
+        self._thaw_for_kill()
         self.kill_all()
-        for sub in ("work", "home", "tmp", "verify"):
-            folder = self.host_root / sub
-            shutil.rmtree(folder, ignore_errors=True)
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise SubstrateError(f"sandbox {self.id}: cannot recreate {sub}: {e}") from e
+        for sub in SUBFOLDERS:
+            shutil.rmtree(self.host_root / sub, ignore_errors=True)
+        try:
+            self._make_folders()
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot recreate its folders: {e}") from e
 
     def destroy(self) -> None:
         if self._destroyed:
             return
         self._destroyed = True
+        with contextlib.suppress(SubstrateError):
+            self._thaw_for_kill()
         self.kill_all()
+        if self.cgroup is not None:
+            self.cgroup.remove()
         shutil.rmtree(self.host_root, ignore_errors=True)
+        if self.lease is not None:
+            self.lease.release()
+
+
+class CgroupFreezable(Freezable):
+    """``Freezable`` through the sandbox's freezer cgroup (writes ``freezer.state``)."""
+
+    cgroup: FreezerCgroup | None
+
+    def freeze(self) -> None:
+        assert self.cgroup is not None
+        self.cgroup.write_state("FROZEN")
+
+    def thaw(self) -> None:
+        assert self.cgroup is not None
+        if self.cgroup.exists():
+            self.cgroup.write_state("THAWED")
 
 
 class ProcessSandbox(HostFolderSandbox):
     """In-sandbox paths are the host paths."""
+
+    def exec_launcher(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        """Run a *harness-made* launcher as root (the harness's uid), not as the sandbox's uid.
+
+        For environments that build their own isolation around the sandbox and need privileges
+        to enter it (the desktop's ``nsenter`` into its namespaces). Never for a policy's
+        command line as such: whatever it runs has the harness's privileges unless the launcher
+        drops them. It is otherwise an ordinary command of the sandbox: in its cgroup, labelled,
+        bounded, killed on timeout and by ``end_processes``/``destroy``."""
+        return self._exec(list(argv), timeout=timeout, cwd=cwd, env=env, stdin=None,
+                          output_limit=output_limit, uid=None)
+
+
+class FreezableProcessSandbox(CgroupFreezable, ProcessSandbox):
+    """A process sandbox with a freezer cgroup: the host can freeze it (fault injection)."""
 
 
 class ProcessSubstrate(Substrate):
@@ -221,35 +439,70 @@ class ProcessSubstrate(Substrate):
         isolation=Isolation.NONE,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),
         network=True,
-        notes="plain host processes: no isolation of files, processes or network",
+        notes=(
+            "plain host processes: as root each sandbox runs as its own uid (processes of the "
+            "harness and other sandboxes out of reach, sandbox folders private) but host files "
+            "and the network are shared; Freezable (cgroup v1 freezer, per-sandbox group) only "
+            "where /sys/fs/cgroup/freezer is mounted and writable, decided at construction"
+        ),
     )
+
+    def __init__(self, run_id: str, state_dir: Path) -> None:
+        super().__init__(run_id, state_dir)
+        self.separate_uids = uid_separation_available()
+        self.freezer = FreezerCgroup.hierarchy() is not None
 
     @classmethod
     def missing(cls) -> str | None:
         return None
 
-    def create(self) -> Sandbox:
+    def create(self) -> ProcessSandbox:
         sid = new_sandbox_id()
         root = sandbox_root(self.state_dir, self.run_id) / sid
+        lease: UidLease | None = None
+        cgroup: FreezerCgroup | None = None
         try:
-            root.mkdir(parents=True)
-        except OSError as e:
+            _make_reachable(root.parent)
+            root.mkdir(mode=0o755)
+            if self.separate_uids:
+                lease = UidLease.acquire(self.run_id, f"{self.name}-{sid}")
+            if self.freezer:
+                cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
+                                              owner=None if lease is None else lease.uid)
+            r = str(root)
+            paths = SandboxPaths(root=r, work=f"{r}/work", home=f"{r}/home", tmp=f"{r}/tmp", verify=f"{r}/verify")
+            cls = FreezableProcessSandbox if cgroup is not None else ProcessSandbox
+            return cls(self.name, self.run_id, sid, root, paths, cgroup=cgroup, lease=lease)
+        except (OSError, SubstrateError) as e:
+            if cgroup is not None:
+                cgroup.remove()
+            if lease is not None:
+                lease.release()
+            shutil.rmtree(root, ignore_errors=True)
+            if isinstance(e, SubstrateError):
+                raise
             raise SubstrateError(f"process: cannot create sandbox folder {root}: {e}") from e
-        r = str(root)
-        paths = SandboxPaths(root=r, work=f"{r}/work", home=f"{r}/home", tmp=f"{r}/tmp", verify=f"{r}/verify")
-        return ProcessSandbox(self.name, self.run_id, sid, root, paths)
 
     def close(self) -> None:
         """The run is over: nothing of it may remain, even what a sandbox lost track of."""
+        for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
+            cg.remove()
         kill_pids(list(pids_with_env(RUN_VAR, self.run_id)))
-        shutil.rmtree(sandbox_root(self.state_dir, self.run_id), ignore_errors=True)
+        for lease in UidLease.of_runs({self.run_id}):
+            with contextlib.suppress(OSError):
+                if os.readlink(lease).split("/", 1)[-1].startswith(f"{self.name}-"):
+                    lease.unlink()
+        folder = sandbox_root(self.state_dir, self.run_id)
+        shutil.rmtree(folder, ignore_errors=True)
+        _remove_empty_parents(folder)
 
     def raw_floor(self) -> list[str] | None:
         return ["true"]
 
     def leftovers(self) -> list[str]:
-        return host_leftovers(self.run_id, sandbox_root(self.state_dir, self.run_id))
+        return host_leftovers(self.run_id, sandbox_root(self.state_dir, self.run_id), f"{self.name}-")
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        return gc_host_runs(dead_runs, lambda run: sandbox_root(state_dir, run))
+        return gc_host_runs(dead_runs, [lambda run: state_dir / "sandboxes" / run,
+                                        lambda run: _shared_base(state_dir) / run])

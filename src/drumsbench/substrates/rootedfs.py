@@ -76,7 +76,7 @@ class RootedFS:
     def _open(self, rootfd: int, rel: str, flags: int, mode: int = 0) -> int:
         return openat2(rootfd, rel, flags, mode, self.RESOLVE)
 
-    def _makedirs(self, rootfd: int, rel_dir: str) -> None:
+    def _makedirs(self, rootfd: int, rel_dir: str, owner: tuple[int, int] | None = None) -> None:
         parts = [p for p in rel_dir.split("/") if p]
         for i in range(len(parts)):
             prefix = "/".join(parts[: i + 1])
@@ -88,16 +88,22 @@ class RootedFS:
             parent = self._open(rootfd, "/".join(parts[:i]), os.O_PATH | os.O_DIRECTORY)
             try:
                 os.mkdir(parts[i], 0o755, dir_fd=parent)
+                if owner is not None:
+                    os.chown(parts[i], *owner, dir_fd=parent, follow_symlinks=False)
             except FileExistsError:
                 pass
             finally:
                 os.close(parent)
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, owner: tuple[int, int] | None = None) -> None:
+        """Write ``data`` at ``rel``, creating folders; ``owner`` (uid, gid) gets what is created
+        and the file (the file by its handle, never by a path a link could redirect)."""
         with self._rootfd() as rootfd:
-            self._makedirs(rootfd, os.path.dirname(rel))
+            self._makedirs(rootfd, os.path.dirname(rel), owner)
             fd = self._open(rootfd, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
+                if owner is not None:
+                    os.fchown(fd, *owner)
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]

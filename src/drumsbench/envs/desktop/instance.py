@@ -379,7 +379,9 @@ class DesktopInstance:
         cmd = ["nsenter", "-t", str(self.holder_pid), *ns, f"--wd={self.inside(self.work)}", "--", *argv]
         env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
                "DRUMSBENCH_UNO": self.uno_connection()}
-        return self.box.exec(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, output_limit=output_limit)
+        # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root
+        return self.box.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env,
+                                      output_limit=output_limit)
 
     def xdotool(self, args: list[str], timeout: float) -> ExecResult:
         return self.exec_inside(["xdotool", *args], timeout)
