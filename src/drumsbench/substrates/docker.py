@@ -188,7 +188,8 @@ class DockerSandbox(Sandbox, Freezable):
         try:
             if stdin is not None:
                 self._send_stdin(raw, stdin)
-            out, err, totals, timed_out = _read_frames(raw, t0 + timeout, output_limit)
+            early = _buffered_stream_bytes(sock, raw)
+            out, err, totals, timed_out = _read_frames(raw, t0 + timeout, output_limit, early)
             if timed_out:
                 self._kill(token)
         finally:
@@ -408,18 +409,48 @@ class _ChunkReader(io.RawIOBase):
         return n
 
 
+def _buffered_stream_bytes(sock: Any, raw: socket.socket) -> bytes:
+    """The start of the exec's stream that ``http.client`` already read past the ``101 UPGRADED``
+    headers into its buffer. The SDK hands out the socket *under* that buffer, so without this a
+    command whose output arrives before the client parsed the headers (a busy client: other
+    threads hold the GIL) loses it whole: it exits 0 with empty output."""
+    try:
+        fp = sock._response.raw._fp.fp
+    except AttributeError:
+        return b""
+    if fp is None:
+        return b""
+    raw.setblocking(False)  # peek: what is buffered, or one read that does not wait
+    try:
+        data = fp.peek(1 << 16)
+        return fp.read(len(data)) if data else b""
+    except (OSError, ValueError):
+        return b""
+
+
 def _read_frames(
-    raw: socket.socket, deadline: float, limit: int
+    raw: socket.socket, deadline: float, limit: int, early: bytes = b""
 ) -> tuple[bytes, bytes, list[int], bool]:
     """Read Docker's multiplexed stream to EOF or ``deadline``; keep ``limit`` bytes per stream
-    (head and tail, as ``hostproc.HeadTail``)."""
+    (head and tail, as ``hostproc.HeadTail``). ``early``: the stream's first bytes, read already."""
     keep = [HeadTail(limit), HeadTail(limit)]
     pending = bytearray()
     raw.setblocking(False)
     poller = select.poll()  # not select(): descriptors above 1024 are common at high concurrency
     poller.register(raw, select.POLLIN)
     try:
+        chunk = early
         while True:
+            if chunk:
+                pending += chunk
+                while len(pending) >= _HEADER.size:
+                    kind, size = _HEADER.unpack_from(pending)
+                    if len(pending) < _HEADER.size + size:
+                        break
+                    payload = pending[_HEADER.size : _HEADER.size + size]
+                    del pending[: _HEADER.size + size]
+                    keep[1 if kind == 2 else 0].add(bytes(payload))
+                chunk = b""
             wait = deadline - time.monotonic()
             if wait <= 0:
                 return keep[0].value(), keep[1].value(), [keep[0].total, keep[1].total], True
@@ -433,14 +464,6 @@ def _read_frames(
                 chunk = b""
             if not chunk:
                 return keep[0].value(), keep[1].value(), [keep[0].total, keep[1].total], False
-            pending += chunk
-            while len(pending) >= _HEADER.size:
-                kind, size = _HEADER.unpack_from(pending)
-                if len(pending) < _HEADER.size + size:
-                    break
-                payload = pending[_HEADER.size : _HEADER.size + size]
-                del pending[: _HEADER.size + size]
-                keep[1 if kind == 2 else 0].add(bytes(payload))
     finally:
         with contextlib.suppress(OSError):
             raw.setblocking(True)
