@@ -43,7 +43,7 @@ from drumsbench.isolation import CanaryRegistry, plant
 from drumsbench.outcome import InvalidCause, Outcome, Verdict
 from drumsbench.policies.scripted import Policy
 from drumsbench.records import AttemptRecord
-from drumsbench.substrates.base import ResetStrategy, Sandbox, Substrate
+from drumsbench.substrates.base import ResetStrategy, Sandbox, SandboxFrozen, Substrate
 
 DESTROY_AFTER = {
     InvalidCause.STEP_TIMEOUT,
@@ -244,7 +244,7 @@ class _Episode:
                 gates.check_isolation(self.env, self.token, self.canaries)
             except InvalidAttempt as e:
                 return Verdict.invalid(e.cause, e.detail)
-            except Exception:  # noqa: BLE001 - the sandbox may be wedged; its failure stands
+            except Exception:
                 pass
         return Verdict.failed(reason)
 
@@ -300,7 +300,10 @@ class _Episode:
         limit, cause = ((step_limit, InvalidCause.STEP_TIMEOUT) if step_limit < remaining
                         else (remaining, InvalidCause.EPISODE_TIMEOUT))
         t0 = time.monotonic()
-        obs = self.env.step(action, limit)  # gate 2: a stale generation is refused in here
+        try:
+            obs = self.env.step(action, limit)  # gate 2: a stale generation is refused in here
+        except SandboxFrozen as e:  # the substrate refused at once what would have hung: the same fault
+            raise InvalidAttempt(cause, f"step {self.env.step_count} ({action.kind}) could not run: {e}") from None
         self.steps.append(time.monotonic() - t0)
         self.slot.last_action = action
         if obs.timed_out:  # gate 3

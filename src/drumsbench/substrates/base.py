@@ -31,6 +31,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
+from drumsbench.errors import SubstrateError
 from drumsbench.fingerprint import DIGEST_SCRIPT
 from drumsbench.scan import SCAN_SCRIPT
 
@@ -197,6 +198,11 @@ class Sandbox(ABC):
 
     def describe(self) -> str:
         return f"{self.substrate}:{self.id}"
+
+
+class SandboxFrozen(SubstrateError):
+    """Raised by ``exec`` of a substrate that refuses to run in a sandbox the host froze (e.g. docker:
+    "container is paused") instead of waiting; the rollout treats it as the timeout it stands for."""
 
 
 class Freezable(ABC):

@@ -46,6 +46,7 @@ from drumsbench.substrates.base import (
     Isolation,
     ResetStrategy,
     Sandbox,
+    SandboxFrozen,
     Substrate,
 )
 from drumsbench.substrates.hostproc import HeadTail
@@ -154,7 +155,8 @@ class DockerSandbox(Sandbox, Freezable):
 
     # -- exec -----------------------------------------------------------------------------------
     def _gone(self, e: BaseException, what: str) -> SubstrateError:
-        return SubstrateError(f"docker: sandbox {self.id} ({self.container_id[:12]}): {what}: {e}")
+        kind = SandboxFrozen if "is paused" in str(e) else SubstrateError
+        return kind(f"docker: sandbox {self.id} ({self.container_id[:12]}): {what}: {e}")
 
     def exec(
         self,

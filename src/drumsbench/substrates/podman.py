@@ -44,6 +44,7 @@ from drumsbench.substrates.base import (
     Isolation,
     ResetStrategy,
     Sandbox,
+    SandboxFrozen,
     Substrate,
 )
 from drumsbench.substrates.hostproc import run_bounded
@@ -288,12 +289,19 @@ class PodmanSandbox(Sandbox, Freezable):
             if kill.returncode != 0 and not self._running():
                 raise SubstrateError(f"podman: sandbox {self.id}: the container is gone")
             return res
+        if res.exit_code in (PODMAN_ERROR, PODMAN_EXEC_REFUSED) and self._paused():
+            raise SandboxFrozen(f"podman: sandbox {self.id}: exec refused: {C.decode_tail(res.stderr)}")
         if res.exit_code in (PODMAN_ERROR, PODMAN_EXEC_REFUSED) and not self._running():
             raise SubstrateError(
                 f"podman: sandbox {self.id}: exec failed, the container is not running: "
                 f"{C.decode_tail(res.stderr)}"
             )
         return res
+
+    def _paused(self) -> bool:
+        """Podman's record: is the container paused (by the host)?"""
+        proc = podman(["container", "inspect", "--format", "{{.State.Status}}", self.container_id], check=False)
+        return proc.returncode == 0 and proc.stdout.strip() == b"paused"
 
     # -- files ----------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes) -> None:
