@@ -298,6 +298,44 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
         console.print(f"{task_id} {fp}")
 
 
+@tasks_app.command("check")
+def tasks_check(
+    suite: Annotated[str, typer.Argument(help="Coding suite name or folder.")] = "coding",
+    substrates: Annotated[str, typer.Option(help="Comma-separated substrates whose images to check on.")] = "process",
+) -> None:
+    """Prove on each substrate's image that the hidden tests load, fail on the start state and pass
+    after the golden patch (a module missing from the image is refused here). Exit 1 on a problem."""
+    import tempfile
+
+    from drumsbench.envs import suites
+    from drumsbench.experiments.taskcheck import TaskCheck, check_suite
+    from drumsbench.substrates import registry
+
+    if suites.suite_kind(suite) != "coding":
+        raise UsageError(f"tasks check: {suite!r} is not a coding suite (desktop suites: scripts/ checks)")
+    names = [n.strip() for n in substrates.split(",") if n.strip()]
+    for n in names:
+        if n not in registry.names():
+            raise UsageError(f"--substrates: unknown substrate {n!r}; choose from {', '.join(registry.names())}")
+        missing = registry.get(n).missing()
+        if missing:
+            raise UsageError(f"--substrates: {n} is not usable here: {missing}")
+
+    def show(c: TaskCheck) -> None:
+        if c.ok:
+            console.print(f"ok   {c.substrate:8} {c.task}: fails on the start state, passes with the golden patch",
+                          highlight=False)
+        else:
+            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False)
+
+    with tempfile.TemporaryDirectory(prefix="drumsbench-taskcheck-") as tmp:
+        results = check_suite(suite, names, Path(tmp), progress=show)
+    bad = [c for c in results if not c.ok]
+    console.print(f"{len(results) - len(bad)} of {len(results)} task checks passed")
+    if bad:
+        raise typer.Exit(1)
+
+
 cs.register(app)
 
 

@@ -7,6 +7,7 @@ file, the field and the fix. Built-in suites are folders under ``drumsbench/task
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 import subprocess
@@ -150,6 +151,16 @@ def apply_patch_to_files(files: dict[str, bytes], patch: str, where: str) -> dic
         return _read_tree(root)
 
 
+def _defines_tests(source: bytes) -> bool:
+    """Does a test file define a test method (``class ...: def test_*``), read by syntax only?"""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith("test")
+               for node in tree.body if isinstance(node, ast.ClassDef) for item in node.body)
+
+
 def _field(spec_file: Path, e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"]) or "(file)"
@@ -181,9 +192,19 @@ def load_task(folder: Path, suite: Path) -> CodingTask:
     if digest != spec.start_fingerprint:
         raise UsageError(f"{spec_file}: field 'start_fingerprint' is {spec.start_fingerprint} but the start state "
                          f"digests to {digest}; update it (drumsbench tasks fingerprint {suite})")
-    hidden = {}
+    hidden: dict[str, bytes] = {}
     for rel in spec.hidden_tests:
-        hidden[Path(rel).name] = text(rel, "hidden_tests").encode()
+        name = Path(rel).name
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\.py", name):
+            raise UsageError(f"{spec_file}: field 'hidden_tests': {rel!r} is not a Python module file name "
+                             "(letters, digits, _ and .py); rename it")
+        if name in hidden:
+            raise UsageError(f"{spec_file}: field 'hidden_tests': two files are named {name!r}; "
+                             "hidden test files are copied into one folder, give them distinct names")
+        hidden[name] = text(rel, "hidden_tests").encode()
+        if not _defines_tests(hidden[name]):
+            raise UsageError(f"{spec_file}: field 'hidden_tests': {rel!r} defines no test method "
+                             "(a class with methods named test_*); a verifier that checks nothing is refused")
     return CodingTask(spec, folder, files, hidden, text(spec.golden_patch, "golden_patch"),
                       [text(w, "wrong_patches") for w in spec.wrong_patches])
 
