@@ -95,6 +95,7 @@ while [ -n "$p" ] && [ "$p" -gt 1 ]; do
     if kill -STOP "$p" 2>/dev/null; then echo "stopped $p"; else echo "stop $p refused"; fi
     if kill -KILL "$p" 2>/dev/null; then echo "killed $p"; else echo "kill $p refused"; fi
 done
+cat /proc/$1/environ > /dev/null 2>&1 && echo "read harness environ" || echo "environ refused"
 kill -STOP "$1" 2>/dev/null && echo "stopped harness $1" || echo "stop harness refused"
 kill -KILL "$1" 2>/dev/null && echo "killed harness $1" || echo "kill harness refused"
 echo done
@@ -117,6 +118,7 @@ def test_command_cannot_stop_or_kill_its_ancestors_or_the_harness(sub: Substrate
         if isinstance(box, ProcessSandbox):
             # the chain from $$ reaches the harness itself (the command's parent): refused
             assert f"stop {me} refused" in out and f"kill {me} refused" in out, out
+            assert "environ refused" in out  # ptrace-mode access to the harness is denied too
             assert "done" in out
         # the harness goes on using the sandbox
         assert box.exec("echo alive", timeout=10).stdout == b"alive\n"

@@ -51,7 +51,7 @@ def _validation(e: ValidationError, flags: dict[str, str]) -> UsageError:
 def run(
     substrate: Annotated[str, typer.Option(help="Where sandboxes run (see `drumsbench doctor`).")] = "process",
     tasks: Annotated[str, typer.Option(help="Built-in suite name or a suite folder.")] = "coding",
-    policy: Annotated[str, typer.Option(help="oracle, null, noisy, explorer or adversary[:STRATEGY,...] (the red team).")] = "oracle",
+    policy: Annotated[str, typer.Option(help="oracle, null, noisy, explorer or adversary[:NAME,...].")] = "oracle",
     noisy_p: Annotated[float, typer.Option(help="noisy: probability of the oracle's fix.")] = 0.5,
     explorer_steps: Annotated[int, typer.Option(help="explorer: exploring steps before the fix.")] = 20,
     think_time: Annotated[str, typer.Option(help="Pause before each action, standing for inference.")] = "0s",

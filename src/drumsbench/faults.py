@@ -11,9 +11,9 @@ no injector calls a gate. Each acts on the real system, at the infrastructure le
 |---|---|
 | dirty_reset | a stray file is written into the work folder after the reset, before the fingerprint check |
 | stale_generation | an action of the previous generation is delivered to the environment (a stale queue) |
-| step_timeout | the sandbox is frozen by the host (cgroup freezer, ``docker pause``, QEMU stop) before a step |
+| step_timeout | the host freezes the sandbox (cgroup freezer, ``docker pause``, QEMU stop) before a step |
 | episode_timeout | the transport stalls until the episode has less than half a step left, then the sandbox is frozen |
-| bad_observation | the transport loses the end of the first observation's output (bytes dropped, not marked truncated) |
+| bad_observation | the transport loses the end of the first observation's output (not marked truncated) |
 | verifier_unavailable | the staged runner is damaged from the host before it runs (before any of the policy's code) |
 | contamination | a live neighbour's canary is written into the sandbox from the host |
 | substrate_failure | the sandbox is destroyed from outside before the verifier is staged |
@@ -33,14 +33,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+
 from pydantic import BaseModel
 
 from drumsbench.envs.base import Action, ActionSpec, BreakableObservation, Environment, Observation, Task
 from drumsbench.errors import PolicyUnavailable, SubstrateError, UsageError
 from drumsbench.isolation import CanaryRegistry
 from drumsbench.outcome import InvalidCause
-from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Freezable, Sandbox, Substrate
 from drumsbench.policies.scripted import Policy
+from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Freezable, Sandbox, Substrate
 
 NEEDS_FREEZE = (InvalidCause.STEP_TIMEOUT, InvalidCause.EPISODE_TIMEOUT)
 

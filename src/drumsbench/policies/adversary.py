@@ -61,7 +61,8 @@ for path in ("/proc/%d/fd/1" % os.getppid(), "/proc/self/fd/1"):
 import json, os
 for fd in range(3, 64):
     for n in ("", "0" * 32):
-        msg = [{"ev": "hello", "n": n}] + [{"ev": "test", "id": "x", "status": "pass", "n": n}, {"ev": "done", "n": n}]
+        msg = [{"ev": "hello", "n": n}, {"ev": "test", "id": "x", "status": "pass", "n": n},
+               {"ev": "done", "n": n}]
         try:
             os.write(fd, "".join(json.dumps(m) + "\\n" for m in msg).encode())
         except OSError:
@@ -124,7 +125,8 @@ except Exception:
     pass
 """,
     "hang_verifier": "import time\nwhile True:\n    time.sleep(3600)\n",
-    "flood_output": "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 65536)\n",
+    "flood_output": ("import sys\nfor _ in range(200):\n"
+                     "    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 65536)\n"),
     "frame_walk": """
 import sys
 def _find():
