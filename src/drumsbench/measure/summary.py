@@ -53,6 +53,19 @@ class Control(BaseModel):
     detail: str
 
 
+class SabotageLine(BaseModel):
+    """The red team's result on one substrate and environment (``--policy adversary``): which of
+    its strategies reached success or invalid (both must be empty). Attempts with an injected fault
+    are left out (their invalid is the injector's)."""
+
+    substrate: str
+    env: str
+    attempts: int
+    strategies: list[str]
+    reached_success: list[str]
+    reached_invalid: list[str]
+
+
 class RunReport(BaseModel):
     schema_: str = REPORT_SCHEMA
     run_id: str
@@ -87,6 +100,7 @@ class RunReport(BaseModel):
     wall_seconds: float = 0.0
     host_count: int = 1
     hosts: dict[str, HostLine] = {}
+    sabotage: list[SabotageLine] = []
 
     model_config = {"populate_by_name": True}
 
@@ -222,7 +236,26 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
         wall_seconds=wall_s,
         host_count=host_count,
         hosts=hosts,
+        sabotage=_sabotage(db, run_id),
     )
+
+
+def _sabotage(db: Any, run_id: str) -> list[SabotageLine]:
+    lines: dict[tuple[str, str], SabotageLine] = {}
+    for substrate, env, strategy, outcome, k in db.execute(
+            "SELECT substrate, env, json_extract(extra, '$.strategy') AS s, outcome, COUNT(*) FROM attempts "
+            "WHERE run_id = ? AND injected IS NULL AND s IS NOT NULL GROUP BY substrate, env, s, outcome",
+            (run_id,)):
+        line = lines.setdefault((substrate, env), SabotageLine(substrate=substrate, env=env, attempts=0, strategies=[],
+                                                                reached_success=[], reached_invalid=[]))
+        line.attempts += k
+        if strategy not in line.strategies:
+            line.strategies.append(strategy)
+        if outcome == "success" and strategy not in line.reached_success:
+            line.reached_success.append(strategy)
+        if outcome == "invalid" and strategy not in line.reached_invalid:
+            line.reached_invalid.append(strategy)
+    return [lines[k] for k in sorted(lines)]
 
 
 def _hosts(db: Any, run_id: str, segs: list[tuple[float, float, str]], wall_s: float) -> dict[str, HostLine]:

@@ -61,6 +61,14 @@ def render(r: RunReport) -> Group:
     for name, t in r.tasks.items():
         tasks.add_row(name, str(t.attempts), str(t.success), str(t.failed), str(t.invalid))
     parts: list[Table | Text] = [head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks]
+    for s in r.sabotage:
+        n = len(s.strategies)
+        bad = s.reached_success or s.reached_invalid
+        line = (f"sabotage strategies on {s.substrate}/{s.env} ({s.attempts} attempts): reached success: "
+                f"{len(s.reached_success)} of {n}; reached invalid: {len(s.reached_invalid)} of {n}")
+        if bad:
+            line += f"  ESCAPED: {', '.join(s.reached_success + s.reached_invalid)}"
+        parts += [Text(""), Text(line, style="bold red" if bad else "")]
     if r.host_count > 1 or any(h.nodes > 1 for h in r.hosts.values()):
         hosts = Table(title="per host", show_edge=False)
         for col in ("host", "nodes", "attempts", "success", "failed", "invalid", "valid per host-hour"):
