@@ -18,7 +18,6 @@ per-verification secret handed over on stdin; the code under test never holds it
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import posixpath
 import secrets
@@ -29,6 +28,7 @@ from drumsbench.envs.base import Action, Environment, Observation, Task
 from drumsbench.envs.coding.task import CodingTask
 from drumsbench.errors import InvalidAttempt, MissingDependency, PolicyFault
 from drumsbench.outcome import InvalidCause
+from drumsbench.verdict_channel import authentic_verdict, new_secret, saw_ready
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
@@ -121,7 +121,7 @@ class CodingEnv(Environment):
         evidence that the runner did not get to run the tests or to report (its authenticated
         READY missing, no tests defined) or that the sandbox itself failed (see ``Sandbox.probe``)."""
         assert isinstance(task, CodingTask)
-        secret = secrets.token_bytes(32)
+        secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
                   "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
         res = self.box.exec(["python3", "-I", f"{self.box.paths.verify}/runner.py", self.box.paths.verify],
@@ -129,15 +129,14 @@ class CodingEnv(Environment):
                             stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
         lines = res.stdout.decode(errors="replace").splitlines()
         err = res.stderr.decode(errors="replace")[-200:]
-        ready = "DRUMSBENCH_READY " + _mac(secret, "ready")
-        if ready not in lines:
+        if not saw_ready(lines, secret):
             if res.timed_out:
                 evidence = self.box.probe()
                 raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
                                      f"verifier did not start within {timeout:g} s ({evidence or 'sandbox alive'})")
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
                                  f"verifier did not start (exit {res.exit_code}): {err}")
-        verdict = _authentic_verdict(lines, secret)
+        verdict = authentic_verdict(lines, secret)
         if verdict is None:
             # The runner started; the code under test ran in its child. Only the sandbox's own state
             # can make this infrastructure.
@@ -154,22 +153,3 @@ class CodingEnv(Environment):
         if status == "missing_dependency":
             raise MissingDependency(str(verdict.get("module")), str(verdict.get("reason")))
         raise PolicyFault(f"verifier: {verdict.get('reason') or 'tests did not pass'}")
-
-
-def _mac(secret: bytes, text: str) -> str:
-    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
-
-def _authentic_verdict(lines: list[str], secret: bytes) -> dict[str, object] | None:
-    """The one verdict line whose MAC checks out (anything else on the streams is ignored)."""
-    for line in lines:
-        if not line.startswith("DRUMSBENCH_VERDICT "):
-            continue
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and hmac.compare_digest(parts[1], _mac(secret, parts[2])):
-            try:
-                verdict = json.loads(parts[2])
-            except ValueError:
-                return None
-            return verdict if isinstance(verdict, dict) else None
-    return None

@@ -46,9 +46,13 @@ SETTINGS: list[tuple[str, str, str, str]] = [
     ("/org.openoffice.Office.Writer/AutoFunction/Format/ByInput", "Enable", "xs:boolean", "false"),
     ("/org.openoffice.Office.Calc/Input", "AutoInput", "xs:boolean", "false"),
     ("/org.openoffice.Office.Java/VirtualMachine", "Enable", "xs:boolean", "false"),
+    # The policy is an adversary: no macro may run (not from a document, not from the Basic IDE),
+    # so its only way into LibreOffice is the keyboard and the mouse (docs/attribution.md).
+    ("/org.openoffice.Office.Common/Security/Scripting", "DisableMacrosExecution", "xs:boolean", "true"),
+    ("/org.openoffice.Office.Common/Security/Scripting", "MacroSecurityLevel", "xs:int", "3"),
     ("/org.openoffice.Setup/Product", "ooSetupLastVersion", "xs:string", "{version}"),
 ]
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 @functools.cache

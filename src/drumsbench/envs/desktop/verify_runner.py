@@ -6,10 +6,16 @@ instance's private network, prints ``DRUMSBENCH_VERIFIER_READY`` once connected,
 document, calls the task's ``check(doc, ctx)`` from ``check.py`` (``ctx`` is this module: helpers
 below; a check that reads only stored files sets ``FILE_ONLY = True`` and also runs after
 the policy closed LibreOffice, with ``doc`` None — any other check then fails) and prints
-``DRUMSBENCH_VERDICT {"passed": bool, "why": str}``. No READY line means the verifier could not
+``DRUMSBENCH_VERDICT <mac> {"passed": bool, "why": str}``. No READY line means the verifier could not
 run (UNO not answering): the attempt is invalid, never a failure.
+
+Both lines carry ``mac`` = HMAC-SHA256 of the text with a per-verification secret that the harness
+writes on stdin (never argv, env or a file): nothing the policy reached during the episode can
+print a line the harness accepts (docs/attribution.md).
 """
 
+import hashlib
+import hmac
 import importlib.util
 import json
 import os
@@ -176,10 +182,15 @@ def main() -> int:
                                                          **live_state(doc)}
         print("DRUMSBENCH_CAPTURE " + json.dumps(state), flush=True)
         return 0
+    secret = bytes.fromhex(sys.stdin.readline().strip())
+
+    def mac(text):
+        return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
     closed = "--office-closed" in sys.argv  # LibreOffice was closed by the policy: only stored files remain
     desktop = None if closed else connect()
     closed = closed or desktop is None
-    print("DRUMSBENCH_VERIFIER_READY", flush=True)
+    print("DRUMSBENCH_VERIFIER_READY " + mac("ready"), flush=True)
     doc = None if desktop is None else find_document(desktop)
     module_spec = importlib.util.spec_from_file_location("check", os.path.join(folder, "check.py"))
     if module_spec is None or module_spec.loader is None:
@@ -190,7 +201,8 @@ def main() -> int:
         passed, why = False, "no document is open" + (" (LibreOffice was closed)" if closed else "")
     else:
         passed, why = module.check(doc, sys.modules[__name__])
-    print("DRUMSBENCH_VERDICT " + json.dumps({"passed": bool(passed), "why": str(why)[:300]}), flush=True)
+    verdict = json.dumps({"passed": bool(passed), "why": str(why)[:300]})
+    print(f"DRUMSBENCH_VERDICT {mac(verdict)} {verdict}", flush=True)
     return 0
 
 
