@@ -416,6 +416,7 @@ class ProcessSandbox(HostFolderSandbox):
         timeout: float,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
         """Run a *harness-made* launcher as root (the harness's uid), not as the sandbox's uid.
@@ -425,7 +426,7 @@ class ProcessSandbox(HostFolderSandbox):
         command line as such: whatever it runs has the harness's privileges unless the launcher
         drops them. It is otherwise an ordinary command of the sandbox: in its cgroup, labelled,
         bounded, killed on timeout and by ``end_processes``/``destroy``."""
-        return self._exec(list(argv), timeout=timeout, cwd=cwd, env=env, stdin=None,
+        return self._exec(list(argv), timeout=timeout, cwd=cwd, env=env, stdin=stdin,
                           output_limit=output_limit, uid=None)
 
 

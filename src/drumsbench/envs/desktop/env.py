@@ -68,8 +68,9 @@ from drumsbench.envs.desktop.instance import (
     screen_problem,
 )
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
-from drumsbench.errors import InvalidAttempt, SubstrateError
+from drumsbench.errors import InvalidAttempt, PolicyFault, SubstrateError
 from drumsbench.outcome import InvalidCause
+from drumsbench.verdict_channel import authentic_verdict, new_secret, saw_ready
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OUTPUT_LIMIT = 16 * 1024
@@ -419,7 +420,7 @@ class DesktopEnv(Environment, BreakableObservation):
                 return self._wait(p, deadline)
             if action.kind == "shell":
                 res = inst.exec_inside(["/bin/sh", "-c", str(p.get("command", ""))], timeout=timeout,
-                                       all_namespaces=True, output_limit=OUTPUT_LIMIT)
+                                       all_namespaces=True, output_limit=OUTPUT_LIMIT, as_sandbox_user=True)
                 result = {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),
                           "stderr": res.stderr.decode(errors="replace")}
                 if res.timed_out:
@@ -525,28 +526,34 @@ class DesktopEnv(Environment, BreakableObservation):
         argv = [SYSTEM_PYTHON, "-I", f"{box.paths.verify}/runner.py", box.paths.verify]
         if code == 0:  # the policy closed LibreOffice: a valid end; only stored files can be checked
             argv.append("--office-closed")
+        secret = new_secret()
         try:
-            res = inst.exec_inside(argv, timeout=timeout, output_limit=OUTPUT_LIMIT)
+            res = inst.exec_inside(argv, timeout=timeout, output_limit=OUTPUT_LIMIT,
+                                   stdin=secret.hex().encode() + b"\n")
         except SubstrateError as e:
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier could not start: {e}") from None
-        out = res.stdout.decode(errors="replace")
-        if res.timed_out:
-            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier timed out after {timeout:g} s")
-        if "DRUMSBENCH_VERIFIER_READY" not in out:
+        lines = res.stdout.decode(errors="replace").splitlines()
+        err = res.stderr.decode(errors="replace")[-200:]
+        if not saw_ready(lines, secret, "DRUMSBENCH_VERIFIER_READY"):
+            if res.timed_out:
+                raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier timed out after {timeout:g} s")
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
-                                 f"verifier did not reach LibreOffice (exit {res.exit_code}): "
-                                 f"{res.stderr.decode(errors='replace')[-200:]}")
-        for line in reversed(out.splitlines()):
-            if line.startswith("DRUMSBENCH_VERDICT "):
-                try:
-                    verdict = json.loads(line.split(" ", 1)[1])
-                    self.last_verdict = verdict
-                    return bool(verdict["passed"])
-                except (ValueError, KeyError) as e:
-                    raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"unreadable verdict: {e}") from None
-        raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
-                             f"verifier crashed before its verdict (exit {res.exit_code}): "
-                             f"{res.stderr.decode(errors='replace')[-200:]}")
+                                 f"verifier did not reach LibreOffice (exit {res.exit_code}): {err}")
+        verdict = authentic_verdict(lines, secret)
+        if verdict is None:
+            # The runner reached LibreOffice; the task's check then read what the policy left. Only
+            # the instance's or the sandbox's own failure makes this infrastructure.
+            evidence = None if inst.alive() else "the desktop instance died"
+            evidence = evidence or self.box.probe()
+            if evidence:
+                raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier gave no verdict: {evidence}")
+            raise PolicyFault(f"the check gave no verdict on the document the policy left "
+                              f"({'timed out' if res.timed_out else f'exit {res.exit_code}'}): {err}",
+                              destroy=res.timed_out)
+        self.last_verdict = verdict
+        if verdict.get("passed") is True:
+            return True
+        raise PolicyFault(f"verifier: {verdict.get('why') or 'not done'}")
 
     last_verdict: dict[str, Any] | None = None
 

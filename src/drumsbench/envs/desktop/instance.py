@@ -367,20 +367,25 @@ class DesktopInstance:
 
     # -- commands inside the instance -------------------------------------------------------------
     def exec_inside(self, argv: list[str], timeout: float, *, all_namespaces: bool = False,
-                    output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+                    output_limit: int = DEFAULT_OUTPUT_LIMIT, stdin: bytes | None = None,
+                    as_sandbox_user: bool = False) -> ExecResult:
         """Run ``argv`` entered into the instance's mount and network namespaces (all of them with
-        ``all_namespaces``), as a sandbox command: killed on timeout, bounded output."""
+        ``all_namespaces``), as a sandbox command: killed on timeout, bounded output. With
+        ``as_sandbox_user`` it runs as the sandbox's own uid (a policy's shell action), so it cannot
+        signal LibreOffice, Xvfb or the namespace holder, which run as root."""
         if self.holder_pid is None:
             raise SubstrateError("desktop: the instance is not running")
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
+        uid = self.box.uid if as_sandbox_user else None
+        user = [f"--setuid={uid}", f"--setgid={uid}"] if uid is not None else []
         # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
         # the host's /tmp): host paths of the sandbox are given as the instance sees them
         argv = [self.inside(a) for a in argv]
-        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, f"--wd={self.inside(self.work)}", "--", *argv]
+        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, f"--wd={self.inside(self.work)}", "--", *argv]
         env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
                "DRUMSBENCH_UNO": self.uno_connection()}
         # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root
-        return self.box.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env,
+        return self.box.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, stdin=stdin,
                                       output_limit=output_limit)
 
     def xdotool(self, args: list[str], timeout: float) -> ExecResult:
