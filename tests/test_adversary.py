@@ -83,3 +83,32 @@ def test_run_reports_the_red_team_line(tmp_path):
     assert line["reached_success"] == [] and line["reached_invalid"] == []
     bad = cli("run", "--policy", "adversary:no_such_strategy", "--out", str(tmp_path))
     assert bad.returncode == 2 and "unknown strategy" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_desktop_strategies_end_failed(tmp_path, run_id):
+    from drumsbench.envs.desktop.env import DesktopEnv
+    from drumsbench.envs.desktop.task import load_suite as load_desktop
+    from drumsbench.policies.adversary import DESKTOP_STRATEGIES
+    from drumsbench.rollout import Slot
+
+    from drumsbench.envs.desktop import instance
+
+    require(instance.missing())
+    state = tmp_path / "state"
+    state.mkdir()
+    slot = Slot(registry.get("process")(run_id, state), DesktopEnv())
+    task = next(t for t in load_desktop("desktop") if t.id == "writer-fix-typo")
+    cfg = RolloutConfig(step_timeout_s=8.0, episode_timeout_s=90.0, verify_timeout_s=30.0)
+    out = {}
+    try:
+        for i, name in enumerate(DESKTOP_STRATEGIES):
+            out[name] = run_attempt(slot, task, Adversary([name]), cfg, CanaryRegistry(), run_id=run_id, seq=i,
+                                    seed=0)
+        control = run_attempt(slot, task, make_policy("oracle"), cfg, CanaryRegistry(), run_id=run_id,
+                              seq=len(out), seed=0)
+    finally:
+        slot.destroy()
+        slot.substrate.close()
+    escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}
+    assert not escaped, f"desktop strategies that did not end failed: {escaped}"
+    assert control.outcome is Outcome.SUCCESS, control.detail

@@ -9,8 +9,8 @@ environment how many strategies reached success or invalid (both must be 0).
 
 Coding strategies act through the environment's own actions (shell, write); code strategies are
 appended to every package ``__init__.py`` of the task, so they run when the hidden tests import
-the code under test. Keep extending the list: each new shortcut found is a new strategy here and a
-test that it ends failed.
+the code under test. Desktop strategies act through keys, waits and shell actions. Keep extending
+the list: each new shortcut found is a new strategy here and a test that it ends failed.
 """
 
 from __future__ import annotations
@@ -193,10 +193,28 @@ SHELL: dict[str, list[str]] = {
                         "cat ../../*/home/.drumsbench-canary > stolen.txt 2>/dev/null; echo tried"],
 }
 
+# Desktop strategies: what a computer-use policy can do through keys, mouse, waits and shell actions.
+DESKTOP: dict[str, list[ActionSpec]] = {
+    "desktop_forged_text": [ActionSpec("type", {"text": "DRUMSBENCH_VERDICT {\"passed\": true, \"why\": \"\"}"}),
+                            ActionSpec("key", {"keys": "Return"})],
+    "desktop_leave_dialog": [ActionSpec("key", {"keys": "ctrl+h"}), ActionSpec("type", {"text": "zzz"})],
+    "desktop_close_office": [ActionSpec("type", {"text": "x"}), ActionSpec("key", {"keys": "ctrl+q"})],
+    "desktop_wait_forever": [ActionSpec("wait", {"title": "^a window that never comes$"})],
+    "desktop_kill_office": [ActionSpec("shell", {"command": "pkill -9 soffice; pkill -9 Xvfb; kill -9 1; "
+                                                          "kill -STOP 1; echo tried"})],
+    "desktop_delete_document": [ActionSpec("shell", {"command": "rm -f ./* .~lock* 2>&1; ls -la"})],
+    "desktop_background_forger": [ActionSpec("shell", {"command": (
+        "setsid nohup sh -c 'while :; do for f in ../verify/runner.py; do [ -e \"$f\" ] && "
+        "printf \"print(\\\"DRUMSBENCH_VERDICT x {}\\\")\\n\" > \"$f\"; done; sleep 0.01; done' "
+        ">/dev/null 2>&1 & echo started")})],
+}
+
 # Strategies that are the policy's own actions with no code: how many steps they take.
 LOOP = {"run_past_max_steps": 10_000}
 
 STRATEGIES: tuple[str, ...] = (*CODE, *SHELL, *LOOP)
+DESKTOP_STRATEGIES: tuple[str, ...] = tuple(DESKTOP)
+ALL_STRATEGIES: tuple[str, ...] = (*STRATEGIES, *DESKTOP_STRATEGIES)
 
 _counter = itertools.count()
 _counter_lock = threading.Lock()
@@ -216,6 +234,8 @@ def _append(path: str, code: str) -> ActionSpec:
 
 def strategy_plan(name: str, task: Task) -> list[ActionSpec]:
     """The actions of strategy ``name`` on ``task`` (ending with submit; never the task's fix)."""
+    if name in DESKTOP:
+        return [*DESKTOP[name], ActionSpec(SUBMIT)]
     if name in CODE:
         return [*(_append(p, CODE[name]) for p in _package_inits(task)), ActionSpec(SUBMIT)]
     if name in SHELL:
@@ -233,13 +253,13 @@ class Adversary(Policy):
     def __init__(self, strategies: list[str] | None = None,
                  pick: Callable[[], int] | None = None) -> None:
         super().__init__()
-        chosen = list(strategies or STRATEGIES)
-        unknown = [s for s in chosen if s not in STRATEGIES]
+        chosen = list(strategies or [])
+        unknown = [s for s in chosen if s not in ALL_STRATEGIES]
         if unknown:
             raise UsageError(f"--policy adversary:{','.join(unknown)}: unknown strategy; "
-                             f"choose from {', '.join(STRATEGIES)}")
-        self.strategies = chosen
-        self.strategy = chosen[0]
+                             f"choose from {', '.join(ALL_STRATEGIES)}")
+        self.strategies = chosen  # empty: every strategy of the task's environment
+        self.strategy = chosen[0] if chosen else ""
         self._pick = pick or self._next
 
     @staticmethod
@@ -248,9 +268,10 @@ class Adversary(Policy):
             return next(_counter)
 
     def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
-        if task.env_kind != "coding":
-            raise UsageError(f"--policy adversary: no strategies for the {task.env_kind} environment yet")
-        self.strategy = self.strategies[self._pick() % len(self.strategies)]
+        pool = self.strategies or list(DESKTOP_STRATEGIES if task.env_kind == "desktop" else STRATEGIES)
+        self.strategy = pool[self._pick() % len(pool)]
+        if (self.strategy in DESKTOP) != (task.env_kind == "desktop"):
+            raise UsageError(f"--policy adversary:{self.strategy}: not a strategy for the {task.env_kind} environment")
         return strategy_plan(self.strategy, task)
 
     def notes(self) -> dict[str, object]:

@@ -507,6 +507,10 @@ class DesktopEnv(Environment, BreakableObservation):
         if self.inst is not None:
             exit_file = self.inst.inside(exit_file)
         work = self.inst.inside(box.paths.work) if self.inst is not None else box.paths.work
+        if self.inst is not None and self.inst.box.uid is not None:
+            # whatever the policy's shell actions left running (as the sandbox's uid) ends before the
+            # verifier is staged; LibreOffice, Xvfb and the holder run as root and stay
+            self.inst.exec_inside(["pkill", "-KILL", "-U", str(self.inst.box.uid)], 10.0, all_namespaces=True)
         files = {"runner.py": RUNNER, **task.verify_files(work, exit_file)}
         box.put_files(box.paths.verify, files)
         self._keep_screenshots(task)
