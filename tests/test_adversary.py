@@ -86,12 +86,11 @@ def test_run_reports_the_red_team_line(tmp_path):
 
 
 def test_desktop_strategies_end_failed(tmp_path, run_id):
+    from drumsbench.envs.desktop import instance
     from drumsbench.envs.desktop.env import DesktopEnv
     from drumsbench.envs.desktop.task import load_suite as load_desktop
     from drumsbench.policies.adversary import DESKTOP_STRATEGIES
     from drumsbench.rollout import Slot
-
-    from drumsbench.envs.desktop import instance
 
     require(instance.missing())
     state = tmp_path / "state"
