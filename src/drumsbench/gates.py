@@ -8,16 +8,30 @@ rollout loop), 4 observation validity, 5 verifier availability (inside ``run_ver
 from __future__ import annotations
 
 from drumsbench.envs.base import Environment, Observation, Task
-from drumsbench.errors import InvalidAttempt, PolicyFault
+from drumsbench.errors import InvalidAttempt, PolicyFault, SubstrateError
+from drumsbench.fingerprint import UnreadableEntry
 from drumsbench.isolation import CanaryRegistry, shared_places_hits
 from drumsbench.outcome import InvalidCause
 
 
 def check_reset(env: Environment, task: Task) -> None:
-    got = env.fingerprint()
+    """The start state must digest to the task's fingerprint. An entry the digest cannot read (a
+    leftover made unreadable) is a dirty reset too, never a skipped blind spot."""
+    try:
+        got = env.fingerprint()
+    except UnreadableEntry as e:
+        raise InvalidAttempt(InvalidCause.DIRTY_RESET, str(e)) from None
+    except SubstrateError as e:
+        if DIGEST_UNREADABLE not in str(e):
+            raise
+        raise InvalidAttempt(InvalidCause.DIRTY_RESET, str(e)) from None
     if got != task.start_fingerprint:
         raise InvalidAttempt(InvalidCause.DIRTY_RESET,
                              f"start state digests to {got[:19]}..., task expects {task.start_fingerprint[:19]}...")
+
+
+# What ``Sandbox.tree_digest`` says when the in-sandbox digest met an unreadable entry (exit 3).
+DIGEST_UNREADABLE = "tree digest failed (exit 3)"
 
 
 def check_faithful(env: Environment, prepared: dict[str, object]) -> None:
