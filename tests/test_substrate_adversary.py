@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,3 +275,34 @@ def test_a_missing_working_folder_is_the_commands_failure_not_the_substrates(sub
         box.destroy()
     with pytest.raises(SubstrateError):
         box.exec("true", timeout=5)
+
+
+@needs_root
+@needs_freezer
+def test_gc_of_a_dead_run_removes_frozen_sandboxes_cgroups_and_uid_leases(state_dir: Path) -> None:
+    sub = ProcessSubstrate(f"adv-{secrets.token_hex(3)}", state_dir)
+    box = sub.create()
+    marker = f"{secrets.randbelow(10**6) + 10**6}.{secrets.randbelow(1000)}"
+    box.exec(f"env -i setsid nohup sleep {marker} > /dev/null 2>&1 &", timeout=10)
+    assert isinstance(box, Freezable)
+    box.freeze()  # the run "crashes" with a frozen sandbox
+    left = sub.leftovers()
+    assert any(x.startswith("cgroup ") for x in left) and any(x.startswith("uid lease ") for x in left), left
+    removed = ProcessSubstrate.gc(state_dir, {sub.run_id})
+    assert any("cgroup" in r for r in removed), removed
+    assert _wait_gone(f"sleep\0{marker}".encode()) == []
+    assert sub.leftovers() == []
+
+
+@needs_root
+def test_a_lease_whose_folder_vanished_is_swept(proc_sub: ProcessSubstrate) -> None:
+    from drumsbench.substrates.process import sweep_orphans
+
+    box = proc_sub.create()
+    assert isinstance(box, ProcessSandbox) and box.lease is not None
+    lease = box.lease.path
+    shutil.rmtree(box.host_root)  # its state folder was deleted without a gc
+    assert lease.is_symlink()
+    assert any(str(lease) in r for r in sweep_orphans())
+    assert not lease.is_symlink()
+    box.destroy()

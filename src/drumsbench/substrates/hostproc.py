@@ -6,6 +6,7 @@ Shared by the substrates whose sandboxes are host processes (process, bwrap, ove
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import selectors
@@ -213,9 +214,10 @@ _REAP_WAIT_S = 0.5
 class UidLease:
     """A host uid (and gid of the same number) owned by one sandbox while it lives.
 
-    Leases are symlinks ``UID_LEASES/<uid> -> <run>/<sandbox>`` made with ``symlink(2)`` (atomic,
-    fails when taken), so concurrent runs on one machine never share an identity; ``gc`` removes
-    the leases of dead runs. No ``/etc/passwd`` entry is needed.
+    Leases are symlinks ``UID_LEASES/<uid> -> <run>/<sandbox><host folder>`` made with
+    ``symlink(2)`` (atomic, fails when taken), so concurrent runs on one machine never share an
+    identity; ``gc`` removes the leases of dead runs and those whose folder is gone (a run whose
+    state folder vanished without a ``gc``). No ``/etc/passwd`` entry is needed.
     """
 
     uid: int
@@ -227,13 +229,13 @@ class UidLease:
         return UID_LEASES / str(self.uid)
 
     @classmethod
-    def acquire(cls, run_id: str, sandbox_id: str) -> UidLease:
+    def acquire(cls, run_id: str, sandbox_id: str, folder: Path) -> UidLease:
         UID_LEASES.mkdir(parents=True, exist_ok=True)
         start = secrets.randbelow(UID_SPAN)
         for i in range(UID_SPAN):
             uid = UID_BASE + (start + i) % UID_SPAN
             try:
-                os.symlink(f"{run_id}/{sandbox_id}", UID_LEASES / str(uid))
+                os.symlink(f"{run_id}/{sandbox_id}{os.path.abspath(folder)}", UID_LEASES / str(uid))
             except FileExistsError:
                 continue
             except OSError as e:
@@ -244,6 +246,23 @@ class UidLease:
     def release(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+    @staticmethod
+    def entries() -> dict[Path, tuple[str, str, str]]:
+        """Every lease: path -> (run id, sandbox label, host folder)."""
+        found: dict[Path, tuple[str, str, str]] = {}
+        try:
+            paths = list(UID_LEASES.iterdir())
+        except OSError:
+            return found
+        for p in paths:
+            try:
+                parts = os.readlink(p).split("/", 2)
+            except OSError:
+                continue
+            if len(parts) == 3:
+                found[p] = (parts[0], parts[1], "/" + parts[2])
+        return found
 
     @staticmethod
     def of_runs(runs: set[str] | None) -> dict[Path, str]:
@@ -371,14 +390,21 @@ class FreezerCgroup:
         problems = []
         with contextlib.suppress(SubstrateError):
             self.write_state("THAWED")
-        if not self.kill(wait=_CGROUP_KILL_WAIT_S):
-            problems.append(f"cgroup {self.path}: tasks {self.procs()} do not die")
-        try:
-            self.path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            problems.append(f"cgroup {self.path}: {e}")
+        deadline = time.monotonic() + _CGROUP_KILL_WAIT_S
+        while True:
+            if not self.kill(wait=max(0.0, deadline - time.monotonic())):
+                problems.append(f"cgroup {self.path}: tasks {self.procs()} do not die")
+                break
+            try:
+                self.path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                # a command's wrapper joined between the kill and the rmdir (EBUSY): again
+                if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                    problems.append(f"cgroup {self.path}: {e}")
+                    break
         with contextlib.suppress(OSError):
             self.path.parent.rmdir()
         return problems

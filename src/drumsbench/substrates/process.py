@@ -27,6 +27,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,8 @@ from drumsbench.substrates.base import (
     Substrate,
 )
 from drumsbench.substrates.hostproc import (
+    CGROUP_PREFIX,
+    FREEZER_ROOT,
     FreezerCgroup,
     UidLease,
     kill_group,
@@ -466,7 +469,7 @@ class ProcessSubstrate(Substrate):
             _make_reachable(root.parent)
             root.mkdir(mode=0o755)
             if self.separate_uids:
-                lease = UidLease.acquire(self.run_id, f"{self.name}-{sid}")
+                lease = UidLease.acquire(self.run_id, f"{self.name}-{sid}", root)
             if self.freezer:
                 cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
                                               owner=None if lease is None else lease.uid)
@@ -505,5 +508,38 @@ class ProcessSubstrate(Substrate):
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        return gc_host_runs(dead_runs, [lambda run: state_dir / "sandboxes" / run,
-                                        lambda run: _shared_base(state_dir) / run])
+        removed = gc_host_runs(dead_runs, [lambda run: state_dir / "sandboxes" / run,
+                                           lambda run: _shared_base(state_dir) / run])
+        return removed + sweep_orphans(cls.name)
+
+
+def sweep_orphans(substrate: str = "process") -> list[str]:
+    """Machine-wide: uid leases whose sandbox folder is gone, and ``substrate``'s freezer cgroups
+    without a lease for over a minute (leases are taken before and released after the cgroup), e.g. of runs whose
+    state folder vanished without a ``gc``. One line per thing removed."""
+    removed = []
+    live: set[tuple[str, str]] = set()
+    for path, (run, label, folder) in UidLease.entries().items():
+        if os.path.isdir(folder):
+            live.add((run, label))
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(f"uid lease {path} ({folder} is gone)")
+    try:
+        runs = [p.name for p in (FREEZER_ROOT / CGROUP_PREFIX).iterdir() if p.is_dir()]
+    except OSError:
+        runs = []
+    for run in runs:
+        for cg in FreezerCgroup.of_run(run, f"{substrate}-"):
+            try:
+                age = time.time() - cg.path.stat().st_mtime
+            except OSError:
+                continue
+            # a sandbox being created takes its lease first; a minute's margin covers the gap
+            if (run, cg.path.name) not in live and age > 60:
+                cg.remove()
+                removed.append(f"cgroup {cg.path} (no sandbox)")
+        with contextlib.suppress(OSError):
+            FreezerCgroup.run_dir(run).rmdir()
+    return removed
