@@ -146,7 +146,9 @@ class Sandbox(ABC):
         means the policy's own action or code hung (failed); evidence here means infrastructure
         (invalid). Evidence must be out of the policy's reach: the substrate's own records (a frozen
         cgroup, a paused or dead container, an OOM kill by the host) or a liveness command that
-        the substrate could not run in time. It never changes the sandbox. The default runs ``true``."""
+        the substrate could not run in time. It never changes the sandbox. The default runs ``true``;
+        the built-in substrates override it with their records only, since a liveness command runs
+        under the sandbox's own limits, which the policy can exhaust."""
         from drumsbench.errors import SubstrateError
 
         try:

@@ -345,8 +345,8 @@ class DockerSandbox(Sandbox, Freezable):
 
     # -- gate-side evidence ----------------------------------------------------------------------
     def probe(self, timeout: float = 5.0) -> str | None:
-        """The daemon's record of the container (``State``: paused, not running), then the base
-        liveness command. Never changes the container."""
+        """The daemon's record of the container (``State``: paused, not running, OOM-killed);
+        the daemon not answering. Never changes the container."""
         if self._destroyed:
             return f"docker: sandbox {self.id} is destroyed"
         wait = max(timeout, 10.0)  # the daemon's own answer; a loaded host is slow, not absent
@@ -360,7 +360,9 @@ class DockerSandbox(Sandbox, Freezable):
         found = C.state_evidence("docker", state)
         if found:
             return found
-        return super().probe(timeout)
+        # No liveness command: it would run under the sandbox's own limits, which the policy can
+        # exhaust (a fork bomb), and so would not be evidence out of its reach.
+        return None
 
     # -- host-side freeze (fault injection only) -------------------------------------------------
     def freeze(self) -> None:

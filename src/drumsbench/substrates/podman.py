@@ -376,8 +376,8 @@ class PodmanSandbox(Sandbox, Freezable):
 
     # -- gate-side evidence ----------------------------------------------------------------------
     def probe(self, timeout: float = 5.0) -> str | None:
-        """Podman's record of the container (``State``: paused, not running), then the base
-        liveness command. Never changes the container."""
+        """Podman's record of the container (``State``: paused, not running, OOM-killed); podman
+        not answering. Never changes the container."""
         if self._destroyed:
             return f"podman: sandbox {self.id} is destroyed"
         wait = max(timeout, 15.0)  # a CLI process on a loaded host is slow, not absent
@@ -397,7 +397,9 @@ class PodmanSandbox(Sandbox, Freezable):
         found = C.state_evidence("podman", state)
         if found:
             return found
-        return super().probe(timeout)
+        # No liveness command: it would run under the sandbox's own limits, which the policy can
+        # exhaust (a fork bomb), and so would not be evidence out of its reach.
+        return None
 
     # -- host-side freeze (fault injection only) -------------------------------------------------
     def freeze(self) -> None:

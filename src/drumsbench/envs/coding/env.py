@@ -7,8 +7,9 @@ Framing: the policy's command runs in a child shell; the harness's outer shell p
 marker (generation, step and a random part) after it. The command cannot close or replace the
 outer shell's output, so what it does to its own streams (``exec prog``, ``exec 1>&-``, killing
 itself) is its own business: a valid observation. A missing marker is a transport fault only with
-evidence: the outer shell exited normally, nothing timed out and the output was not truncated —
-then bytes were lost between sandbox and harness (``bad_observation``). Output after the marker
+evidence: the outer shell exited by itself (status 0-127, not killed by a signal, which the command
+could send it), nothing timed out and the output was not truncated — then bytes were lost between
+sandbox and harness (``bad_observation``). Output after the marker
 (a background process) is cut off, never parsed.
 
 Verification: ``verify_runner.py`` (see its docstring) prints a verdict authenticated with a
@@ -69,8 +70,10 @@ class CodingEnv(Environment):
         content: dict[str, object] = {"stderr": res.stderr.decode(errors="replace"),
                                       "truncated": res.truncated, "exit_code": res.exit_code,
                                       "stdout": (out[:cut] if cut >= 0 else out).decode(errors="replace")}
-        if cut < 0 and res.exit_code >= 0 and not res.timed_out and not res.truncated:
-            content["lost"] = True  # the outer shell ended normally, yet its marker never arrived
+        if cut < 0 and 0 <= res.exit_code < 128 and not res.timed_out and not res.truncated:
+            # The outer shell exited by itself (not by a signal: negative here, 128+N in containers,
+            # which the policy's command can send to it), yet its marker never arrived.
+            content["lost"] = True
         return Observation(self.generation, self.step_count, content, timed_out=res.timed_out)
 
     def observe(self, timeout: float) -> Observation:
@@ -86,6 +89,12 @@ class CodingEnv(Environment):
         content = {"exit_code": code, "stdout": "", "stderr": stderr, "truncated": False}
         return Observation(self.generation, self.step_count, content)
 
+    def _run(self, argv: list[str], timeout: float, stdin: bytes) -> Observation:
+        res = self.box.exec(argv, timeout=timeout, stdin=stdin, output_limit=OBS_LIMIT)
+        content = {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),
+                   "stderr": res.stderr.decode(errors="replace"), "truncated": res.truncated}
+        return Observation(self.generation, self.step_count, content, timed_out=res.timed_out)
+
     def _apply(self, action: Action, timeout: float) -> Observation:
         p = action.payload
         if action.kind == "shell":
@@ -94,12 +103,12 @@ class CodingEnv(Environment):
             rel = posixpath.normpath(str(p["path"]))
             if rel.startswith(("/", "..")):
                 return self._result(1, f"refused path {rel}: give a path inside the work folder")
-            self.box.write_file(f"{self.box.paths.work}/{rel}", str(p["content"]).encode())
-            return self._result(0, "")
+            # Written by a command in the sandbox (its uid, its view of links), never by a host-side
+            # write that a link planted by the policy could turn into a substrate error.
+            return self._run(["/bin/sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "write", rel],
+                             timeout, stdin=str(p["content"]).encode())
         if action.kind == "patch":
-            patch_path = f"{self.box.paths.tmp}/.drumsbench-{self.step_count}.patch"
-            self.box.write_file(patch_path, str(p["patch"]).encode())
-            return self._shell(f"git apply --whitespace=nowarn {patch_path} && rm -f {patch_path}", timeout)
+            return self._run(["git", "apply", "--whitespace=nowarn", "-"], timeout, stdin=str(p["patch"]).encode())
         return self._result(2, f"unknown action {action.kind!r}")
 
     # -- verifier ----------------------------------------------------------------------------
@@ -107,6 +116,9 @@ class CodingEnv(Environment):
         """End every process the policy left, then copy the runner and the hidden tests."""
         assert isinstance(task, CodingTask)
         self.box.end_processes()
+        # Emptied by a command in the sandbox: what the policy left there (files, links) goes.
+        self.box.exec(["find", self.box.paths.verify, "-mindepth", "1", "-delete"], timeout=30,
+                      cwd=self.box.paths.root)
         files = {"runner.py": RUNNER, **{f"tests/{name}": data for name, data in task.hidden.items()}}
         self.box.put_files(self.box.paths.verify, files)
 
