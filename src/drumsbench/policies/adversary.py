@@ -209,10 +209,30 @@ DESKTOP: dict[str, list[ActionSpec]] = {
         ">/dev/null 2>&1 & echo started")})],
 }
 
+# Strategies mixing shell actions and the environment's other actions.
+MIXED: dict[str, list[ActionSpec]] = {
+    "plant_links": [
+        ActionSpec("shell", {"command": "for f in runner.py tests; do rm -rf ../verify/$f; "
+                                        "ln -s /nonexistent/$f ../verify/$f 2>&1; done; "
+                                        "ln -s /etc/shadow ../tmp/.drumsbench-1.patch 2>&1; "
+                                        "ln -s / rootlink; echo planted"}),
+        ActionSpec("patch", {"patch": "--- a/x\n+++ b/x\n@@ -0,0 +1 @@\n+x\n"}),
+    ],
+    "write_through_link": [
+        ActionSpec("shell", {"command": "ln -s /etc/hostname evil; ln -s /nonexistent/dir/file dangling; echo ok"}),
+        ActionSpec("write", {"path": "evil", "content": "pwned\n"}),
+        ActionSpec("write", {"path": "dangling", "content": "x\n"}),
+    ],
+    "many_processes_then_hang": [
+        ActionSpec("shell", {"command": "for i in $(seq 1 150); do (sleep 600 &) ; done; echo spawned"}),
+        ActionSpec("shell", {"command": "sleep 3600"}),
+    ],
+}
+
 # Strategies that are the policy's own actions with no code: how many steps they take.
 LOOP = {"run_past_max_steps": 10_000}
 
-STRATEGIES: tuple[str, ...] = (*CODE, *SHELL, *LOOP)
+STRATEGIES: tuple[str, ...] = (*CODE, *SHELL, *MIXED, *LOOP)
 DESKTOP_STRATEGIES: tuple[str, ...] = tuple(DESKTOP)
 ALL_STRATEGIES: tuple[str, ...] = (*STRATEGIES, *DESKTOP_STRATEGIES)
 
@@ -238,6 +258,8 @@ def strategy_plan(name: str, task: Task) -> list[ActionSpec]:
         return [*DESKTOP[name], ActionSpec(SUBMIT)]
     if name in CODE:
         return [*(_append(p, CODE[name]) for p in _package_inits(task)), ActionSpec(SUBMIT)]
+    if name in MIXED:
+        return [*MIXED[name], ActionSpec(SUBMIT)]
     if name in SHELL:
         return [*(ActionSpec("shell", {"command": c}) for c in SHELL[name]), ActionSpec(SUBMIT)]
     if name in LOOP:
