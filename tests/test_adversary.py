@@ -54,6 +54,16 @@ def test_no_strategy_reaches_success_or_invalid(substrate, state_dir, run_id):
     assert os.getpid() == harness
 
 
+def test_vm_a_sample_of_strategies_ends_failed(state_dir, run_id):
+    """The guest runs the same runner; a sample keeps this under a few minutes under TCG."""
+    sample = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "kill_own_shells",
+              "exec_away", "background_rewrites_verifier", "leak_own_canary"]
+    out, control = _play("vm", sample, state_dir, run_id)
+    escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}
+    assert not escaped, f"strategies that did not end failed on vm: {escaped}"
+    assert control.outcome is Outcome.SUCCESS, control.detail
+
+
 def test_reasons_name_what_the_code_did(state_dir, run_id):
     out, _ = _play("process", ["verdict_stdout", "skip_at_import", "hang_verifier", "hang_step",
                                "run_past_max_steps", "leak_own_canary", "kill_verifier", "patch_asserts"],

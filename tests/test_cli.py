@@ -120,7 +120,9 @@ def test_kill_9_then_gc_then_resume(tmp_path, env):
     assert len(before) >= 40 and db.execute("SELECT status FROM runs").fetchone()[0] == "running"
 
     # the killed run left sandbox folders; gc removes them
-    sandboxes = Path(env["DRUMSBENCH_STATE"]) / "sandboxes" / run_id
+    from drumsbench.substrates.process import sandbox_root
+
+    sandboxes = sandbox_root(Path(env["DRUMSBENCH_STATE"]), run_id)  # where the sandbox uids reach it
     assert sandboxes.exists() and any(sandboxes.iterdir())
     gc = cli("gc", env=env, check=True)
     assert "1 dead run" in gc.stdout

@@ -64,6 +64,7 @@ from drumsbench.substrates.base import (
     Isolation,
     ResetStrategy,
     Sandbox,
+    SandboxFrozen,
     SandboxPaths,
     Substrate,
 )
@@ -708,13 +709,28 @@ class VmSandbox(Sandbox, Freezable):
         if env:
             full_env.update(env)
         t0 = time.monotonic()
+        if self._stopped_by_host():  # the guest would only run it after a thaw: refuse, as docker does
+            raise SandboxFrozen(f"vm: sandbox {self.id}: exec refused, QEMU reports the VM paused")
         try:
             res = self._call("exec", timeout + AGENT_SLACK_S, argv=argv, cwd=cwd or self.paths.work, env=full_env,
                              stdin=None if stdin is None else base64.b64encode(stdin).decode(),
                              timeout=timeout, limit=output_limit)
         except AgentError as e:
             raise SubstrateError(f"sandbox {self.id}: exec failed: {e}") from e
+        except SubstrateError as e:
+            if self._stopped_by_host():
+                raise SandboxFrozen(f"{e} (QEMU reports the VM paused)") from e
+            raise
         return self._result(res, t0)
+
+    def _stopped_by_host(self) -> bool:
+        """QEMU's own record (``query-status``): was the VM stopped from the host?"""
+        if self._destroyed or self.vm.proc.poll() is not None:
+            return False
+        try:
+            return str(self.vm.qmp.cmd("query-status")["return"].get("status")) == "paused"
+        except (SubstrateError, OSError, ValueError, KeyError):
+            return False
 
     @staticmethod
     def _result(res: dict[str, Any], t0: float) -> ExecResult:
