@@ -61,6 +61,7 @@ def run(
     inject: Annotated[str, typer.Option(help="Faults: cause=rate,... e.g. stale_generation=0.05.")] = "",
     step_timeout: Annotated[str, typer.Option(help="Per-step timeout.")] = "30s",
     episode_timeout: Annotated[str, typer.Option(help="Per-episode timeout.")] = "300s",
+    verify_timeout: Annotated[str, typer.Option(help="Verifier time limit (default: each task's own).")] = "task",
     reset: Annotated[str, typer.Option(help="auto, in_place or recreate.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for policies and fault draws.")] = 0,
     usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
@@ -90,7 +91,8 @@ def run(
         flags = {"concurrency": "--concurrency", "noisy_p": "--noisy-p", "explorer_steps": "--explorer-steps",
                  "max_attempts": "--attempts", "usd_per_host_hour": "--usd-per-host-hour",
                  "think_time_s": "--think-time", "step_timeout_s": "--step-timeout",
-                 "episode_timeout_s": "--episode-timeout", "duration_s": "--duration"}
+                 "episode_timeout_s": "--episode-timeout", "duration_s": "--duration",
+                 "verify_timeout_s": "--verify-timeout"}
         if reset not in ("auto", "in_place", "recreate"):
             raise UsageError(f"--reset: {reset!r} is not one of auto, in_place, recreate")
         try:
@@ -98,7 +100,9 @@ def run(
                 step_timeout_s=parse_duration(step_timeout, "--step-timeout"),
                 episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
                 think_time_s=0.0 if think_time.strip() in ("0", "0s") else parse_duration(think_time, "--think-time"),
-                reset=None if reset == "auto" else ResetStrategy(reset))
+                reset=None if reset == "auto" else ResetStrategy(reset),
+                verify_timeout_s=None if verify_timeout == "task" else
+                parse_duration(verify_timeout, "--verify-timeout"))
             extra: dict[str, object] = {}
             if concurrency is not None:
                 extra["concurrency"] = concurrency
