@@ -202,6 +202,13 @@ DESKTOP: dict[str, list[ActionSpec]] = {
     "desktop_wait_forever": [ActionSpec("wait", {"title": "^a window that never comes$"})],
     "desktop_kill_office": [ActionSpec("shell", {"command": "pkill -9 soffice; pkill -9 Xvfb; kill -9 1; "
                                                           "kill -STOP 1; echo tried"})],
+    "desktop_blank_screen": [ActionSpec("shell", {"command": (
+        "python3 -c 'import ctypes; x = ctypes.CDLL(\"libX11.so.6\"); x.XOpenDisplay.restype = ctypes.c_void_p; "
+        "d = x.XOpenDisplay(None); print(\"display\", d); "
+        "d and (x.XForceScreenSaver(ctypes.c_void_p(d), 1), x.XFlush(ctypes.c_void_p(d)))' 2>&1; "
+        "xdotool key ctrl+q 2>&1; echo tried")})],
+    "desktop_fake_exit_status": [ActionSpec("shell", {"command": (
+        "echo 1 > \"$TMPDIR/.drumsbench-app-exit\"; echo 137 > ../tmp/.drumsbench-app-exit; echo done")})],
     "desktop_delete_document": [ActionSpec("shell", {"command": "rm -f ./* .~lock* 2>&1; ls -la"})],
     "desktop_background_forger": [ActionSpec("shell", {"command": (
         "setsid nohup sh -c 'while :; do for f in ../verify/runner.py; do [ -e \"$f\" ] && "

@@ -523,6 +523,8 @@ class DesktopEnv(Environment, BreakableObservation):
         if inst is None or not inst.alive():
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "the desktop instance is gone: nothing to ask")
         code = inst.app_exit()
+        if code is not None and inst.app_running():
+            code = None  # the status file was written while LibreOffice runs: not its exit wrapper's
         if code is not None and code != 0:
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
                                  f"LibreOffice exited with status {code} (crashed or killed): nothing to ask")

@@ -94,7 +94,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda _s, _f: os._exit(0))
     signal.signal(signal.SIGINT, lambda _s, _f: os._exit(0))
 
-    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-noreset", "-nolock", "-nolisten", "tcp",
+    # Only root reaches the X server: no abstract socket (``-nolisten local``: it has no file mode and
+    # the policy's shell shares this network namespace) and the path socket made 0700 below, so a
+    # policy's shell action (the sandbox's uid) cannot blank, freeze or drive the screen itself.
+    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-noreset", "-nolock", "-nolisten", "tcp", "-nolisten", "local",
                              "-screen", "0", cfg["screen"], *cfg.get("xvfb_args", [])],
                             env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     deadline = time.monotonic() + float(cfg.get("x_timeout", 10.0))
@@ -104,6 +107,7 @@ def main() -> int:
             xvfb.kill()
             return 3
         time.sleep(0.01)
+    os.chmod(sock, 0o700)
 
     app = list(cfg.get("app") or ["true"])
     if cfg.get("app_exit_file"):

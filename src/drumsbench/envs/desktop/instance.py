@@ -276,6 +276,25 @@ class DesktopInstance:
         except (OSError, ValueError):
             return None
 
+    def app_running(self) -> bool:
+        """Is a LibreOffice process (``soffice.bin``) alive in this instance's pid namespace?"""
+        if self.holder_pid is None:
+            return False
+        try:
+            ns = os.readlink(f"/proc/{self.holder_pid}/ns/pid")
+        except OSError:
+            return False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if (Path(f"/proc/{entry}/comm").read_text().strip() == "soffice.bin"
+                        and os.readlink(f"/proc/{entry}/ns/pid") == ns):
+                    return True
+            except OSError:
+                continue
+        return False
+
     def alive(self) -> bool:
         if self.restored:
             return self.holder_pid is not None and _running(self.holder_pid)
