@@ -131,3 +131,17 @@ def test_desktop_strategies_end_failed(tmp_path, run_id):
     escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}
     assert not escaped, f"desktop strategies that did not end failed: {escaped}"
     assert control.outcome is Outcome.SUCCESS, control.detail
+
+
+def test_container_records_that_count_as_evidence():
+    """The engines' State as docker and podman report it: a pause or a death is evidence; a death by
+    the container's own memory limit is the policy's (it fills that cgroup, and can make the kernel
+    pick the reaper by raising /proc/1/oom_score_adj)."""
+    from drumsbench.substrates.containers import state_evidence
+
+    running = {"Running": True, "Status": "running", "Paused": False, "OOMKilled": False}
+    assert state_evidence("docker", running) is None
+    assert "paused" in (state_evidence("docker", {**running, "Paused": True, "Status": "paused"}) or "")
+    dead = {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": False}
+    assert "not running" in (state_evidence("docker", dead) or "")
+    assert state_evidence("docker", {**dead, "OOMKilled": True}) is None

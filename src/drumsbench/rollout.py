@@ -304,6 +304,13 @@ class _Episode:
             obs = self.env.step(action, limit)  # gate 2: a stale generation is refused in here
         except SandboxFrozen as e:  # the substrate refused at once what would have hung: the same fault
             raise InvalidAttempt(cause, f"step {self.env.step_count} ({action.kind}) could not run: {e}") from None
+        except SubstrateError as e:
+            # The sandbox failed under the policy's action; infrastructure only if its records say so
+            # (a container the policy made outgrow its memory limit ends here as failed).
+            if self.env.failure_evidence():
+                raise
+            raise PolicyFault(f"step {self.env.step_count} ({action.kind}) ended the sandbox, whose records "
+                              f"show no infrastructure fault: {e}", destroy=True) from None
         self.steps.append(time.monotonic() - t0)
         self.slot.last_action = action
         if obs.timed_out:  # gate 3

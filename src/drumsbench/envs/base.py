@@ -158,6 +158,12 @@ class Environment(ABC):
         (e.g. a pixel tolerance for a blinking cursor)."""
         return {dim: now.get(dim) == value for dim, value in prepared.items()}
 
+    def failure_evidence(self) -> str | None:
+        """After the sandbox failed under a policy's action: evidence out of the policy's reach that
+        infrastructure failed (``Sandbox.probe``), or None. Environments that run their own
+        processes around the sandbox (the desktop) add theirs."""
+        return self.box.probe()
+
     def canary_folders(self) -> list[str]:
         """In-sandbox folders searched for other sandboxes' canaries."""
         p = self.box.paths

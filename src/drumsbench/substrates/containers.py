@@ -280,13 +280,19 @@ def state_evidence(engine: str, state: Mapping[str, Any]) -> str | None:
     host; the container sees its cgroup file system read-only) and the container no longer running
     (its init, the reaper, ignores every signal sent from inside). ``OOMKilled`` on a running
     container is not evidence: the policy reaches it by outgrowing the memory limit itself.
-    Known gap: a command can raise ``/proc/1/oom_score_adj`` (raising needs no capability), so a
-    policy that then outgrows the limit may get the *reaper* OOM-killed, and this reports the
-    container not running, OOM-killed; the engines' records cannot tell that from a host OOM kill.
+    A container that died ``OOMKilled`` is not evidence either: the engines set it from the
+    container's own memory cgroup, which only its processes fill; a command can raise
+    ``/proc/1/oom_score_adj`` (no capability needed) and so get the reaper killed first. A host-wide
+    OOM kill leaves ``OOMKilled`` false and counts as evidence.
     """
     if state.get("Paused"):
         return f"{engine}: the container is paused (a host-side freeze)"
     status = str(state.get("Status") or "?")
+    if state.get("OOMKilled"):
+        # The container's own memory cgroup hit its limit (the engine records OOMKilled from the
+        # container's memcg, not from a host-wide OOM): its processes — the policy's — outgrew it,
+        # even when the kernel chose the reaper (a command can raise /proc/1/oom_score_adj).
+        return None
     if not state.get("Running") or status.lower() not in ("running", ""):
         detail = [f"exit code {state.get('ExitCode')}"]
         if state.get("OOMKilled"):

@@ -563,6 +563,13 @@ class DesktopEnv(Environment, BreakableObservation):
 
     last_verdict: dict[str, Any] | None = None
 
+    def failure_evidence(self) -> str | None:
+        """The instance (Xvfb, LibreOffice, the holder: root, out of the policy's reach) died, or
+        the sandbox's own records."""
+        if self.inst is not None and not self.inst.alive():
+            return "the desktop instance died"
+        return super().failure_evidence()
+
     # -- branching: the live state a continuation must reproduce ------------------------------------
     PIXEL_TOLERANCE_PX = 64  # pixels that may differ: the blinking text cursor (about 2 x 18)
 
