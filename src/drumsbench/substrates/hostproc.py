@@ -190,10 +190,28 @@ def pids_with_env(var: str, value: str | None = None) -> dict[int, str]:
     return found
 
 
-def kill_pids(pids: Sequence[int]) -> None:
+def kill_pids(pids: Sequence[int], wait_s: float = 5.0) -> None:
+    """SIGKILL ``pids`` and wait (at most ``wait_s``) until none of them still has its memory:
+    a killed process takes a while to go on a loaded host, and callers check right after."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _has_memory(p)]
+        if left:
+            time.sleep(0.02)
+
+
+def _has_memory(pid: int) -> bool:
+    """Alive and not yet a zombie (a zombie has no environment left to match a label)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 # -- per-sandbox identities and freezer cgroups (process, bwrap, overlay) ------------------------
