@@ -75,6 +75,9 @@ def test_vm_a_sample_of_strategies_ends_failed(state_dir, run_id):
 
 
 def test_reasons_name_what_the_code_did(state_dir, run_id):
+    import glob
+
+    before = set(glob.glob("/tmp/drumsbench-leak-*") + glob.glob("/dev/shm/drumsbench-leak-*"))
     out, _ = _play("process", ["verdict_stdout", "skip_at_import", "hang_verifier", "hang_step",
                                "run_past_max_steps", "leak_own_canary", "kill_verifier", "patch_asserts"],
                    state_dir, run_id)
@@ -86,6 +89,8 @@ def test_reasons_name_what_the_code_did(state_dir, run_id):
     assert "leaked its own canary" in out["leak_own_canary"].detail
     assert "refused" in out["kill_verifier"].detail
     assert "changed the test framework" in out["patch_asserts"].detail
+    after = set(glob.glob("/tmp/drumsbench-leak-*") + glob.glob("/dev/shm/drumsbench-leak-*"))
+    assert after <= before, f"the leaked canaries stayed in the host's shared places: {after - before}"
 
 
 def test_run_reports_the_red_team_line(tmp_path):

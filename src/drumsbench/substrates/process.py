@@ -144,6 +144,8 @@ def gc_host_runs(dead_runs: set[str], folder_of: Callable[[str], Path] | Sequenc
             kill_pids([pid])
             removed.append(f"process {pid} of run {run}")
     for lease, run in UidLease.of_runs(dead_runs).items():
+        with contextlib.suppress(ValueError):  # the lease's name is its uid
+            removed += [f"{path} (left by a sandbox of run {run})" for path in remove_owned_by(int(lease.name))]
         with contextlib.suppress(OSError):
             lease.unlink()
             removed.append(f"uid lease {lease} of run {run}")
@@ -393,7 +395,35 @@ class HostFolderSandbox(Sandbox):
             self.cgroup.remove()
         shutil.rmtree(self.host_root, ignore_errors=True)
         if self.lease is not None:
+            remove_owned_by(self.lease.uid)
             self.lease.release()
+
+
+# The host's shared places a sandbox uid can write to; what it left there goes with the sandbox.
+SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def remove_owned_by(uid: int, places: Sequence[str] = SHARED_PLACES) -> list[str]:
+    """Remove the entries directly in ``places`` owned by ``uid`` (a sandbox's own uid: nothing
+    else owns files with it); returns what was removed."""
+    removed = []
+    for place in places:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.path)
+            except OSError:
+                continue
+    return removed
 
 
 class CgroupFreezable(Freezable):
