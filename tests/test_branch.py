@@ -22,9 +22,18 @@ def ledger(tmp_path):
     return led
 
 
+def _branch(cfg, state_dir, ledger):
+    """``run_branch`` on a process substrate that is closed afterwards (nothing of the run stays)."""
+    sub = ProcessSubstrate("b", state_dir)
+    try:
+        return run_branch(cfg, sub, ledger, "b")
+    finally:
+        sub.close()
+
+
 def test_replay_and_file_continuations(ledger, state_dir):
     cfg = BranchConfig(continuations=3, ks=[1, 5], methods=["replay", "file"], growth_forks=2)
-    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    report = _branch(cfg, state_dir, ledger)
     assert report.prepared_unchanged and report.isolation_control_fired
     for m in report.methods:
         assert m.faithful_all.value == 1.0, m
@@ -50,7 +59,7 @@ class LossyCopy(FileCopy):
 def test_unfaithful_continuation_is_invalid_and_never_used(ledger, state_dir, monkeypatch):
     monkeypatch.setitem(METHODS, "lossy", LossyCopy)
     cfg = BranchConfig(continuations=2, ks=[5], methods=["lossy"])
-    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    report = _branch(cfg, state_dir, ledger)
     m = report.methods[0]
     assert m.faithful["files"].value == 0.0
     assert m.valid == 0 and m.invalid == {"dirty_reset": 2}
@@ -79,7 +88,7 @@ def test_desktop_branch_reports_file_losses(ledger, state_dir):
 
     require(instance.missing())
     cfg = BranchConfig(tasks="desktop", k=3, ks=[3], continuations=1, methods=["replay", "file"])
-    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    report = _branch(cfg, state_dir, ledger)
     replay, file = report.methods
     assert replay.faithful_all.value == 1.0 and replay.valid == 1, replay
     assert file.faithful_all.value == 0.0 and file.invalid == {"dirty_reset": 1}
@@ -127,7 +136,7 @@ def test_desktop_stale_lock_in_a_file_continuation_is_caught(ledger, state_dir, 
 
     monkeypatch.setitem(METHODS, "stale-lock-copy", StaleLockCopy)
     cfg = BranchConfig(tasks="desktop", k=3, ks=[3], continuations=1, methods=["stale-lock-copy"])
-    report = run_branch(cfg, ProcessSubstrate("b", state_dir), ledger, "b")
+    report = _branch(cfg, state_dir, ledger)
     m = report.methods[0]
     assert m.faithful["locks"].value == 0.0, m.faithful
     assert m.invalid == {"dirty_reset": 1} and m.valid == 0
