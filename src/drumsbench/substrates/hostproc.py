@@ -373,6 +373,15 @@ class FreezerCgroup:
         except OSError:
             return None
 
+    def evidence(self) -> str | None:
+        """What the group's state says against the sandbox (gone, frozen by the host), or None."""
+        state = self.state()
+        if state is None:
+            return f"the sandbox's freezer cgroup {self.path} is gone"
+        if state in ("FROZEN", "FREEZING"):
+            return f"the host froze the sandbox (freezer.state {state})"
+        return None
+
     def write_state(self, state: str) -> None:
         try:
             (self.path / "freezer.state").write_text(state)

@@ -471,12 +471,9 @@ class OverlaySandbox(Sandbox):
     def probe(self, timeout: float = 5.0) -> str | None:
         if self._destroyed:
             return f"sandbox {self.id} is destroyed"
-        if self.cgroup is not None:
-            state = self.cgroup.state()
-            if state is None:
-                return f"the sandbox's freezer cgroup {self.cgroup.path} is gone"
-            if state in ("FROZEN", "FREEZING"):
-                return f"the host froze the sandbox (freezer.state {state})"
+        found = self.cgroup.evidence() if self.cgroup is not None else None
+        if found:
+            return found
         if not self._alive():
             return f"the sandbox's holder process {self._pid} is gone"
         # No liveness command: it would run under the sandbox's own limits, which the policy can

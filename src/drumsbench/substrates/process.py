@@ -358,12 +358,9 @@ class HostFolderSandbox(Sandbox):
     def probe(self, timeout: float = 5.0) -> str | None:
         if self._destroyed:
             return f"sandbox {self.id} is destroyed"
-        if self.cgroup is not None:
-            state = self.cgroup.state()
-            if state is None:
-                return f"the sandbox's freezer cgroup {self.cgroup.path} is gone"
-            if state in ("FROZEN", "FREEZING"):
-                return f"the host froze the sandbox (freezer.state {state})"
+        found = self.cgroup.evidence() if self.cgroup is not None else None
+        if found:
+            return found
         if not self.host_root.is_dir():
             return f"the sandbox's folder {self.host_root} is gone"
         # No liveness command: it would run under the sandbox's own limits, which the policy can
