@@ -408,6 +408,10 @@ class RayExecutor:
                         continue  # interrupted: dropped, as in process
                     sink(rec)
                     submit(f.node, f.slot)
+            if stop_requested.is_set() and not self.interrupted:
+                # The signal came after the loop's check and every in-flight attempt then finished
+                # (dropped, none resubmitted): the loop ran dry, but the run was still interrupted.
+                self._interrupt(ray, job, flights)
             if not stop_requested.is_set() and self.nodes and all(n.lost for n in self.nodes) \
                     and job.next_work() is not None:
                 self.interrupted = True
