@@ -7,21 +7,29 @@ BIN := $(VENV)/bin
 
 .PHONY: run test install system lint
 
-$(BIN)/drumsbench: pyproject.toml
+# `make run` installs only what the main job needs; the test extras (Ray, torch, OpenEnv, linters)
+# belong to `make test`.
+$(VENV)/.installed-run: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	touch $@
+	touch $@ $(VENV)/.installed-run
 
-install: $(BIN)/drumsbench
+install: $(VENV)/.installed-test
 
 system:
 	bash scripts/setup.sh
 
-run: install
+run: $(VENV)/.installed-run
 	$(BIN)/drumsbench run
 
-test: system install
+test: system $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 tests
 
 lint: install
