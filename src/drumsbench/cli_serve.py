@@ -1,0 +1,112 @@
+"""``drumsbench serve``: the environments as an OpenEnv-compatible service (docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from drumsbench.cli import app, console, err, parse_duration
+from drumsbench.errors import UsageError
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(_sig: int, _frame: object) -> None:
+    raise _Stopped()
+
+
+@app.command()
+def serve(
+    substrate: Annotated[str, typer.Option(help="Where sandboxes run (see `drumsbench doctor`).")] = "process",
+    tasks: Annotated[str, typer.Option(help="Task suite: coding, desktop or a folder.")] = "coding",
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs --token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: a free one, printed at start).")] = 8000,
+    token: Annotated[str | None, typer.Option(help="Required of clients (Bearer header or /t/TOKEN path); "
+                                              "default $DRUMSBENCH_TOKEN.")] = None,
+    max_sessions: Annotated[int, typer.Option(help="Live sessions (each holds one sandbox) at most.")] = 8,
+    idle: Annotated[str, typer.Option(help="A session waiting this long for its client is reaped.")] = "60s",
+    step_timeout: Annotated[str, typer.Option(help="Per-step timeout.")] = "30s",
+    episode_timeout: Annotated[str, typer.Option(help="Per-episode timeout.")] = "300s",
+    verify_timeout: Annotated[str, typer.Option(help="Verifier time limit (default: each task's own).")] = "task",
+    seed: Annotated[int, typer.Option(help="Seed of attempts whose reset gives none.")] = 0,
+    out: Annotated[Path, typer.Option(help="Folder of the ledger (shared with `run` and `report`).")] = Path("runs"),
+) -> None:
+    """Serve the environments over HTTP and WebSocket (OpenEnv); every attempt goes to the ledger."""
+    try:
+        import uvicorn
+
+        from drumsbench.serve.app import LOOPBACK, create_app, wrap
+        from drumsbench.serve.hub import Hub, ServeConfig
+    except ImportError as e:
+        raise UsageError(f"serve: needs the serve extra (pip install 'drumsbench[serve]'): {e}") from None
+    from drumsbench.rollout import RolloutConfig
+
+    token = token or os.environ.get("DRUMSBENCH_TOKEN") or None
+    if host not in LOOPBACK and not token:
+        raise UsageError(f"--host: binding {host} exposes sandboxes beyond this machine; give --token "
+                         "(or DRUMSBENCH_TOKEN), or bind 127.0.0.1")
+    if token is not None and len(token) < 16:
+        raise UsageError("--token: use at least 16 characters (e.g. `openssl rand -hex 16`)")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port: {port} is not a port; give 0 to 65535")
+    if max_sessions < 1:
+        raise UsageError(f"--max-sessions: {max_sessions} must be at least 1")
+    try:
+        cfg = ServeConfig(substrate=substrate, tasks=tasks, max_sessions=max_sessions, seed=seed,
+                          idle_s=parse_duration(idle, "--idle"),
+                          rollout=RolloutConfig(step_timeout_s=parse_duration(step_timeout, "--step-timeout"),
+                                                episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
+                                                verify_timeout_s=None if verify_timeout == "task" else
+                                                parse_duration(verify_timeout, "--verify-timeout")))
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UsageError(f"--{str(first['loc'][-1]).replace('_', '-')}: {first['msg']}") from None
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"--port: cannot bind {host}:{port} ({e.strerror}); give another port or 0") from None
+    bound = sock.getsockname()[1]
+    hub = Hub(cfg, out)  # validates --tasks (UsageError) before anything is created
+    hub.start()
+    try:
+        server = uvicorn.Server(uvicorn.Config(wrap(create_app(hub), token), log_level="warning",
+                                               ws_ping_interval=20, ws_ping_timeout=20,
+                                               timeout_graceful_shutdown=10))
+        url = f"http://{host}:{bound}" + (f"/t/{token}" if token else "")
+        shown = url.replace(token, "<token>") if token else url
+        print(f"drumsbench serve: {shown} run {hub.run_id} ({cfg.substrate}, {cfg.tasks}, "
+              f"max {cfg.max_sessions} sessions, idle limit {cfg.idle_s:g} s), ledger {out}", flush=True)
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
+        # that was there before; this one turns it into a return, so the hub below still runs.
+        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server.run(sockets=[sock])
+        except _Stopped:
+            pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        hub.stop()
+        sock.close()
+    from drumsbench.experiments.run import ledger_path
+    from drumsbench.ledger import Ledger
+    from drumsbench.serve.clients import print_clients
+
+    ledger = Ledger(ledger_path(out))
+    try:
+        err.print(f"served run {hub.run_id} stopped; `drumsbench report {hub.run_id} --out {out}` shows it")
+        print_clients(ledger, hub.run_id, console)
+    finally:
+        ledger.close()

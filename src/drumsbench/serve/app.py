@@ -1,0 +1,112 @@
+"""The FastAPI application of ``drumsbench serve``, built on OpenEnv's ``HTTPEnvServer``.
+
+OpenEnv provides the routes (``/reset`` ``/step`` ``/state`` ``/health`` ``/metadata`` ``/schema``
+``POST /mcp`` and the ``/ws`` session), the wire envelope and the per-session capacity. DrumsBench
+adds: the idle reaper (``reaper.py``), ``503 at capacity`` for stateless HTTP resets, a token gate
+for binds other than loopback, and ``GET /drumsbench/status`` (live sessions and sandboxes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hmac
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.websockets import WebSocketDisconnect
+from openenv.core.env_server.http_server import HTTPEnvServer
+from openenv.core.env_server.types import ConcurrencyConfig
+
+from drumsbench.serve.hub import AtCapacity, Hub
+from drumsbench.serve.reaper import reap_idle
+from drumsbench.serve.session import ServedEnv
+from drumsbench.serve.wire import DrumsAction, DrumsObservation
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class DrumsHTTPServer(HTTPEnvServer):
+    """OpenEnv's server with DrumsBench's idle reaper in place of its own."""
+
+    def __init__(self, hub: Hub) -> None:
+        super().__init__(functools.partial(ServedEnv, hub), DrumsAction, DrumsObservation,
+                         concurrency_config=ConcurrencyConfig(max_concurrent_envs=hub.cfg.max_sessions,
+                                                              session_timeout=hub.cfg.idle_s))
+        self.hub = hub
+
+    async def _reap_idle_sessions(self) -> None:
+        def count() -> None:
+            self.hub.reaped += 1
+
+        await reap_idle(self, self.hub.cfg.idle_s, count)
+
+
+class TokenGate:
+    """ASGI middleware: with a token, every request needs ``Authorization: Bearer TOKEN`` or the path
+    prefix ``/t/TOKEN`` (for clients that cannot send headers on a WebSocket: OpenEnv's own client
+    takes ``base_url=http://HOST:PORT/t/TOKEN``)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self.token = app, token
+        self.prefix = f"/t/{token}"
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if path == self.prefix or path.startswith(self.prefix + "/"):
+            rest = path[len(self.prefix):] or "/"
+            return await self.app({**scope, "path": rest, "raw_path": rest.encode()}, receive, send)
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode(errors="replace")
+        if hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008, "reason": "token required"})
+            return
+        body = json.dumps({"detail": "token required: send Authorization: Bearer TOKEN"}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(hub: Hub) -> FastAPI:
+    app = FastAPI(title="DrumsBench", version="0.1.0",
+                  description="DrumsBench environments as an OpenEnv service: the final observation carries "
+                  "reward 1/0/null with outcome, cause and valid (never train on valid=false).")
+    server = DrumsHTTPServer(hub)
+    server.register_routes(app)
+
+    @app.exception_handler(AtCapacity)
+    async def at_capacity(_request: Request, exc: AtCapacity) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": "1"})
+
+    @app.get("/drumsbench/status", tags=["DrumsBench"])
+    async def status() -> dict[str, object]:
+        return {**hub.status(), "ws_sessions": server.active_sessions}
+
+    app.state.drums_server = server
+    return app
+
+
+class QuietDisconnect:
+    """OpenEnv's ``/ws`` handler closes an already disconnected socket on its way out (a client that
+    died); the ``WebSocketDisconnect`` this raises is the expected end of that session, not an error
+    to log. The session was destroyed (and its attempt recorded) before."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+        with contextlib.suppress(WebSocketDisconnect):
+            await self.app(scope, receive, send)
+
+
+def wrap(app: FastAPI, token: str | None) -> Any:
+    quiet = QuietDisconnect(app)
+    return TokenGate(quiet, token) if token else quiet
