@@ -346,6 +346,7 @@ cs.register(app)
 def main() -> None:
     import drumsbench.cli_branch
     import drumsbench.cli_substrates  # noqa: F401 - registers coldstart and isolation
+    import drumsbench.cli_train  # noqa: F401 - registers train
 
     try:
         app()
