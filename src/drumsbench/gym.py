@@ -1,0 +1,217 @@
+"""Gymnasium environments: ``DrumsBench/Coding-v0`` (docs/gym.md).
+
+``import drumsbench.gym`` registers the ids; ``gymnasium.make("DrumsBench/Coding-v0", out=...)``
+runs episodes in process on a substrate (default ``process``), ``url=...`` runs them on a
+``drumsbench serve`` through OpenEnv's own client. Either way each episode is a DrumsBench attempt
+with every gate, recorded in the ledger like a run.
+
+- ``terminated`` when the episode ends by ``submit`` or by a gate; ``truncated`` when the policy
+  ran past ``max_steps`` (a valid failure: reward 0).
+- ``info["outcome"]`` (success / failed / invalid, ``None`` until the end), ``info["cause"]`` (one
+  of the nine invalid causes or ``None``), ``info["valid"]``.
+- **An invalid episode's reward is ``nan``, never 0** (``invalid="raise"``: the step raises
+  ``InvalidEpisode`` instead). Rewards before the end are 0.0; drop the whole episode when the
+  final ``info["valid"]`` is False — from the loss and from its group's statistics.
+
+Spaces: observation ``Dict(text=Text)`` (printable ASCII; other characters escaped as ``\\uXXXX``);
+action ``Dict(kind=Discrete(4): shell, write, patch, submit; text=Text: the command, the file's
+content or the diff; path=Text: the file written)``. Dicts with a string ``kind`` are accepted too.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from drumsbench.errors import UsageError
+from drumsbench.serve.wire import DrumsAction, DrumsObservation
+
+KINDS = ("shell", "write", "patch", "submit")
+PRINTABLE = string.printable
+PATH_CHARS = string.ascii_letters + string.digits + "._-/"
+OBS_MAX = 65536
+TEXT_MAX = 4096
+PATH_MAX = 128
+
+
+class InvalidEpisode(RuntimeError):
+    """With ``invalid="raise"``: the episode ended invalid (an infrastructure fault). ``info`` holds
+    outcome, cause, valid and detail; the episode must not be trained on."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(f"invalid episode ({info.get('cause')}): {info.get('detail')}")
+        self.info = info
+
+
+def printable(text: str) -> str:
+    return "".join(c if c in PRINTABLE else f"\\u{ord(c):04x}" for c in text)
+
+
+class _Local:
+    """Episodes in this process: a hub of one session (``serve.hub``), its own run in the ledger."""
+
+    def __init__(self, substrate: str, tasks: str, out: Path, max_steps: int, step_timeout_s: float,
+                 episode_timeout_s: float) -> None:
+        from drumsbench.rollout import RolloutConfig
+        from drumsbench.serve.hub import Hub, ServeConfig
+        from drumsbench.serve.session import ServedEnv
+
+        cfg = ServeConfig(substrate=substrate, tasks=tasks, max_sessions=1, idle_s=1e9, policy="gym agent",
+                          rollout=RolloutConfig(step_timeout_s=step_timeout_s, episode_timeout_s=episode_timeout_s,
+                                                max_steps=max_steps))
+        self.hub = Hub(cfg, out, kind="gym").start()
+        self.session = ServedEnv(self.hub)
+
+    def reset(self, **kw: Any) -> DrumsObservation:
+        return self.session.reset(**kw)
+
+    def step(self, action: DrumsAction) -> DrumsObservation:
+        return self.session.step(action)
+
+    def close(self) -> None:
+        self.session.close_reason = "the gym env was closed before the agent submitted"
+        try:
+            self.session.close()
+        finally:
+            self.hub.stop()
+
+
+class _Remote:
+    """Episodes on a ``drumsbench serve`` (OpenEnv's own client, one WebSocket session)."""
+
+    def __init__(self, url: str) -> None:
+        from openenv.core.generic_client import GenericEnvClient
+
+        self.client = GenericEnvClient(base_url=url).sync()
+        self.client.connect()
+
+    def _obs(self, result: Any) -> DrumsObservation:
+        return DrumsObservation.model_validate({**result.observation, "done": result.done, "reward": result.reward})
+
+    def reset(self, **kw: Any) -> DrumsObservation:
+        return self._obs(self.client.reset(**{k: v for k, v in kw.items() if v is not None}))
+
+    def step(self, action: DrumsAction) -> DrumsObservation:
+        return self._obs(self.client.step(action.model_dump(exclude_none=True, exclude={"metadata"})))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
+    """``DrumsBench/Coding-v0``: the coding environment (a repository, shell/write/patch/submit)."""
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - gymnasium's own
+
+    def __init__(self, *, url: str | None = None, substrate: str = "process", tasks: str = "coding",
+                 out: str | Path = "runs", max_steps: int = 50, step_timeout_s: float = 30.0,
+                 episode_timeout_s: float = 300.0, client: str = "gym", invalid: str = "nan",
+                 render_mode: str | None = None) -> None:
+        if invalid not in ("nan", "raise"):
+            raise UsageError(f"invalid: {invalid!r}; choose nan (reward nan) or raise (InvalidEpisode)")
+        if render_mode not in (None, "ansi"):
+            raise UsageError(f"render_mode: {render_mode!r}; only ansi")
+        if max_steps < 1:
+            raise UsageError(f"max_steps: {max_steps} must be at least 1")
+        self.url, self.substrate, self.tasks, self.out = url, substrate, tasks, Path(out)
+        self.max_steps, self.client, self.invalid, self.render_mode = max_steps, client, invalid, render_mode
+        self.step_timeout_s, self.episode_timeout_s = step_timeout_s, episode_timeout_s
+        self.observation_space = spaces.Dict({"text": spaces.Text(OBS_MAX, min_length=1, charset=PRINTABLE)})
+        self.action_space = spaces.Dict({"kind": spaces.Discrete(len(KINDS)),
+                                         "text": spaces.Text(TEXT_MAX, min_length=0, charset=PRINTABLE),
+                                         "path": spaces.Text(PATH_MAX, min_length=1, charset=PATH_CHARS)})
+        self._backend: _Local | _Remote | None = None
+        self._text = ""
+        self.last: DrumsObservation | None = None
+        self.last_attempt: str | None = None  # RUN_ID/SEQ in the ledger of the last finished attempt
+
+    # -- gymnasium API --------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        pick = int(self.np_random.integers(0, 2**31 - 1))
+        task = (options or {}).get("task")
+        obs = self._get_backend().reset(seed=pick, task=task, client=self.client, policy="gym agent")
+        self._text = printable(f"Task: {obs.description}\n\n$ find . -type f | sort\n") + self._render_obs(obs)
+        return self._observe(obs, self._text)
+
+    def step(self, action: dict[str, Any]) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        if self._backend is None or self.last is None:
+            raise RuntimeError("reset the environment before step")
+        obs = self._get_backend().step(self._action(action))
+        self._text = self._render_obs(obs)
+        observation, info = self._observe(obs, self._text)
+        if not obs.done:
+            return observation, 0.0, False, False, info
+        if obs.valid is False:
+            if self.invalid == "raise":
+                raise InvalidEpisode(info)
+            return observation, math.nan, True, False, info
+        truncated = obs.outcome == "failed" and obs.detail.startswith("truncated")
+        return observation, float(obs.reward or 0.0), not truncated, truncated, info
+
+    def render(self) -> str | None:
+        return self._text if self.render_mode == "ansi" else None
+
+    def close(self) -> None:
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _get_backend(self) -> _Local | _Remote:
+        if self._backend is None:
+            self._backend = _Remote(self.url) if self.url else _Local(
+                self.substrate, self.tasks, self.out, self.max_steps, self.step_timeout_s, self.episode_timeout_s)
+        return self._backend
+
+    def _action(self, action: dict[str, Any]) -> DrumsAction:
+        kind = action.get("kind", "submit")
+        if isinstance(kind, (int, np.integer)):
+            kind = KINDS[int(kind)] if 0 <= int(kind) < len(KINDS) else f"kind {int(kind)}"
+        text = action.get("text")
+        fields: dict[str, Any] = {k: action[k] for k in ("command", "content", "patch", "path") if k in action}
+        if kind == "shell":
+            fields.setdefault("command", text)
+        elif kind == "write":
+            fields.setdefault("content", text)
+        elif kind == "patch":
+            fields.setdefault("patch", text)
+        return DrumsAction(kind=str(kind), **{k: v for k, v in fields.items() if v is not None},
+                           generation=self.last.generation if self.last else None)
+
+    @staticmethod
+    def _render_obs(obs: DrumsObservation) -> str:
+        parts = []
+        if obs.error:
+            parts.append(f"[error] {obs.error}")
+        if obs.exit_code is not None:
+            parts.append(f"[exit {obs.exit_code}{', truncated' if obs.truncated else ''}]")
+        if obs.stdout:
+            parts.append(obs.stdout)
+        if obs.stderr:
+            parts.append(f"[stderr]\n{obs.stderr}")
+        if obs.done:
+            parts.append(f"[episode over: {obs.outcome}{' (' + obs.cause + ')' if obs.cause else ''}] {obs.detail}")
+        return printable("\n".join(parts) or "[no output]")
+
+    def _observe(self, obs: DrumsObservation, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.last = obs
+        if obs.done:
+            self.last_attempt = obs.attempt
+        info: dict[str, Any] = {"outcome": obs.outcome, "cause": obs.cause, "valid": obs.valid, "task": obs.task,
+                                "step": obs.step}
+        if obs.done:
+            info["detail"] = obs.detail
+        return {"text": text[:OBS_MAX] or "[no output]"}, info
+
+
+gym.register(id="DrumsBench/Coding-v0", entry_point="drumsbench.gym:CodingEnv")
+
+__all__ = ["CodingEnv", "InvalidEpisode", "printable"]

@@ -1,0 +1,204 @@
+"""The endpoint policy: a model behind an OpenAI-compatible chat-completions endpoint.
+
+``drumsbench run --policy endpoint --endpoint URL --model NAME`` (stored as the policy name
+``endpoint:NAME@URL``). Each observation goes to the endpoint with the environment's actions as
+tools (``shell``, ``write``, ``patch``, ``submit``); the answer's tool call becomes the action.
+The client is the real ``openai`` package (its own bounded retries with backoff).
+
+Attribution (docs/attribution.md, the policy is an adversary):
+
+- the endpoint unreachable, timing out, answering 429 or 5xx after the bounded retries, refusing
+  the credentials or the model (401/403/404), or answering something that is not a chat
+  completion: ``PolicyUnavailable`` -> ``invalid/policy_unavailable``. The evidence is outside the
+  policy: the transport and the endpoint's own status, which no model output can produce;
+- a well-formed answer that is not a valid action (no tool call, an unknown tool, arguments that
+  are not JSON or lack a field) is the policy's own choice: a failed step the policy sees (the
+  environment answers "unknown action", the next prompt says what was wrong), and the attempt goes
+  on or fails (truncation at the step limit). A request the endpoint refuses as too large (400,
+  413, 422: the episode's own context) is the policy's failure too;
+- tokens and latency of every call are recorded in the ledger (``extra.inference``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
+from drumsbench.errors import PolicyFault, PolicyUnavailable, UsageError
+from drumsbench.policies.scripted import Policy
+
+PREFIX = "endpoint:"
+OBS_CHARS = 6000
+
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "shell", "description": "Run a shell command in the repository's folder; see its output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {
+        "name": "write", "description": "Write a file (path relative to the repository's folder).",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                       "required": ["path", "content"]}}},
+    {"type": "function", "function": {
+        "name": "patch", "description": "Apply a unified diff to the repository (git apply).",
+        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}}},
+    {"type": "function", "function": {
+        "name": SUBMIT, "description": "Submit: the hidden tests judge the repository as it is now.",
+        "parameters": {"type": "object", "properties": {}}}},
+]
+REQUIRED = {t["function"]["name"]: tuple(t["function"]["parameters"].get("required", ())) for t in TOOLS}
+SYSTEM = ("You fix a bug in a Python repository. Use the tools: read with shell, change files with write or "
+          "patch, then call submit. Call exactly one tool per answer.")
+
+
+def policy_name(policy: str, endpoint: str | None, model: str | None) -> str:
+    """The run's policy name for ``--policy endpoint --endpoint URL --model NAME``; UsageError naming
+    the flag that is wrong."""
+    if policy != "endpoint":
+        if endpoint is not None:
+            raise UsageError("--endpoint: only with --policy endpoint")
+        if model is not None:
+            raise UsageError("--model: only with --policy endpoint")
+        return policy
+    if not endpoint:
+        raise UsageError("--endpoint: --policy endpoint needs the endpoint's base URL, e.g. http://127.0.0.1:8001/v1")
+    if not endpoint.startswith(("http://", "https://")):
+        raise UsageError(f"--endpoint: {endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8001/v1")
+    if not model or not model.strip():
+        raise UsageError("--model: --policy endpoint needs the model name the endpoint serves")
+    return f"{PREFIX}{model.strip()}@{endpoint}"
+
+
+def parse(name: str) -> EndpointPolicy:
+    """``endpoint:MODEL@URL`` -> the policy."""
+    rest = name[len(PREFIX):]
+    at = rest.rfind("@http")
+    if at <= 0:
+        raise UsageError(f"--policy: {name!r}: write --policy endpoint --endpoint URL --model NAME")
+    return EndpointPolicy(rest[at + 1:], rest[:at])
+
+
+class EndpointPolicy(Policy):
+    def __init__(self, url: str, model: str, *, api_key: str | None = None, timeout_s: float | None = None,
+                 retries: int | None = None, max_tokens: int = 2048, temperature: float = 0.0) -> None:
+        super().__init__()
+        try:
+            import openai
+        except ImportError as e:
+            raise UsageError(f"--policy endpoint: needs the openai package (pip install 'drumsbench[serve]'): {e}") \
+                from None
+        self.url, self.model = url, model
+        self.name = f"{PREFIX}{model}"
+        env = os.environ
+        self.timeout_s = timeout_s if timeout_s is not None else float(env.get("DRUMSBENCH_ENDPOINT_TIMEOUT", 120))
+        self.retries = retries if retries is not None else int(env.get("DRUMSBENCH_ENDPOINT_RETRIES", 2))
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self.openai = openai
+        self.client = openai.OpenAI(base_url=url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                                    timeout=self.timeout_s, max_retries=self.retries)
+        self.messages: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
+        self._tool_call_id: str | None = None
+        self._problem: str | None = None
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        return []
+
+    def begin(self, task: Task, rng: random.Random) -> None:
+        self.messages = [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": f"Task: {task.description}"}]
+        self.calls = []
+        self._tool_call_id = None
+        self._problem = None
+
+    def notes(self) -> dict[str, object]:
+        ok = [c for c in self.calls if "prompt_tokens" in c]
+        return {"inference": {
+            "endpoint": self.url, "model": self.model, "calls": len(self.calls),
+            "prompt_tokens": sum(c["prompt_tokens"] for c in ok),
+            "completion_tokens": sum(c["completion_tokens"] for c in ok),
+            "latency_s": round(sum(c["latency_s"] for c in self.calls), 4),
+            "steps": self.calls[:400]}}
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _show(self, obs: Observation) -> str:
+        c = obs.content
+        text = (f"exit code {c.get('exit_code')}\nstdout:\n{str(c.get('stdout', ''))[:OBS_CHARS]}\n"
+                f"stderr:\n{str(c.get('stderr', ''))[:OBS_CHARS]}")
+        if self._problem:
+            text = f"Your last answer was not a valid action: {self._problem}. Call exactly one tool.\n{text}"
+        return text
+
+    def act(self, obs: Observation) -> Action:
+        shown = self._show(obs)
+        if self._tool_call_id is not None:
+            self.messages.append({"role": "tool", "tool_call_id": self._tool_call_id, "content": shown})
+        else:
+            self.messages.append({"role": "user", "content": shown})
+        self._tool_call_id, self._problem = None, None
+        answer = self._call()
+        msg = answer.choices[0].message
+        calls = msg.tool_calls or []
+        if not calls:
+            self.messages.append({"role": "assistant", "content": msg.content or ""})
+            return self._malformed(obs, "the answer called no tool")
+        call = calls[0]
+        self.messages.append({"role": "assistant", "content": msg.content or "", "tool_calls": [{
+            "id": call.id, "type": "function",
+            "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
+        self._tool_call_id = call.id
+        name = call.function.name
+        if name not in REQUIRED:
+            return self._malformed(obs, f"unknown tool {name!r}; the tools are {', '.join(REQUIRED)}")
+        try:
+            args = json.loads(call.function.arguments or "{}")
+        except json.JSONDecodeError as e:
+            return self._malformed(obs, f"the arguments of {name} are not JSON ({e.msg})")
+        if not isinstance(args, dict):
+            return self._malformed(obs, f"the arguments of {name} are not a JSON object")
+        missing = [k for k in REQUIRED[name] if not isinstance(args.get(k), str)]
+        if missing:
+            return self._malformed(obs, f"{name} needs {', '.join(missing)} (strings)")
+        return Action(name, obs.generation, {k: args[k] for k in REQUIRED[name]})
+
+    def _malformed(self, obs: Observation, problem: str) -> Action:
+        """The policy's own failed step: the environment answers "unknown action", the next prompt
+        says what was wrong. It counts against the step limit like any step."""
+        self._problem = problem
+        self.calls[-1]["problem"] = problem
+        return Action(f"malformed: {problem}", obs.generation)
+
+    def _call(self) -> Any:
+        oa = self.openai
+        t0 = time.monotonic()
+        entry: dict[str, Any] = {"step": len(self.calls)}
+        self.calls.append(entry)
+        try:
+            create: Any = self.client.chat.completions.create  # plain dicts, as the API takes them
+            answer = create(model=self.model, messages=self.messages, tools=TOOLS, max_tokens=self.max_tokens,
+                            temperature=self.temperature)
+        except oa.APIConnectionError as e:  # refused, unreachable, timed out (APITimeoutError) after retries
+            raise self._unavailable(entry, t0, f"{type(e).__name__}: {e}") from None
+        except oa.APIStatusError as e:
+            code = e.status_code
+            if code in (400, 413, 422):
+                entry.update(latency_s=round(time.monotonic() - t0, 4), error=f"HTTP {code}")
+                raise PolicyFault(f"the endpoint refused the request built from this episode (HTTP {code}: "
+                                  f"{str(e)[:200]}), e.g. a context grown too long") from None
+            raise self._unavailable(entry, t0, f"HTTP {code}: {str(e)[:200]}") from None
+        except (oa.OpenAIError, ValueError) as e:  # an answer that is not a chat completion
+            raise self._unavailable(entry, t0, f"{type(e).__name__}: {str(e)[:200]}") from None
+        entry["latency_s"] = round(time.monotonic() - t0, 4)
+        if not getattr(answer, "choices", None) or getattr(answer.choices[0], "message", None) is None:
+            raise self._unavailable(entry, t0, "the answer is not a chat completion (no choices)")
+        usage = getattr(answer, "usage", None)
+        entry["prompt_tokens"] = int(getattr(usage, "prompt_tokens", 0) or 0)
+        entry["completion_tokens"] = int(getattr(usage, "completion_tokens", 0) or 0)
+        return answer
+
+    def _unavailable(self, entry: dict[str, Any], t0: float, what: str) -> PolicyUnavailable:
+        entry.update(latency_s=round(time.monotonic() - t0, 4), error=what[:300])
+        return PolicyUnavailable(f"inference endpoint {self.url} ({self.model}) after {self.retries} retries: {what}")
