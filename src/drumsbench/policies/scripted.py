@@ -108,6 +108,12 @@ def make_policy(name: str, noisy_p: float = 0.5, explorer_steps: int = 20) -> Po
         from drumsbench.policies import adversary  # the red team: policies/adversary.py
 
         return adversary.parse(name)
+    if name == "endpoint" or name.startswith("endpoint:"):
+        from drumsbench.policies import endpoint  # a model behind an OpenAI-compatible endpoint
+
+        if name == "endpoint":
+            raise UsageError("--policy endpoint: give --endpoint URL and --model NAME")
+        return endpoint.parse(name)
     if name == "noisy":
         return Noisy(noisy_p)
     if name == "explorer":
@@ -115,4 +121,4 @@ def make_policy(name: str, noisy_p: float = 0.5, explorer_steps: int = 20) -> Po
     if name in POLICIES:
         return POLICIES[name]()
     raise UsageError(f"--policy: unknown policy {name!r}; choose one of: {', '.join(POLICIES)}, "
-                     "adversary[:STRATEGY,...]")
+                     "adversary[:STRATEGY,...], endpoint")
