@@ -34,7 +34,7 @@ class LoopbackOpenAI:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 outer.requests[body["model"]] += 1
                 status, headers, payload = outer.answer(body)

@@ -9,6 +9,7 @@ import socket
 import sqlite3
 
 import pytest
+from loopback_openai import LoopbackOpenAI
 
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.errors import UsageError
@@ -19,7 +20,6 @@ from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout import RolloutConfig, run_attempt
 
 from helpers import cli, slot_on
-from loopback_openai import LoopbackOpenAI
 
 CFG = RolloutConfig(step_timeout_s=20, episode_timeout_s=60, max_steps=8)
 
