@@ -52,6 +52,13 @@ def _seeds(seeds: int, seed_list: str | None, base: int) -> list[int]:
     return list(range(base, base + seeds))
 
 
+def _integrity(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out or any(x not in ("on", "off") for x in out) or len(set(out)) != len(out):
+        raise UsageError(f"--integrity: {text!r}; give on, off or on,off")
+    return out
+
+
 def render(report) -> list:
     """The report as rich tables and lines (learning curves, final eval with tests, training cost)."""
     curves = Table(title=f"eval success on {len(report.eval_tasks)} clean tasks, mean of {len(report.seeds)} seeds "
@@ -102,7 +109,14 @@ def train(
     seed: Annotated[int, typer.Option(help="First seed.")] = 0,
     seed_list: Annotated[str | None, typer.Option(help="Explicit seeds, e.g. 3,7,11 (overrides --seeds).")] = None,
     faults: Annotated[str, typer.Option(help="correlated (with the action/task), uniform or none.")] = "correlated",
+    integrity: Annotated[str, typer.Option(help="Verifier integrity: on; off or on,off only for the integrity "
+                                                "contrast (a forgeable verdict in training, eval always on).")]
+    = "on",
+    fault_scale: Annotated[float, typer.Option(help="Multiply every fault rate (0 to 10).")] = 1.0,
     tasks: Annotated[str, typer.Option(help="Coding suite (built-in name or folder).")] = "coding",
+    task_ids: Annotated[str | None, typer.Option(help="Only these task ids of the suite, comma-separated.")] = None,
+    holdout_every: Annotated[int, typer.Option(help="Every n-th task is eval only (0: eval on the training "
+                                                    "tasks).")] = 3,
     substrate: Annotated[str, typer.Option(help="Where sandboxes run.")] = "process",
     iterations: Annotated[int, typer.Option(help="Updates per (treatment, seed).")] = 8,
     groups: Annotated[int, typer.Option(help="Tasks (groups) per iteration.")] = 4,
@@ -147,12 +161,16 @@ def train(
         flags = {"iterations": "--iterations", "groups": "--groups", "group_size": "--group-size",
                  "eval_every": "--eval-every", "eval_episodes": "--eval-episodes", "lr": "--lr",
                  "final_eval_episodes": "--final-eval-episodes",
+                 "fault_scale": "--fault-scale", "holdout_every": "--holdout-every",
                  "concurrency": "--concurrency", "episode_timeout_s": "--step-timeout",
                  "step_timeout_s": "--step-timeout"}
         try:
             extra: dict[str, object] = {} if concurrency is None else {"concurrency": concurrency}
             cfg = TrainConfig(tasks=tasks, substrate=substrate, treatments=parse_treatments(treatments),
                               seeds=_seeds(seeds, seed_list, seed), fault_mode=FaultMode(faults),
+                              fault_scale=fault_scale, holdout_every=holdout_every,
+                              integrity=_integrity(integrity),
+                              only=[t.strip() for t in (task_ids or "").split(",") if t.strip()],
                               iterations=iterations, groups=groups, group_size=group_size, eval_every=eval_every,
                               eval_episodes=eval_episodes, final_eval_episodes=final_eval_episodes, lr=lr,
                               rollout=RolloutConfig(step_timeout_s=step, episode_timeout_s=max(30.0, step * 20),
@@ -161,14 +179,14 @@ def train(
             first = e.errors()[0]
             name = str(first["loc"][-1]) if first["loc"] else "?"
             raise UsageError(f"{flags.get(name, '--' + name.replace('_', '-'))}: {first['msg']}") from None
-        from drumsbench.envs import suites
+        from drumsbench.train.experiment import select_tasks
 
-        suites.load(cfg.tasks)
+        select_tasks(cfg)
         run_id = new_run_id()
         sub = make_substrate(cfg.substrate, run_id)
         ledger.create_run(run_id, RUN_KIND, cfg.model_dump(mode="json"), machine_info(), commit())
-        err.print(f"train {run_id}: {', '.join(cfg.treatments)} x seeds {cfg.seeds}, {cfg.fault_mode} faults, "
-                  f"{cfg.substrate}, ledger {ledger.path}")
+        err.print(f"train {run_id}: {', '.join(a.label for a in cfg.arms())} x seeds {cfg.seeds}, "
+                  f"{cfg.fault_mode} faults, {cfg.substrate}, ledger {ledger.path}")
         live = Live(console=err, refresh_per_second=4, transient=True) if progress and err.is_terminal else None
         started = time.monotonic()
         said = [-1]

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -47,10 +47,15 @@ from drumsbench.substrates.base import Substrate
 from drumsbench.train.action_space import GOLDEN_SLOT, SABOTAGE_SLOTS, SLOTS, ActionSpace
 from drumsbench.train.fault_model import FaultMode, FaultModel
 from drumsbench.train.grpo import Sample
+from drumsbench.train.integrity import ForgeableCodingEnv
 from drumsbench.train.policy_net import NetPolicy, Snapshot
 from drumsbench.train.treatments import Treatment, group_advantages
 
 RUN_KIND = "train"
+
+
+def _integrity_on() -> list[Literal["on", "off"]]:
+    return ["on"]
 
 
 class TrainConfig(BaseModel):
@@ -61,6 +66,11 @@ class TrainConfig(BaseModel):
     treatments: list[Treatment] = Field(default_factory=lambda: [Treatment.EXCLUDE, Treatment.ZERO])
     seeds: list[int] = Field(default_factory=lambda: [0])
     fault_mode: FaultMode = FaultMode.CORRELATED
+    fault_scale: float = Field(1.0, ge=0.0, le=10.0)
+    only: list[str] = Field(default_factory=list, description="task ids to use (empty: the whole suite)")
+    integrity: list[Literal["on", "off"]] = Field(
+        default_factory=_integrity_on, description="verifier integrity per arm; off only for the integrity "
+                                                    "contrast (train.integrity), evaluation always on")
     iterations: int = Field(8, ge=1, le=10_000)
     groups: int = Field(4, ge=1, le=256)
     group_size: int = Field(4, ge=2, le=256)
@@ -85,7 +95,25 @@ class TrainConfig(BaseModel):
             raise UsageError("--treatments: give at least one")
         if not self.seeds:
             raise UsageError("--seeds: give at least one seed")
+        if not self.integrity or len(set(self.integrity)) != len(self.integrity):
+            raise UsageError("--integrity: give on, off or on,off")
         return self
+
+    def arms(self) -> list[Arm]:
+        """Treatment x integrity, in order: the treatments with integrity on, then with it off."""
+        return [Arm(t, i == "on") for i in self.integrity for t in self.treatments]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One line of the experiment: a treatment of invalid attempts, with verifier integrity on or off."""
+
+    treatment: Treatment
+    integrity: bool = True
+
+    @property
+    def label(self) -> str:
+        return self.treatment.value if self.integrity else f"{self.treatment.value}+integrity-off"
 
 
 @dataclass(frozen=True)
@@ -123,8 +151,11 @@ class _Runner:
                  run_id: str) -> None:
         self.cfg, self.ledger, self.run_id = cfg, ledger, run_id
         self.slots: queue.Queue[Slot] = queue.Queue()
+        self.forgeable: queue.Queue[Slot] = queue.Queue()
         for w in range(cfg.concurrency):
             self.slots.put(Slot(substrate, suite.make_env(), worker=w))
+            if "off" in cfg.integrity:
+                self.forgeable.put(Slot(substrate, ForgeableCodingEnv(), worker=cfg.concurrency + w))
         self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="drumsbench-train")
         self.canaries = CanaryRegistry()
         self.seq = ledger.next_seq(run_id)
@@ -138,23 +169,24 @@ class _Runner:
         return self.spaces[task.id]
 
     def _one(self, task: Task, policy_args: dict[str, Any], fault: InvalidCause | None, seq: int,
-             meta: dict[str, Any]) -> tuple[AttemptRecord, NetPolicy]:
-        slot = self.slots.get()
+             meta: dict[str, Any], forgeable: bool) -> tuple[AttemptRecord, NetPolicy]:
+        slots = self.forgeable if forgeable else self.slots
+        slot = slots.get()
         try:
             policy = NetPolicy(**policy_args, env=slot.env, step_timeout_s=self.cfg.rollout.step_timeout_s)
             rec = run_attempt(slot, task, policy, self.cfg.rollout, self.canaries, run_id=self.run_id, seq=seq,
                               seed=0, fault=fault, meta=meta)
             return rec, policy
         finally:
-            self.slots.put(slot)
+            slots.put(slot)
 
-    def batch(self, items: Sequence[tuple[Task, dict[str, Any], InvalidCause | None, dict[str, Any]]]
-              ) -> list[tuple[AttemptRecord, NetPolicy]]:
-        """Run the attempts at once (``concurrency`` at a time); record each in the ledger; results in
-        the order given."""
+    def batch(self, items: Sequence[tuple[Task, dict[str, Any], InvalidCause | None, dict[str, Any]]],
+              forgeable: bool = False) -> list[tuple[AttemptRecord, NetPolicy]]:
+        """Run the attempts at once (``concurrency`` at a time; ``forgeable``: on the integrity-off
+        environment); record each in the ledger; results in the order given."""
         futures: list[Future[tuple[AttemptRecord, NetPolicy]]] = []
         for task, args, fault, meta in items:
-            futures.append(self.pool.submit(self._one, task, args, fault, self.seq, meta))
+            futures.append(self.pool.submit(self._one, task, args, fault, self.seq, meta, forgeable))
             self.seq += 1
         out = []
         for f in futures:
@@ -165,15 +197,17 @@ class _Runner:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-        while not self.slots.empty():
-            self.slots.get().destroy()
+        for slots in (self.slots, self.forgeable):
+            while not slots.empty():
+                slots.get().destroy()
 
 
-def _meta(treatment: Treatment, seed: int, phase: str, iteration: int, group: int, member: int, retry: int,
-          extra: dict[str, Any] | None = None, concurrency: int = 1) -> dict[str, Any]:
-    return {"window": f"{treatment.value}/s{seed}", "concurrency": concurrency,
-            "extra": {"train": {"treatment": treatment.value, "seed": seed, "phase": phase, "iteration": iteration,
-                                "group": group, "member": member, "retry": retry, **(extra or {})}}}
+def _meta(arm: Arm, seed: int, phase: str, iteration: int, group: int, member: int, retry: int,
+          concurrency: int = 1) -> dict[str, Any]:
+    return {"window": f"{arm.label}/s{seed}", "concurrency": concurrency,
+            "extra": {"train": {"treatment": arm.label, "rule": arm.treatment.value,
+                                "integrity": "on" if arm.integrity else "off", "seed": seed, "phase": phase,
+                                "iteration": iteration, "group": group, "member": member, "retry": retry}}}
 
 
 def _policy_artifact(snap: Snapshot) -> dict[str, Any]:
@@ -183,9 +217,10 @@ def _policy_artifact(snap: Snapshot) -> dict[str, Any]:
             "mass_test": float(p[SLOTS.index("test")])}
 
 
-def train_one(runner: _Runner, split: Split, cfg: TrainConfig, treatment: Treatment, seed: int,
+def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: int,
               progress: Progress, tick: Callable[[Progress], None]) -> None:
-    """One treatment, one seed: evaluate, train, evaluate; everything recorded in the ledger."""
+    """One arm (treatment, integrity), one seed: evaluate, train, evaluate; everything in the ledger.
+    Evaluation always runs on the honest environment (integrity on), without faults."""
     import torch
 
     from drumsbench.train.grpo import update
@@ -194,8 +229,9 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, treatment: Treatm
     torch.manual_seed(seed)
     net = make_net(cfg.max_actions, seed)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    faults = FaultModel(mode=cfg.fault_mode, seed=seed)
-    label = f"{treatment.value}/s{seed}"
+    faults = FaultModel(mode=cfg.fault_mode, seed=seed, scale=cfg.fault_scale)
+    treatment = arm.treatment
+    label = f"{arm.label}/s{seed}"
     ledger, run_id = runner.ledger, runner.run_id
 
     def evaluate(iteration: int, snap: Snapshot) -> None:
@@ -207,7 +243,7 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, treatment: Treatm
                 args: dict[str, Any] = {"snapshot": snap, "space": runner.space(task), "key": key, "seed": seed,
                                         "phase": "eval"}
                 items.append((task, args, None,
-                              _meta(treatment, seed, "eval", iteration, ti, ep, 0, None, cfg.concurrency)))
+                              _meta(arm, seed, "eval", iteration, ti, ep, 0, cfg.concurrency)))
         done = runner.batch(items)
         progress.attempts += len(done)
         ledger.put_artifact(run_id, "train-policy", f"{label}/i{iteration}", _policy_artifact(snap))
@@ -232,8 +268,8 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, treatment: Treatm
                     fault = InvalidCause.VERIFIER_UNAVAILABLE if faults.verifier_fires(key, task.id) else None
                     items.append((task, {"snapshot": snap, "space": runner.space(task), "key": key, "seed": seed,
                                          "phase": "train", "faults": faults}, fault,
-                                  _meta(treatment, seed, "train", it, g, m, r, None, cfg.concurrency)))
-                results = runner.batch(items)
+                                  _meta(arm, seed, "train", it, g, m, r, cfg.concurrency)))
+                results = runner.batch(items, forgeable=not arm.integrity)
                 progress.attempts += len(results)
                 nxt = []
                 for (g, m, r), (rec, pol) in zip(pending, results, strict=True):
@@ -255,7 +291,7 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, treatment: Treatm
                     advantages[str(rec.seq)] = a
             stats = update(net, opt, batch, cfg.clip, cfg.epochs)
             ledger.put_artifact(run_id, "train-batch", f"{label}/i{it}", {
-                "treatment": treatment.value, "seed": seed, "iteration": it, "in_loss": stats.in_loss,
+                "treatment": arm.label, "seed": seed, "iteration": it, "in_loss": stats.in_loss,
                 "out_of_loss": stats.out_of_loss, "advantages": advantages, "decisions": stats.decisions,
                 "loss": stats.loss, "retries": retries, "tasks": [t.id for t in chosen]})
             snap = Snapshot.of(net, cfg.max_actions)
@@ -267,31 +303,47 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, treatment: Treatm
         ledger.heartbeat(run_id, runner.seg)
 
 
-def run_train(cfg: TrainConfig, substrate: Substrate, ledger: Ledger, run_id: str,
-              on_progress: Callable[[Progress], None] = lambda _p: None) -> None:
-    """The whole experiment; the caller creates the run and builds the report (``rebuild``)."""
+def select_tasks(cfg: TrainConfig) -> list[Task]:
+    """The suite's tasks (``cfg.only`` of them when given); ``UsageError`` for a non-coding suite or an
+    unknown task id."""
     suite = suites.load(cfg.tasks)
     if suite.kind != "coding":
         raise UsageError(f"--tasks: drumsbench train acts in the coding environment; {cfg.tasks} is a "
                          f"{suite.kind} suite")
-    split = split_tasks(list(suite.tasks), cfg.holdout_every)
+    tasks = list(suite.tasks)
+    if cfg.only:
+        unknown = sorted(set(cfg.only) - {t.id for t in tasks})
+        if unknown:
+            raise UsageError(f"--task-ids: no task {', '.join(unknown)} in {cfg.tasks}; `drumsbench tasks list` "
+                             "shows them")
+        tasks = [t for t in tasks if t.id in cfg.only]
+    return tasks
+
+
+def run_train(cfg: TrainConfig, substrate: Substrate, ledger: Ledger, run_id: str,
+              on_progress: Callable[[Progress], None] = lambda _p: None) -> None:
+    """The whole experiment; the caller creates the run and builds the report (``rebuild``)."""
+    suite = suites.load(cfg.tasks)
+    split = split_tasks(select_tasks(cfg), cfg.holdout_every)
     control = positive_control(substrate)
     ledger.record_control(run_id, "train", "isolation", control.fired, control.detail)
     ledger.put_artifact(run_id, "train-split", "tasks", {"train": [t.id for t in split.train],
                                                          "eval": [t.id for t in split.eval]})
+    model = FaultModel(mode=cfg.fault_mode, scale=cfg.fault_scale)
     ledger.put_artifact(run_id, "train-faults", "model", {
-        "mode": cfg.fault_mode.value, "describe": FaultModel(mode=cfg.fault_mode).describe(),
-        "step_rates": {s: FaultModel(mode=cfg.fault_mode).step_rate(i) for i, s in enumerate(SLOTS)}})
+        "mode": cfg.fault_mode.value, "describe": model.describe(),
+        "step_rates": {s: model.step_rate(i) for i, s in enumerate(SLOTS)}})
     runner = _Runner(substrate, suite, cfg, ledger, run_id)
-    progress = Progress(total=len(cfg.treatments) * len(cfg.seeds) * cfg.iterations)
+    progress = Progress(total=len(cfg.arms()) * len(cfg.seeds) * cfg.iterations)
     t0 = time.monotonic()
     try:
         for seed in cfg.seeds:
-            for treatment in cfg.treatments:
-                train_one(runner, split, cfg, treatment, seed, progress, on_progress)
+            for arm in cfg.arms():
+                train_one(runner, split, cfg, arm, seed, progress, on_progress)
     finally:
         runner.close()
     ledger.put_artifact(run_id, "train-wall", "total", {"wall_s": time.monotonic() - t0})
 
 
-__all__ = ["RUN_KIND", "Progress", "Split", "TrainConfig", "run_train", "split_tasks", "train_one"]
+__all__ = ["RUN_KIND", "Arm", "Progress", "Split", "TrainConfig", "run_train", "select_tasks", "split_tasks",
+           "train_one"]

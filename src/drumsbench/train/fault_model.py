@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from enum import StrEnum
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from drumsbench.train.action_space import SLOTS
 
@@ -54,21 +54,22 @@ class FaultModel(BaseModel, frozen=True):
 
     mode: FaultMode = FaultMode.CORRELATED
     seed: int = 0
+    scale: float = Field(1.0, ge=0.0, le=10.0, description="multiplies every rate (sensitivity runs, tests)")
 
     def step_rate(self, slot: int) -> float:
         if self.mode is FaultMode.NONE or SLOTS[slot] == "submit":
             return 0.0
         if self.mode is FaultMode.UNIFORM:
-            return UNIFORM_STEP
-        return CORRELATED_STEP.get(SLOTS[slot], CORRELATED_STEP_OTHER)
+            return min(1.0, UNIFORM_STEP * self.scale)
+        return min(1.0, CORRELATED_STEP.get(SLOTS[slot], CORRELATED_STEP_OTHER) * self.scale)
 
     def verifier_rate(self, task_id: str) -> float:
         if self.mode is FaultMode.NONE:
             return 0.0
         if self.mode is FaultMode.UNIFORM:
-            return UNIFORM_VERIFIER
+            return min(1.0, UNIFORM_VERIFIER * self.scale)
         project = task_id.split("-", 1)[0]
-        return CORRELATED_VERIFIER.get(project, 0.0)
+        return min(1.0, CORRELATED_VERIFIER.get(project, 0.0) * self.scale)
 
     def step_draw(self, key: tuple[int, int, int, int], step: int) -> float:
         return unit(self.seed, "step", *key, step)
@@ -83,6 +84,8 @@ class FaultModel(BaseModel, frozen=True):
         return self.verifier_draw(key) < self.verifier_rate(task_id)
 
     def describe(self) -> str:
+        if self.scale != 1.0 and self.mode is not FaultMode.NONE:
+            return f"{self.model_copy(update={'scale': 1.0}).describe()}; every rate x {self.scale:g}"
         if self.mode is FaultMode.CORRELATED:
             steps = ", ".join(f"{k} {v:.0%}" for k, v in CORRELATED_STEP.items())
             return (f"correlated: step freeze {steps}, other actions {CORRELATED_STEP_OTHER:.0%}; "

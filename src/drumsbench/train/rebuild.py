@@ -83,8 +83,9 @@ def build_report(ledger: Ledger, run_id: str) -> TrainReport:
     from drumsbench.train.experiment import TrainConfig
 
     run = ledger.run(run_id)
-    cfg = TrainConfig.model_validate(run["config"]).model_dump(mode="json")
-    treatments: list[str] = list(cfg["treatments"])
+    config = TrainConfig.model_validate(run["config"])
+    cfg = config.model_dump(mode="json")
+    treatments: list[str] = [arm.label for arm in config.arms()]
     seeds: list[int] = list(cfg["seeds"])
     price = HostPrice.model_validate(cfg["price"])
     attempts = _attempts(ledger, run_id)
