@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/report_100k.py [--attempts 100000] [--keep DIR] [--runs 1]
 
-The ledger is synthesized through ``Ledger.record`` (drumsbench.report.sample: a sweep over N = 1..16
+The ledger is synthesized through ``Ledger.record`` (drumsbench.testing.sample_ledger: a sweep over N = 1..16
 and a soak on three substrates, with every artifact kind the report renders); building it takes a
 while and is not timed. The timed part is what `drumsbench report RUN --html` does for the page, in a
 fresh process so imports count: open the ledger, build the run report(s) from it, render and write
@@ -47,7 +47,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from drumsbench.ledger import Ledger
-    from drumsbench.report.sample import synthesize
+    from drumsbench.testing.sample_ledger import synthesize
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="drums-report-100k-"))
     folder.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,7 @@ def test_branch_cli(tmp_path):
     proc = cli("branch", "--continuations", "2", "--ks", "1,5", "--out", str(tmp_path / "runs"),
                "--json", str(tmp_path / "b.json"), env={"DRUMSBENCH_STATE": str(tmp_path / "state")}, check=True)
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["schema"] == "drumsbench.branch-report/1"
+    assert data["schema"] == "drumsbench.branch-report/2"
     assert [m["method"] for m in data["methods"]] == ["replay", "file"]
     assert "replay / file creation time" in proc.stdout
     bad = cli("branch", "--methods", "teleport", "--out", str(tmp_path / "runs"),

@@ -34,12 +34,12 @@ def test_desktop_criu_fork(ledger, state_dir):
     assert crus.valid == cfg.continuations, crus
     assert all(e.value == 1.0 for e in crus.faithful.values()), crus.faithful
     assert report.prepared_unchanged
-    r, c = replay.creation_sequential["p50"].value, crus.creation_sequential["p50"].value
+    r, c = replay.creation_sequential.p50.value, crus.creation_sequential.p50.value
     print(f"creation p50: replay {r:.2f} s, criu {c:.2f} s, ratio {r / c:.1f}x")
     assert r / c >= 5, (r, c)
     for m in report.methods:
-        print(m.method, "creation p50", m.creation_sequential["p50"].value, "parallel p50",
-              m.creation_parallel["p50"].value, "faithful", {d: e.value for d, e in m.faithful.items()}, m.errors)
+        print(m.method, "creation p50", m.creation_sequential.p50.value, "parallel p50",
+              m.creation_parallel.p50.value, "faithful", {d: e.value for d, e in m.faithful.items()}, m.errors)
     assert not list(pids_with_env("DRUMSBENCH_RUN", "bc")), "a continuation outlived the experiment"
     assert not sub.leftovers(), sub.leftovers()
     sub.close()

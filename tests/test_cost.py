@@ -161,6 +161,19 @@ def test_attribution_lines_and_cost_per_1000_verified():
                                                                           "verifier calls"))
 
 
+def test_attribution_applies_the_billing_minimum_like_the_headline():
+    """A 24-hour minimum on a 2-hour use: the 22 unused hours are a line of their own, and the total is
+    what the host bills (24 h x price), as in the headline's billed figure."""
+    host = HostPrice(name="cloud", usd_per_host_hour=2.0, kind="cloud", minimum_billed_hours=24)
+    a = attribute(host, AttributionInputs(), _use())
+    lines = {ln.name: ln for ln in a.lines}
+    hours = a.host_hours
+    assert lines["billing minimum (hours paid, not used)"].usd == pytest.approx((24 - hours) * 2.0)
+    assert a.total_usd == pytest.approx(24 * 2.0)
+    flat = attribute(HostPrice(name="flat", usd_per_host_hour=2.0), AttributionInputs(), _use())
+    assert "billing minimum (hours paid, not used)" not in {ln.name for ln in flat.lines}
+
+
 def test_attribution_inputs():
     host = HostPrice(name="h", usd_per_host_hour=2.0)
     inputs = AttributionInputs(inference_usd_per_hour=3.0, inference_usd_per_step=0.001, storage_gib=730,

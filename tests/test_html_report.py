@@ -24,7 +24,7 @@ from drumsbench.measure import summary
 from drumsbench.measure.stats import rate_per_hour, wilson
 from drumsbench.outcome import InvalidCause
 from drumsbench.report.html import build_html
-from drumsbench.report.sample import synthesize
+from drumsbench.testing.sample_ledger import synthesize
 
 from conftest import require
 from helpers import cli
@@ -219,7 +219,7 @@ def test_sections_follow_the_artifacts(tmp_path):
     for sid in SECTIONS_ALWAYS + SECTIONS_ARTIFACTS:
         assert f'<section id="{sid}">' in both, sid
     assert "could not be rendered" not in both
-    assert "confirmed windows at N_max = 8" in both and "whole run (not a confirmed window)" in both
+    assert "confirmed windows at N_max = 8" in both and "whole run, not a confirmed window" in both
     assert both.count('<tr class="diff">') >= 3  # differing configuration rows are marked
     # only raster images are embedded: anything else (an SVG that could fetch) is refused
     led.put_artifact("full", "screenshot", "evil/1/start", {
@@ -228,7 +228,8 @@ def test_sections_follow_the_artifacts(tmp_path):
     led.put_artifact("full", "window", "broken", "not an object")
     page = build_html(led, ["full"])
     assert "image not available" in page and "http://x" not in page
-    assert page.count("could not be rendered") == 1 and '<section id="branch">' in page
+    assert page.count("could not be rendered") == 1 and "window artifact does not fit its model" in page
+    assert '<section id="branch">' in page
 
 
 def test_isolation_control_that_did_not_fire_is_shown(tmp_path):

@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
 from drumsbench.measure.windows import Criteria, judge, pooled_rate
 from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.records import AttemptRecord
@@ -43,9 +44,9 @@ def _window(db: Ledger, label: str, ends: list[float], invalid: tuple[int, ...] 
     end = start + (ran if ran is not None else planned + 0.2)
     db.db.execute("UPDATE segments SET started = ?, ended = ? WHERE run_id = ? AND seg = ?",
                   (start - 0.1, end, run_id, seg))
-    db.put_artifact(run_id, "segment", label, {"concurrency": n, "planned_s": planned, "work_started": start,
-                                              "ended": end, "interrupted": interrupted,
-                                              "resources": {"cpu_busy": {"mean": 0.5, "max": 0.9}}})
+    artifacts.put(db, run_id, label, artifacts.SegmentArtifact(
+        concurrency=n, planned_s=planned, max_attempts=None, work_started=start, ended=end, interrupted=interrupted,
+        config={}, resources={"cpu_busy": {"mean": 0.5, "max": 0.9}}))
     if fired is not None:
         db.record_control(run_id, label, "isolation", fired, "test")
 

@@ -5,9 +5,10 @@ Every user error is one line on stderr naming the field and the fix, exit code 2
 
 from __future__ import annotations
 
-import json
+import contextlib
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -41,6 +42,24 @@ def parse_duration(text: str, field: str) -> float:
     return value
 
 
+@contextlib.contextmanager
+def progress_lines(progress: bool) -> Iterator[Callable[[str], None]]:
+    """What a long command says as it goes: on a terminal a live status line (rich) with each step
+    also printed; into a pipe plain lines on stderr; nothing with ``--no-progress``."""
+    if not progress:
+        yield lambda _m: None
+        return
+    if not err.is_terminal:
+        yield lambda m: err.print(m)
+        return
+    with err.status("starting") as status:
+        def say(m: str) -> None:
+            err.print(m)
+            status.update(m)
+
+        yield say
+
+
 def _validation(e: ValidationError, flags: dict[str, str]) -> UsageError:
     first = e.errors()[0]
     name = str(first["loc"][-1]) if first["loc"] else "?"
@@ -51,9 +70,13 @@ def _validation(e: ValidationError, flags: dict[str, str]) -> UsageError:
 def run(
     substrate: Annotated[str, typer.Option(help="Where sandboxes run (see `drumsbench doctor`).")] = "process",
     tasks: Annotated[str, typer.Option(help="Built-in suite name or a suite folder.")] = "coding",
-    policy: Annotated[str, typer.Option(help="oracle, null, noisy, explorer or adversary[:NAME,...].")] = "oracle",
+    policy: Annotated[str, typer.Option(help="oracle, null, noisy, explorer, endpoint or "
+                                        "adversary[:NAME,...].")] = "oracle",
     noisy_p: Annotated[float, typer.Option(help="noisy: probability of the oracle's fix.")] = 0.5,
     explorer_steps: Annotated[int, typer.Option(help="explorer: exploring steps before the fix.")] = 20,
+    endpoint: Annotated[str | None, typer.Option(help="endpoint: OpenAI-compatible base URL, e.g. "
+                                                 "http://127.0.0.1:8001/v1.")] = None,
+    model: Annotated[str | None, typer.Option(help="endpoint: the model name the endpoint serves.")] = None,
     think_time: Annotated[str, typer.Option(help="Pause before each action, standing for inference.")] = "0s",
     concurrency: Annotated[int | None, typer.Option(help="Attempts at once (default: number of cores).")] = None,
     duration: Annotated[str, typer.Option(help="How long to run, e.g. 60s, 15m.")] = "30s",
@@ -93,6 +116,9 @@ def run(
                  "think_time_s": "--think-time", "step_timeout_s": "--step-timeout",
                  "episode_timeout_s": "--episode-timeout", "duration_s": "--duration",
                  "verify_timeout_s": "--verify-timeout"}
+        from drumsbench.policies.endpoint import policy_name
+
+        policy = policy_name(policy, endpoint, model)  # --policy endpoint --endpoint URL --model NAME
         if reset not in ("auto", "in_place", "recreate"):
             raise UsageError(f"--reset: {reset!r} is not one of auto, in_place, recreate")
         try:
@@ -165,31 +191,32 @@ def run(
     finally:
         if live is not None:
             live.stop()
-    _report(ledger, run_id, out, json_path, price)
+    _report(ledger, run_id, out, json_path, price, publish=True)
     if status == "interrupted":
         err.print(f"interrupted: continue with `drumsbench run --resume {run_id} --out {out}`")
         raise typer.Exit(130)
 
 
-def _report(ledger, run_id: str, out: Path, json_path: Path | None, price: list[Path] | None = None):
+def _report(ledger, run_id: str, out: Path, json_path: Path | None, price: list[Path] | None = None,
+            publish: bool = False):
+    """Print the run's report and write its JSON (``out/RUN/report.json`` and ``--json``).
+
+    ``publish``: also store the derived price figures in the ledger (the producing command does,
+    right after its run); ``drumsbench report`` never writes to the ledger."""
     from drumsbench.measure.summary import build
     from drumsbench.report.terminal import print_report
 
     cs.load_price_files(price)  # a bad price file is a usage error before anything else
-    if cs.special_report(ledger, run_id, out, json_path, price):  # sweep and project runs
+    if cs.special_report(ledger, run_id, out, json_path, price):  # sweep, project, branch, coldstart, isolation
         return None
     report = build(ledger, run_id)
     print_report(report, console)
-    data = json.dumps(cs.run_costs(ledger, run_id, report, price, report.dump()), indent=2)
-    folder = out / run_id
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.json").write_text(data)
-    if json_path is not None:
-        try:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(data)
-        except OSError as e:
-            raise UsageError(f"--json: cannot write {json_path} ({e.strerror}); choose a writable path") from None
+    if report.kind == "serve":  # served traffic: who drove the attempts
+        from drumsbench.serve.clients import print_clients
+
+        print_clients(ledger, run_id, console)
+    data = cs.run_costs(ledger, run_id, report, price, report.dump(), publish=publish)
+    cs.write_json(data, out / run_id, "report.json", json_path)
     return report
 
 
@@ -216,7 +243,7 @@ def report(
     if html_path is not None:
         from drumsbench.report.html import write_html
 
-        write_html(ledger, run_ids, html_path, reports)
+        write_html(ledger, run_ids, html_path, reports, price_files=cs.load_price_files(price))
         err.print(f"html report: {html_path}")
 
 
@@ -345,7 +372,8 @@ cs.register(app)
 
 def main() -> None:
     import drumsbench.cli_branch
-    import drumsbench.cli_substrates  # noqa: F401 - registers coldstart and isolation
+    import drumsbench.cli_serve
+    import drumsbench.cli_substrates
     import drumsbench.cli_train  # noqa: F401 - registers train
 
     try:

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from drumsbench.errors import UsageError
+from drumsbench.measure import artifacts
+from drumsbench.measure.artifacts import WHOLE_RUN, stored_price_files
 
 if TYPE_CHECKING:
     from drumsbench.ledger import Ledger
@@ -51,7 +53,7 @@ def _duration_or_none(text: str | None, field: str) -> float | None:
     return parse_duration(text, field)
 
 
-def _write_json(data: dict[str, Any], folder: Path, name: str, json_path: Path | None) -> None:
+def write_json(data: dict[str, Any], folder: Path, name: str, json_path: Path | None) -> None:
     text = json.dumps(data, indent=2)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(text)
@@ -81,32 +83,34 @@ def remember_prices(ledger: Ledger, run_id: str, paths: list[Path] | None) -> No
     """Keep the run's price files in its ledger, so ``report`` shows them without ``--price``."""
     files = load_price_files(paths)
     if files:
-        ledger.put_artifact(run_id, "prices", "files", [f.model_dump(mode="json") for f in files])
+        artifacts.put(ledger, run_id, "files", artifacts.PriceFilesArtifact(files=files))
 
 
 def run_costs(ledger: Ledger, run_id: str, report: Any, paths: list[Path] | None,
-              data: dict[str, Any]) -> dict[str, Any]:
-    """Print host figures and attribution for a plain run; returns ``data`` with a ``costs`` section."""
+              data: dict[str, Any], publish: bool = False) -> dict[str, Any]:
+    """Print host figures and attribution for a plain run; returns ``data`` with a ``costs`` section.
+
+    The figures are over the whole run (not a confirmed window) and say so; ``publish`` stores them."""
     from drumsbench.experiments.sweep import publish_prices
-    from drumsbench.measure.cost import PriceFile, attribute, host_figures
+    from drumsbench.measure.cost import attribute, host_figures
     from drumsbench.measure.windows import usage
     from drumsbench.report.sweep import cost_group
 
     files = load_price_files(paths)
     if not files:
-        stored = ledger.artifacts(run_id, "prices").get("files")
-        files = [PriceFile.model_validate(f) for f in stored or []]
+        files = stored_price_files(ledger, run_id)
     if not files:
         return data
     hosts = [h for f in files for h in f.hosts()]
     figures = host_figures(hosts, report.valid_per_host_hour, report.host_seconds / 3600)
-    publish_prices(ledger, run_id, figures)
+    if publish:
+        publish_prices(ledger, run_id, figures, basis=WHOLE_RUN)
     use = usage(ledger, run_id)
     attributions = [attribute(h, f.attribution, use, scope="the whole run") for f in files for h in f.hosts()]
     from rich.console import Group
 
     console.print(Group(*cost_group(figures, attributions, f"inference: {report.inference_cost}")))
-    data["costs"] = {"prices": [f.model_dump(mode="json") for f in figures],
+    data["costs"] = {"basis": WHOLE_RUN, "prices": [f.model_dump(mode="json") for f in figures],
                      "attribution": [a.model_dump(mode="json") for a in attributions]}
     return data
 
@@ -137,9 +141,10 @@ def sweep(
     price: PriceOpt = None,
     out: Annotated[Path, typer.Option(help="Folder of the ledger and reports.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress as it goes.")] = True,
 ) -> None:
     """Confirmed windows at rising concurrency: N_max, a soak at N_max, bursts, USD per valid rollout."""
-    from drumsbench.cli import _validation, parse_duration
+    from drumsbench.cli import _validation, parse_duration, progress_lines
     from drumsbench.envs import suites
     from drumsbench.experiments.run import RunConfig, make_substrate, new_run_id, open_ledger
     from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
@@ -190,18 +195,19 @@ def sweep(
               f"{f', soak {soak_s:g} s' if soak_s else ''}{f', burst {burst_s:g} s' if burst_s else ''} "
               f"(at most {planned:g} s); ledger {ledger.path}")
 
-    def started(label: str, n: int, seconds: float) -> None:
-        err.print(f"  window {label}: N={n} for {seconds:g} s ...")
+    with progress_lines(progress) as say:
+        def started(label: str, n: int, seconds: float) -> None:
+            say(f"  window {label}: N={n} for {seconds:g} s ...")
 
-    def finished(v: WindowVerdict) -> None:
-        err.print(f"  window {v.label}: {v.attempts} attempts, {v.valid_per_host_hour.fmt('.4g')} valid/host-h -> "
-                  f"{v.verdict_line()}")
+        def finished(v: WindowVerdict) -> None:
+            say(f"  window {v.label}: {v.attempts} attempts, {v.valid_per_host_hour.fmt('.4g')} valid/host-h -> "
+                f"{v.verdict_line()}")
 
-    status = run_sweep(ledger, run_id, cfg, on_window=finished, on_start=started)
+        status = run_sweep(ledger, run_id, cfg, on_window=finished, on_start=started)
     report = build(ledger, run_id)
     publish(ledger, run_id, report)
     print_sweep(report, console)
-    _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
+    write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
     if status == "interrupted":
         err.print("interrupted: the window that was cut short is not confirmed; the report above is final")
         raise typer.Exit(130)
@@ -209,16 +215,16 @@ def sweep(
 
 def special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None,
                    price: list[Path] | None) -> bool:
-    """``drumsbench report`` for a sweep or a projection run; False for other kinds.
-
-    A run whose configuration is not the sweep's or the projection's (e.g. one written by another
-    tool under the same kind) gets the plain run report.
-    """
+    """``drumsbench report`` for a sweep, projection, branch, coldstart or isolation run; False for
+    other kinds. Reads the ledger only. A sweep or projection run whose configuration is not the
+    command's (e.g. written by another tool under the same kind) gets the plain run report."""
     from drumsbench.experiments.project import ProjectConfig
     from drumsbench.experiments.sweep import SweepConfig
 
     run = ledger.run(run_id)
     kind = run["kind"]
+    if kind in ("branch", "coldstart", "isolation"):
+        return _experiment_report(ledger, run_id, kind, out, json_path)
     models: dict[str, type[BaseModel]] = {"sweep": SweepConfig, "project": ProjectConfig}
     model = models.get(kind)
     if model is None:
@@ -228,27 +234,51 @@ def special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | Non
     except (ValidationError, UsageError):
         return False
     if kind == "sweep":
-        from drumsbench.experiments.sweep import build, publish
+        from drumsbench.experiments.sweep import build
         from drumsbench.report.sweep import print_sweep
 
         files = load_price_files(price)
         report = build(ledger, run_id, prices=files or None)
-        publish(ledger, run_id, report)
         print_sweep(report, console)
-        _write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
+        write_json(report.dump(), out / run_id, "sweep-report.json", json_path)
         return True
-    if kind == "project":
-        from drumsbench.experiments.project import build as build_projection
-        from drumsbench.experiments.project import publish as publish_projection
-        from drumsbench.report.sweep import projection_group
+    from drumsbench.experiments.project import build as build_projection
+    from drumsbench.report.sweep import projection_group
 
-        cfg = ProjectConfig.model_validate(ledger.run(run_id)["config"])
-        proj = build_projection(ledger, [run_id], cfg.trajectories, cfg.steps, cfg.tolerance, cfg.seed)
-        publish_projection(ledger, run_id, proj)
-        console.print(projection_group(proj))
-        _write_json(proj.dump(), out / run_id, "projection.json", json_path)
-        return True
-    return False
+    cfg = ProjectConfig.model_validate(ledger.run(run_id)["config"])
+    proj = build_projection(ledger, [run_id], cfg.trajectories, cfg.steps, cfg.tolerance, cfg.seed)
+    console.print(projection_group(proj))
+    write_json(proj.dump(), out / run_id, "projection.json", json_path)
+    return True
+
+
+def _experiment_report(ledger: Ledger, run_id: str, kind: str, out: Path, json_path: Path | None) -> bool:
+    """The report of a branch, coldstart or isolation run, from its stored artifacts alone."""
+    from drumsbench.report.tables import branch_group, coldstart_group, isolation_group
+
+    arts = artifacts.load_run(ledger, run_id)
+    if arts.errors:
+        raise UsageError(f"{run_id}: {next(iter(arts.errors.values()))}; rerun the command with this version")
+    config = ledger.run(run_id)["config"]
+    if kind == "branch":
+        if arts.branch_summary is None:
+            raise UsageError(f"{run_id}: the branch run has no summary (it did not finish); rerun `drumsbench branch`")
+        console.print(branch_group(arts.branch_summary, config.get("ks", [])))
+        write_json(arts.branch_summary.model_dump(mode="json", by_alias=True), out / run_id, "branch-report.json",
+                   json_path)
+    elif kind == "coldstart":
+        results = list(arts.coldstart.values())
+        console.print(coldstart_group(results, str(config.get("mode")), int(config.get("n", 0)),
+                                      int(config.get("idle", 0)), run_id))
+        write_json({"schema": "drumsbench.coldstart/2", "run_id": run_id, "config": config,
+                    "results": [r.model_dump(mode="json") for r in results]}, out / run_id, "coldstart.json", json_path)
+    else:
+        probes = list(arts.isolation.values())
+        console.print(isolation_group(probes))
+        write_json({"schema": "drumsbench.isolation/3", "run_id": run_id,
+                    "substrates": {r.substrate: r.model_dump(mode="json") for r in probes}},
+                   out / run_id, "isolation.json", json_path)
+    return True
 
 
 def register(app: typer.Typer) -> None:
@@ -273,9 +303,10 @@ def project(
     seed: Annotated[int, typer.Option(help="Seed for bootstrap and policies.")] = 0,
     out: Annotated[Path, typer.Option(help="Folder of the ledger and reports.")] = Path("runs"),
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON projection here.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress as it goes.")] = True,
 ) -> None:
     """Worker-hours for N trajectories of S steps per substrate, from measured phase times."""
-    from drumsbench.cli import _validation
+    from drumsbench.cli import _validation, progress_lines
     from drumsbench.experiments.project import ProjectConfig, Target, build, publish, run_projection
     from drumsbench.experiments.run import ledger_path, make_substrate, new_run_id, open_ledger
     from drumsbench.ledger import Ledger
@@ -314,7 +345,8 @@ def project(
             make_substrate(t.substrate, run_id)
         ledger.create_run(run_id, "project", cfg.model_dump(mode="json"), machine_info(), commit())
         err.print(f"project {run_id}: calibrating {', '.join(t.label for t in targets)}; ledger {ledger.path}")
-        status = run_projection(ledger, run_id, cfg, on_window=lambda s: err.print(f"  {s}"))
+        with progress_lines(progress) as say:
+            status = run_projection(ledger, run_id, cfg, on_window=lambda s: say(f"  {s}"))
         if status == "interrupted":
             raise typer.Exit(130)
         runs = [run_id]
@@ -323,4 +355,4 @@ def project(
     if not from_runs:
         publish(ledger, runs[0], report)
     console.print(projection_group(report))
-    _write_json(report.dump(), out / runs[0], name, json_path)
+    write_json(report.dump(), out / runs[0], name, json_path)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from drumsbench.errors import StaleGeneration
@@ -100,6 +101,9 @@ class Environment(ABC):
         self.generation = 0
         self.step_count = 0
         self.sandbox: Sandbox | None = None
+        # where an environment keeps what it shows people (screenshots): the run's output folder,
+        # handed over by the job that makes the environment; None: nothing is kept
+        self.artifact_dir: Path | None = None
 
     def attach(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox

@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -30,8 +29,10 @@ from drumsbench.envs.base import Action, Task
 from drumsbench.errors import UsageError
 from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
+from drumsbench.measure.artifacts import BranchMethodArtifact, BranchSummaryArtifact, latency, share
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
-from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, wilson
+from drumsbench.measure.stats import Estimate, quantile, rate_per_hour
 from drumsbench.policies.scripted import Continue, Policy, make_policy
 from drumsbench.rollout import RolloutConfig, Slot, run_attempt
 from drumsbench.substrates.base import Substrate
@@ -53,40 +54,8 @@ class BranchConfig(BaseModel):
     price: HostPrice = DEFAULT_PRICE
 
 
-class MethodResult(BaseModel):
-    method: str
-    k: int
-    prepare_s: float
-    creation_sequential: dict[str, Estimate]
-    creation_parallel: dict[str, Estimate]
-    parallel_wall_s: float
-    faithful: dict[str, Estimate]
-    faithful_all: Estimate
-    continuations: int
-    valid: int
-    success: int
-    invalid: dict[str, int]
-    valid_per_host_hour: Estimate
-    usd_per_valid_continuation: Estimate
-    creation_by_k: dict[str, Estimate]
-    errors: list[str]
-
-
-class BranchReport(BaseModel):
-    schema_: str = Field("drumsbench.branch-report/1", alias="schema")
-    run_id: str
-    task: str
-    env: str
-    substrate: str
-    k: int
-    prepared: dict[str, Any]
-    prepared_unchanged: bool
-    isolation_control_fired: bool
-    methods: list[MethodResult]
-    price: HostPrice
-    conditions: str
-
-    model_config = {"populate_by_name": True}
+MethodResult = BranchMethodArtifact  # the typed artifact is the result (measure/artifacts.py)
+BranchReport = BranchSummaryArtifact
 
 
 def _pick(tasks: list[Task], task_id: str | None) -> Task:
@@ -115,10 +84,6 @@ def _continuation_policy(cfg: BranchConfig) -> Policy:
     """The policy that carries a continuation on from the branch point (never from the task's start)."""
     p = {"oracle": 1.0, "null": None, "noisy": cfg.noisy_p}.get(cfg.policy, cfg.noisy_p)
     return make_policy("null") if p is None else Continue(cfg.k, p)
-
-
-def _stats(values: list[float]) -> dict[str, Estimate]:
-    return {"p50": quantile(values, 0.5), "p95": quantile(values, 0.95)}
 
 
 def _fork_parallel(method: ForkMethod, n: int, generation: int) -> tuple[list[float], float, list[str]]:
@@ -181,6 +146,7 @@ class _Sequential:
         self.invalid: dict[str, int] = {}
         self.errors: list[str] = []
         self.span = 0.0
+        self.screen: str | None = None  # the first continuation's screen (base64 PNG), desktop only
 
 
 def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: str,
@@ -201,6 +167,9 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
     say(f"prepare: {task.id}, k={cfg.k}")
     parent = _prepare_parent(substrate, suite, task, cfg.k, cfg)
     prepared = parent.env.capture()
+    if isinstance(prepared.get("screen"), str):
+        artifacts.put(ledger, run_id, f"{task.id}/prepared/prepared", artifacts.ScreenshotArtifact(
+            task=task.id, stage="prepared", png_base64=prepared["screen"], note=f"the prepared state, k={cfg.k}"))
 
     def continue_all(name: str, method: ForkMethod) -> _Sequential:
         out = _Sequential()
@@ -213,7 +182,10 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
                 continue
             out.times.append(took)
             try:
-                dims = parent.env.compare(prepared, child.env.capture())
+                now = child.env.capture()
+                if out.screen is None and isinstance(now.get("screen"), str):
+                    out.screen = now["screen"]
+                dims = parent.env.compare(prepared, now)
                 for dim, same in dims.items():
                     out.faithful.setdefault(dim, []).append(same)
                 rec = run_attempt(child, task, _continuation_policy(cfg), cfg.rollout, canaries,
@@ -257,14 +229,18 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
             every = [all(v[i] for v in seq.faithful.values()) for i in range(len(seq.times))] if seq.faithful else []
             throughput = rate_per_hour(seq.valid_times, seq.span)
             results.append(MethodResult(
-                method=name, k=cfg.k, prepare_s=prepare_s, creation_sequential=_stats(seq.times),
-                creation_parallel=_stats(par_times), parallel_wall_s=wall,
-                faithful={d: wilson(sum(v), len(v)) for d, v in seq.faithful.items()},
-                faithful_all=wilson(sum(every), len(every)), continuations=len(seq.times),
+                method=name, env=suite.kind, task=task.id, k=cfg.k, prepare_s=prepare_s,
+                creation_sequential=latency(seq.times), creation_parallel=latency(par_times), parallel_wall_s=wall,
+                faithful={d: share(v) for d, v in seq.faithful.items()}, faithful_all=share(every),
+                continuations=len(seq.times),
                 valid=seq.valid, success=seq.success, invalid=seq.invalid, valid_per_host_hour=throughput,
                 usd_per_valid_continuation=usd_per_valid_rollout(cfg.price, throughput),
                 creation_by_k=by_k, errors=seq.errors + par_errors))
-            ledger.put_artifact(run_id, "branch", name, results[-1].model_dump(mode="json"))
+            artifacts.put(ledger, run_id, name, results[-1])
+            if seq.screen is not None:
+                artifacts.put(ledger, run_id, f"{task.id}/{name}/continuation", artifacts.ScreenshotArtifact(
+                    task=task.id, stage="continuation", method=name, png_base64=seq.screen,
+                    note=f"{name}: the first continuation as forked, before it went on"))
         unchanged = parent.env.compare(prepared, parent.env.capture())
     finally:
         parent.destroy()
@@ -275,5 +251,5 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
         price=cfg.price,
         conditions=f"{substrate.name} substrate, task {task.id}, k={cfg.k}, {cfg.continuations} continuations per "
                    f"method, continuation policy {cfg.policy}; 95% intervals")
-    ledger.put_artifact(run_id, "branch-summary", "report", report.model_dump(mode="json", by_alias=True))
+    artifacts.put(ledger, run_id, "report", report)
     return report

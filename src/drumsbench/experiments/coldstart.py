@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from drumsbench.errors import UsageError
-from drumsbench.measure.stats import Estimate, quantile, wilson
+from drumsbench.measure.artifacts import ColdstartArtifact, Latency, latency
+from drumsbench.measure.stats import wilson
 from drumsbench.substrates.base import ResetStrategy, Substrate
 
 
@@ -37,32 +38,7 @@ class ColdstartConfig(BaseModel):
     reset_n: int = Field(10, ge=1)
 
 
-class Latency(BaseModel):
-    n: int
-    p50: Estimate
-    p95: Estimate
-    p99: Estimate
-
-
-def latency(values: list[float]) -> Latency:
-    return Latency(n=len(values), p50=quantile(values, 0.5), p95=quantile(values, 0.95), p99=quantile(values, 0.99))
-
-
-class SubstrateColdstart(BaseModel):
-    substrate: str
-    mode: Mode
-    isolation: str
-    first_command: Latency
-    success: Estimate
-    teardown: Latency
-    floor_argv: list[str] | None
-    floor: Latency | None
-    ratio_to_floor: float | None
-    idle_memory_mib: float | None
-    idle_pss_mib: float | None
-    reset: dict[str, Latency]
-    reset_ratio_recreate_over_in_place: float | None
-    errors: list[str]
+SubstrateColdstart = ColdstartArtifact  # the typed artifact is the result (measure/artifacts.py)
 
 
 def _run_mode(mode: Mode, n: int, stagger_s: float, one: Callable[[], Any]) -> list[Any]:
@@ -202,7 +178,7 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
     if {"in_place", "recreate"} <= resets.keys():
         reset_ratio = (resets["recreate"].p50.value or 0) / (resets["in_place"].p50.value or 1e-12)
     return SubstrateColdstart(
-        substrate=sub.name, mode=cfg.mode, isolation=sub.capabilities.isolation.value,
+        substrate=sub.name, mode=cfg.mode.value, isolation=sub.capabilities.isolation.value,
         first_command=first, success=wilson(len(ok), len(samples)), teardown=latency([s[1] for s in ok]),
         floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, idle_memory_mib=idle_mib,
         idle_pss_mib=idle_pss, reset=resets,

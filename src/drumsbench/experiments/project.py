@@ -24,7 +24,7 @@ from drumsbench.envs.base import SUBMIT
 from drumsbench.errors import UsageError
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger
-from drumsbench.measure import projection
+from drumsbench.measure import artifacts, projection
 from drumsbench.measure.windows import window_info
 from drumsbench.rollout import RolloutConfig
 from drumsbench.substrates import registry
@@ -200,14 +200,10 @@ def publish(ledger: Ledger, run_id: str, r: ProjectionReport) -> None:
     """Write each projection as the ``projection`` artifact the HTML report reads (docs/html-report.md)."""
     for p in r.projections:
         c = p.check
-        ledger.put_artifact(run_id, "projection", p.label, {
-            "substrate": p.label, "trajectories": p.trajectories, "steps": p.steps,
-            "cold_start_s": p.terms.cold_start.model_dump(mode="json"),
-            "reset_s": p.terms.reset.model_dump(mode="json"),
-            "per_step_s": p.terms.per_step.model_dump(mode="json"),
-            "verify_s": p.terms.verify.model_dump(mode="json"),
+        artifacts.put(ledger, run_id, p.label, artifacts.ProjectionArtifact(
+            substrate=p.label, trajectories=p.trajectories, steps=p.steps, cold_start_s=p.terms.cold_start,
+            reset_s=p.terms.reset, per_step_s=p.terms.per_step, verify_s=p.terms.verify,
             # with a check: projected at the real runs' step count and start mix, like for like
-            "projected_s_per_trajectory": (c.projected_s.value if c else p.per_trajectory_s.value),
-            **({"measured_s_per_trajectory": c.measured_s.value} if c else {}),
-            "worker_hours": p.worker_hours.model_dump(mode="json"),
-        })
+            projected_s_per_trajectory=c.projected_s.value if c else p.per_trajectory_s.value,
+            measured_s_per_trajectory=c.measured_s.value if c else None,
+            worker_hours=p.worker_hours))

@@ -20,12 +20,14 @@ from pydantic import BaseModel, Field, model_validator
 
 from drumsbench import state
 from drumsbench.envs import suites
+from drumsbench.envs.base import Environment
 from drumsbench.errors import UsageError
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
 from drumsbench.faults import FaultPlan
 from drumsbench.isolation import positive_control
 from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice
 from drumsbench.measure.windows import ResourceSampler
 from drumsbench.policies.scripted import make_policy
@@ -137,9 +139,16 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         work_started = time.time()
         deadline = None if duration_left is None else time.monotonic() + duration_left
         max_seq = None if attempts_left is None else first_seq + attempts_left
+        out_dir = ledger.path.parent
+
+        def make_env() -> Environment:
+            env = suite.make_env()
+            env.artifact_dir = out_dir  # screenshots go beside the ledger (the run's --out)
+            return env
+
         job = Job(run_id=run_id, tasks=list(suite.tasks),
                   make_policy=lambda: make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps),
-                  make_env=suite.make_env, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
+                  make_env=make_env, rollout=cfg.rollout, faults=faults, seed=cfg.seed,
                   first_seq=first_seq, max_seq=max_seq, deadline=deadline,
                   meta={"window": cfg.window})
         executor: LocalExecutor | RayExecutor
@@ -159,15 +168,38 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         sampler = ResourceSampler(lambda: len(job._live), duration_left).start() if windowed else None
         executor.execute(job, substrate, sink, tick)
         ledger.heartbeat(run_id, seg)
+        register_screenshots(ledger, run_id)
         status = "interrupted" if executor.interrupted else "complete"
         if sampler is not None:
-            ledger.put_artifact(run_id, "segment", cfg.window, {
-                "concurrency": cfg.concurrency, "planned_s": duration_left, "max_attempts": attempts_left,
-                "work_started": work_started, "ended": time.time(), "interrupted": executor.interrupted,
-                "config": cfg.model_dump(mode="json", exclude={"price"}), "resources": sampler.stop()})
+            artifacts.put(ledger, run_id, cfg.window, artifacts.SegmentArtifact(
+                concurrency=cfg.concurrency, planned_s=duration_left, max_attempts=attempts_left,
+                work_started=work_started, ended=time.time(), interrupted=executor.interrupted,
+                config=cfg.model_dump(mode="json", exclude={"price"}), resources=sampler.stop()))
         else:
             ledger.set_status(run_id, status)
         return status, progress
     finally:
         substrate.close()
         state.unregister(run_id)
+
+
+SCREEN_STAGES = ("start", "middle", "end")
+
+
+def register_screenshots(ledger: Ledger, run_id: str) -> int:
+    """Record the screenshots the environments kept beside the ledger
+    (``screenshots/<run>/<task>/<stage>.png``) as ``screenshot`` artifacts with paths relative to the
+    ledger's folder, so the HTML report shows them. Returns how many were recorded."""
+    base = ledger.path.parent
+    root = base / "screenshots" / run_id
+    if not root.is_dir():
+        return 0
+    n = 0
+    for task_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for stage in SCREEN_STAGES:
+            png = task_dir / f"{stage}.png"
+            if png.is_file() and not png.is_symlink():
+                artifacts.put(ledger, run_id, f"{task_dir.name}/{stage}", artifacts.ScreenshotArtifact(
+                    task=task_dir.name, stage=stage, path=str(png.relative_to(base))))
+                n += 1
+    return n

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from drumsbench.errors import UsageError
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
 from drumsbench.measure.cost import (
     DEFAULT_PRICE,
     INFERENCE_EXCLUDED,
@@ -254,7 +255,8 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
         priced = [(cfg.base.price or DEFAULT_PRICE, AttributionInputs())]
     hosts = [h for h, _ in priced]
     host_s = sum(max(0.0, e - s) for s, e, _ in ledger.segments(run_id))
-    figures = host_figures(hosts, rate, host_s / 3600)
+    # no confirmed window: no steady-state throughput, so no USD per valid rollout at all (withheld)
+    figures = host_figures(hosts, rate, host_s / 3600) if n_max is not None else []
     attribution = []
     if counted:
         use = usage(ledger, run_id, [v.label for v in counted])
@@ -283,37 +285,33 @@ def publish(ledger: Ledger, run_id: str, r: SweepReport) -> None:
     ``window`` (one per window: role, verdict, reasons, rate, flat resources), ``sweep``/``summary``
     and ``price`` (one per priced host). Derived from the ledger; rewritten by every rebuild.
     """
-    roles = {"step": "window", "soak": "soak", "burst": "burst", "window": "other"}
+    roles: dict[str, Literal["window", "soak", "burst", "other"]] = {
+        "step": "window", "soak": "soak", "burst": "burst", "window": "other"}
     for v in r.windows:
         res = v.resources
-        ledger.put_artifact(run_id, "window", v.label, {
-            "concurrency": v.concurrency, "role": roles[v.kind], "planned_s": v.planned_s, "ran_s": v.ran_s,
-            "attempts": v.attempts, "valid": v.valid, "invalid": v.invalid,
-            "invalid_rate": v.invalid_rate.model_dump(mode="json"),
-            "valid_per_host_hour": v.valid_per_host_hour.model_dump(mode="json"),
-            "confirmed": v.confirmed, "counted": v.counted,
-            "reasons": [("ok: " if c.passed else "FAIL: ") + c.detail for c in v.checks],
-            "resources": {"cpu_busy": (res.get("cpu_busy") or {}).get("mean"),
-                          "mem_gib": (res.get("memory_used_gib") or {}).get("mean"),
-                          "sandboxes": (res.get("live_sandboxes") or {}).get("max")},
-        })
-    ledger.put_artifact(run_id, "sweep", "summary", {
-        "n_max": r.n_max, "soak": r.soak.label if r.soak else None,
-        "invalid_threshold": r.criteria["invalid_threshold"],
-        "valid_per_host_hour": r.steady_state.valid_per_host_hour.model_dump(mode="json"),
-        "stopped": r.climb_stopped, "soak_held": r.soak_held, "note": r.steady_state.note,
-    })
-    publish_prices(ledger, run_id, r.prices)
+        artifacts.put(ledger, run_id, v.label, artifacts.WindowArtifact(
+            concurrency=v.concurrency, role=roles[v.kind], planned_s=v.planned_s, ran_s=v.ran_s,
+            attempts=v.attempts, valid=v.valid, invalid=v.invalid, invalid_rate=v.invalid_rate,
+            valid_per_host_hour=v.valid_per_host_hour, confirmed=v.confirmed, counted=v.counted,
+            reasons=[("ok: " if c.passed else "FAIL: ") + c.detail for c in v.checks],
+            resources=artifacts.WindowResources(cpu_busy=(res.get("cpu_busy") or {}).get("mean"),
+                                                mem_gib=(res.get("memory_used_gib") or {}).get("mean"),
+                                                sandboxes=(res.get("live_sandboxes") or {}).get("max"))))
+    artifacts.put(ledger, run_id, "summary", artifacts.SweepSummaryArtifact(
+        n_max=r.n_max, soak=r.soak.label if r.soak else None,
+        invalid_threshold=r.criteria["invalid_threshold"],
+        valid_per_host_hour=r.steady_state.valid_per_host_hour if r.n_max is not None else None,
+        stopped=r.climb_stopped, soak_held=r.soak_held, note=r.steady_state.note))
+    publish_prices(ledger, run_id, r.prices, basis=r.steady_state.note)
 
 
-def publish_prices(ledger: Ledger, run_id: str, figures: list[HostFigure]) -> None:
+def publish_prices(ledger: Ledger, run_id: str, figures: list[HostFigure], basis: str) -> None:
+    """One ``price`` artifact per priced host; ``basis`` says what the throughput was measured over."""
     for f in figures:
         billed = f.usd_per_host_hour * f.billed_hours / f.run_hours if f.run_hours > 0 else f.usd_per_host_hour
-        ledger.put_artifact(run_id, "price", f.name, {
-            "kind": f.kind, "usd_per_host_hour": f.usd_per_host_hour,
-            **({"billed_usd_per_host_hour": billed} if f.billed_hours > f.run_hours else {}),
-            "usd_per_valid_rollout": f.usd_per_valid_rollout.model_dump(mode="json"),
-            "note": f.derivation,
-            "inputs": {"minimum_billed_hours": f.minimum_billed_hours, "run_hours": f.run_hours,
-                       "billed_hours": f.billed_hours},
-        })
+        artifacts.put(ledger, run_id, f.name, artifacts.PriceArtifact(
+            name=f.name, kind=f.kind, usd_per_host_hour=f.usd_per_host_hour,
+            billed_usd_per_host_hour=billed if f.billed_hours > f.run_hours else None,
+            usd_per_valid_rollout=f.usd_per_valid_rollout, basis=basis, note=f.derivation,
+            inputs={"minimum_billed_hours": f.minimum_billed_hours, "run_hours": f.run_hours,
+                    "billed_hours": f.billed_hours}))

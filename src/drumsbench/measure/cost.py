@@ -329,6 +329,11 @@ def attribute(host: HostPrice, inputs: AttributionInputs, use: Any, scope: str =
     add("verifier calls", use.verify_s * per_slot_s + inputs.verifier_usd_per_call * use.verifier_calls,
         "measured+input" if inputs.verifier_usd_per_call else "measured",
         f"{use.verify_s:.1f} slot-s over {use.verifier_calls} calls; USD {inputs.verifier_usd_per_call:g}/call")
+    billed = host.billed_hours(hours)
+    if billed > hours:  # the same billing minimum as the headline's billed figure: unused hours are paid too
+        add("billing minimum (hours paid, not used)", (billed - hours) * host.usd_per_host_hour, "input",
+            f"{host.minimum_billed_hours:g} h minimum: {billed - hours:.3g} h beyond the {hours:.3g} h used x "
+            f"USD {host.usd_per_host_hour:.4g}/h")
     integ = inputs.integration_usd / (inputs.integration_amortisation_months * HOURS_PER_MONTH) * hours
     ops = inputs.operations_usd_per_month / HOURS_PER_MONTH * hours
     add("amortised integration and operations", integ + ops, "input",

@@ -13,6 +13,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from drumsbench.ledger import Ledger
+from drumsbench.measure.artifacts import WHOLE_RUN
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
 from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, scale, wilson
 from drumsbench.outcome import InvalidCause
@@ -90,6 +91,7 @@ class RunReport(BaseModel):
     valid_per_host_hour: Estimate
     price: HostPrice
     usd_per_valid_rollout: Estimate
+    headline_basis: str = WHOLE_RUN  # a plain run's throughput and USD are over the whole run, never a window
     inference_cost: str = "excluded: host cost only (inference is not part of this figure)"
     phases: dict[str, PhaseLatency]
     tasks: dict[str, TaskLine]

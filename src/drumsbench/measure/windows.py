@@ -202,10 +202,9 @@ def _fmt_s(s: float | None) -> str:
 
 def window_info(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
     """The ``segment`` artifacts of a run (what ``execute`` recorded about each labelled segment), by label."""
-    found = ledger.artifacts(run_id, "segment")
-    if not found:  # ledgers written before the record was called ``segment`` kept it under ``window``
-        found = {k: v for k, v in ledger.artifacts(run_id, "window").items() if "work_started" in v}
-    return found
+    from drumsbench.measure.artifacts import SegmentArtifact, load
+
+    return {label: seg.model_dump(mode="json") for label, seg in load(ledger, run_id, SegmentArtifact).items()}
 
 
 WINDOW_COLUMNS = ("window", "outcome", "cause", "injected", "t_start", "t_end", "provision_s", "reset_s",

@@ -35,13 +35,26 @@ import numpy as np
 
 from drumsbench.errors import UsageError
 from drumsbench.ledger import Ledger
-from drumsbench.measure.stats import Estimate, inverse, quantile, wilson
+from drumsbench.measure.artifacts import (
+    WHOLE_RUN,
+    BranchMethodArtifact,
+    PriceArtifact,
+    RunArtifacts,
+    ScreenshotArtifact,
+    load_run,
+    stored_price_files,
+)
+from drumsbench.measure.cost import PriceFile
+from drumsbench.measure.stats import Estimate, inverse, quantile
 from drumsbench.measure.summary import PHASES, RunReport, _offsets, build, columns
 from drumsbench.outcome import InvalidCause
 from drumsbench.report import svg
 from drumsbench.report.svg import RangeRow, Rule, Series
 
-ARTIFACT_KINDS = ("window", "sweep", "price", "coldstart", "branch", "projection", "screenshot")
+# the artifact kinds behind each section (an unreadable one is reported in its section)
+SECTION_KINDS = {"cost": ("price", "prices"), "coldstart": ("coldstart",), "isolation": ("isolation",),
+                 "sweep": ("window", "sweep", "segment"), "branch": ("branch", "branch-summary"),
+                 "projection": ("projection",), "screenshots": ("screenshot",)}
 FAITHFUL_DIMS = ("pixels", "text", "cursor", "selection", "undo", "modified", "dialogs", "locks")
 MAX_SCREENSHOTS = 60  # per run
 CDF_POINTS = 200
@@ -58,14 +71,16 @@ class RunData:
     samples: dict[str, dict[str, np.ndarray]]  # substrate -> phase -> seconds
     timeline: tuple[np.ndarray, np.ndarray]  # offsets (s) on the run's host timeline: valid, invalid
     window_times: dict[str, tuple[np.ndarray, np.ndarray, float]]  # window -> (t_end valid, t_end invalid, t0)
-    artifacts: dict[str, dict[str, Any]]
-    other_kinds: dict[str, int] = field(default_factory=dict)
+    art: RunArtifacts
+    prices: list[PriceArtifact] = field(default_factory=list)  # priced hosts (computed, never stored here)
 
-    def kind(self, kind: str) -> dict[str, Any]:
-        return self.artifacts.get(kind, {})
+    @property
+    def has_attempts(self) -> bool:
+        return self.report.attempts > 0
 
 
-def _load(ledger: Ledger, run_id: str, index: int, report: RunReport | None) -> RunData:
+def _load(ledger: Ledger, run_id: str, index: int, report: RunReport | None,
+          price_files: Sequence[PriceFile] = ()) -> RunData:
     c = columns(ledger, run_id)  # one pass over the attempts, shared with the run report
     rep = report or build(ledger, run_id, cols=c)
     run = ledger.run(run_id)
@@ -79,15 +94,34 @@ def _load(ledger: Ledger, run_id: str, index: int, report: RunReport | None) -> 
                         "verify": v[v != 0], "teardown": td[td != 0], "attempt": total[m]}
     offs = _offsets(ledger.segments(run_id), c.t_end)
     timeline = (offs[c.ok], offs[~c.ok])
-    artifacts = {k: ledger.artifacts(run_id, k) for k in ARTIFACT_KINDS}
+    art = load_run(ledger, run_id)
     window_times: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
-    for name in artifacts.get("window", {}):
+    for name in art.windows:
         m = c.window == name
         if m.any():
             window_times[name] = (c.t_end[m & c.ok], c.t_end[m & ~c.ok], float(c.t_start[m].min()))
-    other = {r[0]: r[1] for r in ledger.db.execute(
-        "SELECT kind, COUNT(*) FROM artifacts WHERE run_id = ? GROUP BY kind", (run_id,)) if r[0] not in ARTIFACT_KINDS}
-    return RunData(rep, run, index, run_id, samples, timeline, window_times, artifacts, other)
+    rd = RunData(rep, run, index, run_id, samples, timeline, window_times, art)
+    rd.prices = _priced(rd, list(price_files) or stored_price_files(ledger, run_id))
+    return rd
+
+
+def _priced(rd: RunData, files: Sequence[PriceFile]) -> list[PriceArtifact]:
+    """The run's priced hosts: the sweep's own figures (from confirmed windows) when it stored them,
+    else each host of the price files (or the run's configured price) over the headline's basis."""
+    if rd.art.prices and not files:
+        return list(rd.art.prices.values())
+    thr, basis = throughput_basis(rd)
+    hours = rd.report.host_seconds / 3600
+    hosts = [h for f in files for h in f.hosts()] or [rd.report.price]
+    out = []
+    for h in hosts:
+        billed = h.usd_per_host_hour * h.billed_hours(hours) / hours if hours > 0 else h.usd_per_host_hour
+        out.append(PriceArtifact(
+            kind=h.kind, usd_per_host_hour=h.usd_per_host_hour,
+            billed_usd_per_host_hour=billed if h.billed_hours(hours) > hours else None,
+            usd_per_valid_rollout=inverse(thr, h.usd_per_host_hour) if thr is not None else None, basis=basis,
+            name=h.name, note=h.note, inputs={"minimum_billed_hours": h.minimum_billed_hours}))
+    return out
 
 
 # -- small helpers ---------------------------------------------------------------------------------
@@ -96,22 +130,15 @@ class Raw(str):
     """HTML that is already escaped."""
 
 
+class Keyed:
+    """A table cell with a stable ``data-key`` (what the page tests compare against the JSON)."""
+
+    def __init__(self, key: str, content: object) -> None:
+        self.key, self.content = key, content
+
+
 def _h(x: object) -> str:
     return x if isinstance(x, Raw) else escape(str(x))
-
-
-def _est(x: Any) -> Estimate | None:
-    """An Estimate from an artifact field: an Estimate object, a plain number or null."""
-    if x is None:
-        return None
-    if isinstance(x, Estimate):
-        return x
-    if isinstance(x, (int, float)):
-        return Estimate(value=float(x), low=None, high=None, n=0, method="given")
-    if isinstance(x, dict) and "value" in x:
-        return Estimate(value=x.get("value"), low=x.get("low"), high=x.get("high"), n=int(x.get("n") or 0),
-                        method=str(x.get("method") or "given"))
-    raise ValueError(f"not an estimate: {x!r}")
 
 
 def _g(v: float | None, spec: str = ".3g") -> str:
@@ -148,10 +175,16 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]], cls: str = "
     out = [f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>']
     for i, r in enumerate(rows):
         rc = f' class="{row_cls[i]}"' if i < len(row_cls) and row_cls[i] else ""
-        out.append(f"<tr{rc}>" + "".join(f'<td{" class=l" if is_left(j) else ""}>{_h(c)}</td>'
-                                         for j, c in enumerate(r)) + "</tr>")
+        out.append(f"<tr{rc}>" + "".join(_td(c, is_left(j)) for j, c in enumerate(r)) + "</tr>")
     out.append("</tbody></table>")
     return "".join(out)
+
+
+def _td(c: object, left: bool) -> str:
+    cls = " class=l" if left else ""
+    if isinstance(c, Keyed):
+        return f'<td{cls} data-key="{escape(c.key)}">{_h(c.content)}</td>'
+    return f"<td{cls}>{_h(c)}</td>"
 
 
 def _pct(k: int, n: int) -> str:
@@ -184,8 +217,8 @@ class Palette:
 
 def _skey(rd: RunData, sub: str) -> str:
     """Colour key of a (run, substrate): the run's own colour when the run used one substrate."""
-    subs = set(rd.samples) | {str(a.get("substrate", n)) for n, a in rd.kind("coldstart").items()} | \
-        {str(a.get("substrate", n)) for n, a in rd.kind("projection").items()}
+    subs = set(rd.samples) | {a.substrate for a in rd.art.coldstart.values()} | \
+        {a.substrate for a in rd.art.projection.values()}
     return rd.label if len(subs) <= 1 else f"{rd.label}/{sub}"
 
 
@@ -217,27 +250,43 @@ def sec_headline(runs: Sequence[RunData], pal: Palette) -> str:
     cards = []
     for rd in runs:
         r = rd.report
+        head = (f'<div class="card" style="border-top-color:{pal(rd.label)}"><div class="rid">{escape(rd.label)}</div>'
+                f'<div class="sub">{escape(r.kind)}, {escape(r.status)} · '
+                f'{escape(str(r.config.get("substrate", r.config.get("substrates", "?"))))} · {r.attempts:,} attempts'
+                f'</div>')
+        if not rd.has_attempts:
+            cards.append(head + f'<div class="lbl">a {escape(r.kind)} run records no rollouts: its figures are in '
+                                f'the sections below</div></div>')
+            continue
         thr, basis = throughput_basis(rd)
-        usd = inverse(thr, r.price.usd_per_host_hour) if thr.value else r.usd_per_valid_rollout
+        price = rd.prices[0] if rd.prices else None
+        k = escape(rd.label)
+        if thr is None or price is None:
+            money = (f'<div class="big na" data-key="{k}/headline/usd">no headline</div>'
+                     f'<div class="lbl">{escape(basis)}</div>')
+        else:
+            usd = inverse(thr, price.usd_per_host_hour)
+            money = (f'<div class="big" data-key="{k}/headline/usd">USD {fmt_est(usd, ".3g")}</div>'
+                     f'<div class="lbl">per valid rollout — <b data-key="{k}/headline/basis">{escape(basis)}</b> '
+                     f'({escape(price.name)}: USD {price.usd_per_host_hour:g}/host-hour; host cost only, inference '
+                     f'excluded)</div><div class="mid" data-key="{k}/headline/valid_per_host_hour">'
+                     f'{fmt_est(thr, ".4g")}</div>'
+                     f'<div class="lbl">valid rollouts per host-hour — {escape(basis)}</div>')
         iso = ("fired" if r.isolation_confirmed else "DID NOT FIRE — isolation unconfirmed") if r.controls \
             else "not run — isolation unconfirmed"
         iso_cls = "ok" if r.isolation_confirmed else "bad"
         cards.append(
-            f'<div class="card" style="border-top-color:{pal(rd.label)}"><div class="rid">{escape(rd.label)}</div>'
-            f'<div class="sub">{escape(r.kind)}, {escape(r.status)} · {escape(str(r.config.get("substrate", "?")))}'
-            f' · {r.attempts:,} attempts</div>'
-            f'<div class="big">USD {fmt_est(usd, ".3g")}</div><div class="lbl">per valid rollout '
-            f'({escape(r.price.name)}: USD {r.price.usd_per_host_hour:g}/host-hour; host cost only, inference '
-            f'excluded)</div>'
-            f'<div class="mid">{fmt_est(thr, ".4g")}</div><div class="lbl">valid rollouts per host-hour — '
-            f'{escape(basis)}</div>'
+            head + money +
             f'<div class="mid">{fmt_est(r.invalid_rate, ".2%")}</div><div class="lbl">invalid rate '
             f'({r.invalid_total:,} of {r.attempts:,})</div>'
             f'<div class="ctl {iso_cls}">isolation positive control: {escape(iso)}</div></div>')
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 
-def sec_outcomes(runs: Sequence[RunData], pal: Palette) -> str:
+def sec_outcomes(runs: Sequence[RunData], pal: Palette) -> str | None:
+    runs = [rd for rd in runs if rd.has_attempts]
+    if not runs:
+        return None
     head = ["outcome"] + [rd.label for rd in runs]
     rows: list[list[object]] = []
     cls: list[str] = []
@@ -278,77 +327,60 @@ def sec_outcomes(runs: Sequence[RunData], pal: Palette) -> str:
     return t + _plots(plot)
 
 
-def throughput_basis(rd: RunData) -> tuple[Estimate, str]:
+def throughput_basis(rd: RunData) -> tuple[Estimate | None, str]:
     """Valid rollouts per host-hour for the headline, and what it was measured over.
 
-    Confirmed windows at N_max (from the sweep's artifacts) when present; else the whole run."""
-    sweep = rd.kind("sweep").get("summary") or {}
-    wins = rd.kind("window")
-    n_max = sweep.get("n_max")
-    if n_max is None:
-        confirmed = [w for w in wins.values() if w.get("confirmed") and w.get("role", "window") == "window"]
-        n_max = max((w.get("concurrency", 0) for w in confirmed), default=None)
-    if sweep.get("valid_per_host_hour") is not None:
-        e = _est(sweep["valid_per_host_hour"])
-        if e is not None and e.value:
-            return e, f"confirmed windows at N_max = {n_max}"
-    if n_max is not None:
-        for w in wins.values():
-            if w.get("concurrency") == n_max and w.get("confirmed") and w.get("role", "window") == "window":
-                e = _est(w.get("valid_per_host_hour"))
-                if e is not None and e.value:
-                    return e, f"confirmed window at N_max = {n_max}"
-    return rd.report.valid_per_host_hour, "whole run (not a confirmed window)"
+    A sweep: its confirmed windows at N_max, or None (no headline) when no window was confirmed.
+    Any other run: the whole run, labelled as such."""
+    sweep = rd.art.sweep
+    if sweep is not None:
+        if sweep.n_max is None or sweep.valid_per_host_hour is None or not sweep.valid_per_host_hour.value:
+            return None, "no confirmed window: no headline is claimed"
+        return sweep.valid_per_host_hour, f"confirmed windows at N_max = {sweep.n_max}"
+    return rd.report.valid_per_host_hour, WHOLE_RUN
 
 
-def _prices(rd: RunData) -> list[dict[str, Any]]:
-    r = rd.report
-    out = [{"name": r.price.name, "kind": "run config", "usd_per_host_hour": r.price.usd_per_host_hour,
-            "note": r.price.note}]
-    for name, p in rd.kind("price").items():
-        if name == r.price.name:
-            continue
-        out.append({"name": name, **p})
-    return out
-
-
-def sec_cost(runs: Sequence[RunData], pal: Palette) -> str:
+def sec_cost(runs: Sequence[RunData], pal: Palette) -> str | None:
+    runs = [rd for rd in runs if rd.has_attempts]
+    if not runs:
+        return None
     head = ["figure"] + [rd.label for rd in runs]
     basis = [throughput_basis(rd) for rd in runs]
     rows: list[list[object]] = [
-        ["valid rollouts per host-hour", *[fmt_est(e, ".4g") for e, _ in basis]],
-        ["measured over", *[b for _, b in basis]],
+        ["valid rollouts per host-hour", *[Keyed(f"{rd.label}/cost/valid_per_host_hour", fmt_est(e, ".4g"))
+                                           for rd, (e, _) in zip(runs, basis, strict=True)]],
+        ["measured over", *[Keyed(f"{rd.label}/cost/basis", b) for rd, (_, b) in zip(runs, basis, strict=True)]],
         ["whole run: valid rollouts per host-hour", *[fmt_est(rd.report.valid_per_host_hour, ".4g") for rd in runs]],
         ["host time", *[f"{rd.report.host_seconds:,.1f} s in {rd.report.segments} segment(s)" for rd in runs]],
     ]
     names: list[str] = []
     for rd in runs:
-        for q in _prices(rd):
-            if q["name"] not in names:
-                names.append(q["name"])
+        for q in rd.prices:
+            if q.name not in names:
+                names.append(q.name)
     ranges: list[RangeRow] = []
     for name in names:
         row: list[object] = [f"USD per valid rollout — {name}"]
         billed_row: list[object] = [f"USD per valid rollout — {name}, billed"]
         any_billed = False
         for rd, (thr, _) in zip(runs, basis, strict=True):
-            p: dict[str, Any] | None = next((q for q in _prices(rd) if q["name"] == name), None)
+            p = next((q for q in rd.prices if q.name == name), None)
             if p is None:
                 row.append("–")
                 billed_row.append("–")
                 continue
-            e = _est(p["usd_per_valid_rollout"]) if "usd_per_valid_rollout" in p else \
-                inverse(thr, float(p["usd_per_host_hour"]))
-            row.append(Raw(f'{fmt_est(e, ".3g")} <span class="note">USD {float(p["usd_per_host_hour"]):.4g}/host-hour'
-                           f'</span>'))
+            e = p.usd_per_valid_rollout
+            row.append(Keyed(f"{rd.label}/cost/usd/{name}",
+                             Raw(f'{fmt_est(e, ".3g")} <span class="note">USD {p.usd_per_host_hour:.4g}/host-hour'
+                                 f'</span>')))
             if e is not None and e.value is not None:
                 ranges.append(RangeRow(_name(rd, runs, name), e.value, e.low, e.high if e.high != math.inf else None,
                                        color=pal(rd.label)))
-            if p.get("billed_usd_per_host_hour") is not None:
+            if p.billed_usd_per_host_hour is not None and thr is not None:
                 any_billed = True
-                b = inverse(thr, float(p["billed_usd_per_host_hour"]))
+                b = inverse(thr, p.billed_usd_per_host_hour)
                 billed_row.append(Raw(f'{fmt_est(b, ".3g")} <span class="note">USD '
-                                      f'{float(p["billed_usd_per_host_hour"]):.4g}/host-hour billed</span>'))
+                                      f'{p.billed_usd_per_host_hour:.4g}/host-hour billed</span>'))
             else:
                 billed_row.append("–")
         rows.append(row)
@@ -388,11 +420,11 @@ def sec_latency(runs: Sequence[RunData], pal: Palette) -> str | None:
     plots = []
     cold_series = []
     for rd in runs:
-        for name, a in rd.kind("coldstart").items():
-            vals = np.asarray([v for v in a.get("samples_s", []) if v is not None], dtype=float)
+        for a in rd.art.coldstart.values():
+            vals = np.asarray(a.first_command.samples_s, dtype=float)
             if len(vals):
                 x, p = _cdf(vals * 1000)
-                sub = str(a.get("substrate", name))
+                sub = a.substrate
                 cold_series.append(Series(_name(rd, runs, f"{sub} (cold-start experiment)"), list(x), list(p * 100),
                                           color=pal(_skey(rd, sub))))
     if cold_series:
@@ -424,13 +456,80 @@ def sec_latency(runs: Sequence[RunData], pal: Palette) -> str | None:
                     continue
                 xs = np.sort(v)
                 rows.append([rd.label, sub, phase, f"{len(xs):,}", *[_ms(quantile(xs, q)) for q in (0.5, 0.95, 0.99)]])
-        for name, a in rd.kind("coldstart").items():
-            vals = np.sort(np.asarray([v for v in a.get("samples_s", []) if v is not None], dtype=float))
+        for a in rd.art.coldstart.values():
+            vals = np.sort(np.asarray(a.first_command.samples_s, dtype=float))
             if len(vals):
-                rows.append([rd.label, a.get("substrate", name), "cold start (experiment)", f"{len(vals):,}",
+                rows.append([rd.label, a.substrate, "cold start (experiment)", f"{len(vals):,}",
                              *[_ms(quantile(vals, q)) for q in (0.5, 0.95, 0.99)]])
     return _plots(*plots) + '<p class="note">Percentiles with order-statistics 95% intervals.</p>' + \
         table(head, rows, "num small", left=3)
+
+
+def sec_coldstart(runs: Sequence[RunData], pal: Palette) -> str | None:
+    """The cold-start experiment per substrate: first command, raw floor, teardown, idle memory, resets."""
+    items = [(rd, a) for rd in runs for a in rd.art.coldstart.values()]
+    if not items:
+        return None
+    head = ["run", "substrate", "isolation", "mode", "n", "first command p50 ms", "p95 ms", "raw floor p50 ms",
+            "ratio to floor", "teardown p50 ms", "idle MiB", "reset in place p50 ms", "reset recreate p50 ms",
+            "success"]
+    rows: list[list[object]] = []
+    resets: list[RangeRow] = []
+    for rd, a in items:
+        key = f"{rd.label}/coldstart/{a.substrate}"
+        rows.append([rd.label, a.substrate, a.isolation, a.mode, f"{a.first_command.n:,}",
+                     Keyed(f"{key}/first_command_p50_ms", _ms(a.first_command.p50)), _ms(a.first_command.p95),
+                     Keyed(f"{key}/floor_p50_ms", _ms(a.floor.p50) if a.floor else "n/a"),
+                     "n/a" if a.ratio_to_floor is None else f"{a.ratio_to_floor:.2f}",
+                     _ms(a.teardown.p50), "n/a" if a.idle_memory_mib is None else f"{a.idle_memory_mib:.1f}",
+                     Keyed(f"{key}/reset_in_place_p50_ms",
+                           _ms(a.reset["in_place"].p50) if "in_place" in a.reset else "n/a"),
+                     Keyed(f"{key}/reset_recreate_p50_ms",
+                           _ms(a.reset["recreate"].p50) if "recreate" in a.reset else "n/a"),
+                     fmt_est(a.success, ".3f")])
+        for strategy, lat in a.reset.items():
+            q = np.quantile(lat.samples_s, [0.05, 0.25, 0.5, 0.75, 0.95]) * 1000 if lat.samples_s else None
+            if q is not None:
+                resets.append(RangeRow(_name(rd, runs, f"{a.substrate} {strategy}"), q[2], q[0], q[4], q[1], q[3],
+                                       color=pal(_skey(rd, a.substrate))))
+    plots = []
+    floors = [Series(_name(rd, runs, f"{a.substrate} raw floor"), *_xy_cdf(a.floor.samples_s),
+                     color=pal(_skey(rd, a.substrate)), dash=True) for rd, a in items if a.floor and a.floor.samples_s]
+    firsts = [Series(_name(rd, runs, f"{a.substrate} create -> first command"), *_xy_cdf(a.first_command.samples_s),
+                     color=pal(_skey(rd, a.substrate))) for rd, a in items if a.first_command.samples_s]
+    if firsts:
+        plots.append(_cdf_plot(firsts + floors, "cold start beside each substrate's raw floor (dashed)"))
+    if resets:
+        plots.append(svg.range_plot(resets, "reset, ms (box: IQR, whiskers: p5–p95)",
+                                    title="reset per strategy"))
+    return _plots(*plots) + table(head, rows, "num small", left=4)
+
+
+def _xy_cdf(samples_s: Sequence[float]) -> tuple[list[float], list[float]]:
+    x, p = _cdf(np.asarray(samples_s, dtype=float) * 1000)
+    return list(x), list(p * 100)
+
+
+def sec_isolation(runs: Sequence[RunData], pal: Palette) -> str | None:
+    """Escape probes per substrate: ran, contained, and the positive control behind each verdict."""
+    items = [(rd, a) for rd in runs for a in rd.art.isolation.values()]
+    if not items:
+        return None
+    rows: list[list[object]] = []
+    for rd, a in items:
+        for p in a.probes:
+            cls = "ok" if p.verdict == "contained" else "bad" if p.verdict == "NOT contained" else "na"
+            rows.append([rd.label, f"{a.substrate} ({a.declared})", p.probe,
+                         Keyed(f"{rd.label}/isolation/{a.substrate}/{p.probe}",
+                               Raw(f'<b class="{cls}">{escape(p.verdict)}</b>')),
+                         "yes" if p.ran else "no", p.control, p.detail])
+        rows.append([rd.label, f"{a.substrate} ({a.declared})", "canary positive control",
+                     Keyed(f"{rd.label}/isolation/{a.substrate}/canary",
+                           Raw('<b class="ok">fired</b>' if a.canary_control_fired else
+                               '<b class="bad">DID NOT FIRE</b>')), "yes", "", ""])
+    return ('<p class="note">"contained" needs a positive control that fired (the same probe where nothing '
+            'isolates); otherwise "unconfirmed".</p>' +
+            table(["run", "substrate", "probe", "verdict", "ran", "control", "detail"], rows, "small", left=7))
 
 
 def _cdf_plot(series: list[Series], title: str) -> str:
@@ -441,7 +540,7 @@ def _cdf_plot(series: list[Series], title: str) -> str:
 
 
 def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
-    if not any(rd.kind("window") for rd in runs):
+    if not any(rd.art.windows for rd in runs):
         return None
     thr_series: list[Series] = []
     inv_series: list[Series] = []
@@ -452,65 +551,60 @@ def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
     rows: list[list[object]] = []
     row_cls: list[str] = []
     for rd in runs:
-        wins = rd.kind("window")
-        sweep = rd.kind("sweep").get("summary") or {}
-        threshold = sweep.get("invalid_threshold")
-        climb = sorted(((name, w) for name, w in wins.items() if w.get("role", "window") == "window"),
-                       key=lambda nw: nw[1].get("concurrency", 0))
+        wins = rd.art.windows
+        sweep = rd.art.sweep
+        climb = sorted(((name, w) for name, w in wins.items() if w.role == "window"), key=lambda nw: nw[1].concurrency)
         col = pal(rd.label)
         if climb:
-            ns, vals, lo, hi, hollow, tips, inv, ilo, ihi = [], [], [], [], [], [], [], [], []
+            ns: list[float | None] = []
+            vals, lo, hi, inv, ilo, ihi = [], [], [], [], [], []
+            hollow, tips = [], []
             for name, w in climb:
-                e = _est(w.get("valid_per_host_hour"))
-                ir = _invalid_rate(w)
-                ns.append(w.get("concurrency"))
-                vals.append(e.value if e else None)
-                lo.append(e.low if e else None)
-                hi.append(e.high if e else None)
-                hollow.append(not w.get("confirmed"))
-                tips.append(f"{name}: {_g(e.value if e else None, '.4g')} valid/host-hour"
-                            f" — {'confirmed' if w.get('confirmed') else 'NOT confirmed'}")
-                inv.append(ir.value * 100 if ir and ir.value is not None else None)
-                ilo.append(ir.low * 100 if ir and ir.low is not None else None)
-                ihi.append(ir.high * 100 if ir and ir.high is not None else None)
+                e, ir = w.valid_per_host_hour, w.invalid_rate
+                ns.append(w.concurrency)
+                vals.append(e.value)
+                lo.append(e.low)
+                hi.append(e.high)
+                hollow.append(not w.confirmed)
+                tips.append(f"{name}: {_g(e.value, '.4g')} valid/host-hour"
+                            f" — {'confirmed' if w.confirmed else 'NOT confirmed'}")
+                inv.append(ir.value * 100 if ir.value is not None else None)
+                ilo.append(ir.low * 100 if ir.low is not None else None)
+                ihi.append(ir.high * 100 if ir.high is not None else None)
             thr_series.append(Series(_name(rd, runs, "valid per host-hour (filled = confirmed)"), ns, vals, color=col,
                                      mode="lines+markers", lo=lo, hi=hi, hollow=hollow, tips=tips))
             inv_series.append(Series(_name(rd, runs, "invalid rate"), ns, inv, color=col, mode="lines+markers",
                                      lo=ilo, hi=ihi, hollow=hollow))
-            n_max = sweep.get("n_max")
-            if n_max is None:
-                n_max = max((w.get("concurrency", 0) for _, w in climb if w.get("confirmed")), default=None)
-            if n_max:
-                rules_thr.append(Rule(float(n_max), _name(rd, runs, f"N_max = {n_max}"), color=col))
-            if threshold is not None and not rules_inv:
-                rules_inv.append(Rule(float(threshold) * 100, f"threshold {float(threshold) * 100:g}%", axis="y",
-                                      color="#b2182b"))
-        for name, w in sorted(wins.items(), key=lambda nw: (nw[1].get("role", "window") != "window",
-                                                             nw[1].get("concurrency", 0))):
-            e = _est(w.get("valid_per_host_hour"))
-            ran = w.get("ran_s")
-            planned = w.get("planned_s")
-            res = w.get("resources") or {}
-            rows.append([rd.label, name, w.get("role", "window"), w.get("concurrency", "?"),
-                         f"{_g(ran, '.4g')} / {_g(planned, '.4g')} s", f"{w.get('attempts', 0):,}",
-                         fmt_est(_invalid_rate(w), ".2%"), fmt_est(e, ".4g"),
-                         Raw('<b class="ok">confirmed</b>' if w.get("confirmed")
-                             else '<b class="bad">not confirmed</b>'),
-                         Raw("<br>".join(escape(str(x)) for x in w.get("reasons", []))),
-                         ", ".join(f"{k} {v}" for k, v in res.items())])
-            row_cls.append("" if w.get("confirmed") else "dim")
-        soak_name = sweep.get("soak") or next((n for n, w in wins.items() if w.get("role") == "soak"), None)
-        if soak_name and soak_name in rd.window_times:
+            if sweep is not None and sweep.n_max:
+                rules_thr.append(Rule(float(sweep.n_max), _name(rd, runs, f"N_max = {sweep.n_max}"), color=col))
+            if sweep is not None and not rules_inv:
+                rules_inv.append(Rule(sweep.invalid_threshold * 100, f"threshold {sweep.invalid_threshold * 100:g}%",
+                                      axis="y", color="#b2182b"))
+        for name, w in sorted(wins.items(), key=lambda nw: (nw[1].role != "window", nw[1].concurrency)):
+            res = w.resources
+            key = f"{rd.label}/window/{name}"
+            rows.append([rd.label, name, w.role, w.concurrency,
+                         f"{_g(w.ran_s, '.4g')} / {_g(w.planned_s, '.4g')} s",
+                         Keyed(f"{key}/attempts", f"{w.attempts:,}"),
+                         fmt_est(w.invalid_rate, ".2%"),
+                         Keyed(f"{key}/valid_per_host_hour", fmt_est(w.valid_per_host_hour, ".4g")),
+                         Keyed(f"{key}/confirmed", Raw('<b class="ok">confirmed</b>' if w.confirmed
+                                                       else '<b class="bad">not confirmed</b>')),
+                         Raw("<br>".join(escape(x) for x in w.reasons)),
+                         ", ".join(f"{k} {_g(v, '.3g')}" for k, v in res.model_dump().items() if v is not None)])
+            row_cls.append("" if w.confirmed else "dim")
+        soak_name = sweep.soak if sweep is not None else None
+        if soak_name and soak_name in rd.window_times and soak_name in wins:
             ok, bad, t0 = rd.window_times[soak_name]
-            w = wins.get(soak_name, {})
-            span = float(w.get("ran_s") or (max(np.max(ok, initial=t0), np.max(bad, initial=t0)) - t0))
+            w = wins[soak_name]
+            span = float(w.ran_s or (max(np.max(ok, initial=t0), np.max(bad, initial=t0)) - t0))
             if span > 0:
                 c, k, width = _bins(ok - t0, span, 30)
                 soak_scale = scale = soak_scale or (60.0 if span > 600 else 1.0)
                 soak_series.append(Series(_name(rd, runs, f"{soak_name}: valid per host-hour"), list(c / scale),
                                           list(k / width * 3600), color=col, mode="lines+markers"))
-                ref = _est(w.get("valid_per_host_hour"))
-                if ref and ref.value:
+                ref = w.valid_per_host_hour
+                if ref.value:
                     soak_series.append(Series(_name(rd, runs, "soak mean"), [0, span / scale],
                                               [ref.value, ref.value], color=col, dash=True))
     plots = []
@@ -527,117 +621,105 @@ def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
             "confirmed", "reasons", "host resources"]
     notes = []
     for rd in runs:
-        s = rd.kind("sweep").get("summary") or {}
-        if s:
-            notes.append(f"<li>{escape(rd.label)}: N_max = {escape(str(s.get('n_max')))}"
-                         + (f"; {escape(str(s['stopped']))}" if s.get("stopped") else "") + "</li>")
+        sw = rd.art.sweep
+        if sw is not None:
+            n_max = "none (no window confirmed)" if sw.n_max is None else str(sw.n_max)
+            notes.append(f'<li>{escape(rd.label)}: N_max = <b data-key="{escape(rd.label)}/sweep/n_max">'
+                         f'{escape(n_max)}</b>' + (f"; {escape(sw.stopped)}" if sw.stopped else "")
+                         + f"; {escape(sw.note)}</li>")
     return _plots(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") + \
         '<p class="note">Throughput is claimed only from confirmed windows; bursts are reported as bursts.</p>' + \
         table(head, rows, "num small", row_cls, left={0, 1, 2, 8, 9, 10})
 
 
-def _invalid_rate(w: dict[str, Any]) -> Estimate | None:
-    if w.get("invalid_rate") is not None:
-        return _est(w["invalid_rate"])
-    if w.get("attempts"):
-        return wilson(int(w.get("invalid", 0)), int(w["attempts"]))
-    return None
-
-
-def _share(x: Any) -> tuple[int, int] | float | None:
-    if isinstance(x, dict):
-        return int(x.get("faithful", 0)), int(x.get("total", 0))
-    if isinstance(x, (list, tuple)) and len(x) == 2:
-        return int(x[0]), int(x[1])
-    if isinstance(x, (int, float)):
-        return float(x)
-    return None
-
-
 def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
-    if not any(rd.kind("branch") for rd in runs):
+    if not any(rd.art.branch for rd in runs):
         return None
-    dims: list[str] = [d for d in FAITHFUL_DIMS if any(d in (b.get("faithful") or {})
-                                                      for rd in runs for b in rd.kind("branch").values())]
+    dims: list[str] = [d for d in FAITHFUL_DIMS if any(d in b.faithful for rd in runs for b in rd.art.branch.values())]
     for rd in runs:
-        for b in rd.kind("branch").values():
-            for d in b.get("faithful") or {}:
-                if d not in dims:
-                    dims.append(d)
+        for b in rd.art.branch.values():
+            dims += [d for d in b.faithful if d not in dims]
     boxes: list[RangeRow] = []
     rows: list[list[object]] = []
-    by_method: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    growth: list[Series] = []
     for rd in runs:
-        items = sorted(rd.kind("branch").items(), key=lambda kv: (str(kv[1].get("method", kv[0])),
-                                                                  kv[1].get("k") or 0))
+        items: list[tuple[str, BranchMethodArtifact]] = sorted(rd.art.branch.items(),
+                                                               key=lambda kv: (kv[1].method, kv[1].k))
         for name, b in items:
-            method = str(b.get("method", name))
-            k = b.get("k")
-            cs = np.asarray([v for v in b.get("creation_s", []) if v is not None], dtype=float)
-            label = _name(rd, runs, method + (f", k={k}" if k is not None else ""))
-            col = pal(f"method/{method}")
+            key = f"{rd.label}/branch/{name}"
+            label = _name(rd, runs, f"{b.method}, k={b.k}")
+            col = pal(f"method/{b.method}")
+            cs = np.asarray(b.creation_sequential.samples_s, dtype=float)
             if len(cs):
                 q = np.quantile(cs, [0.05, 0.25, 0.5, 0.75, 0.95]) * 1000
                 boxes.append(RangeRow(label, q[2], q[0], q[4], q[1], q[3], color=col,
                                       tip=f"{label}: median {q[2]:.3g} ms, IQR {q[1]:.3g}–{q[3]:.3g}, "
                                           f"p5–p95 {q[0]:.3g}–{q[4]:.3g} ms, n={len(cs)}"))
-                if k is not None:
-                    by_method.setdefault((rd.label, method), []).append((float(k), float(q[2])))
-            par = np.asarray([v for v in b.get("creation_parallel_s", []) if v is not None], dtype=float)
+            pts = sorted((int(k), e.value * 1000) for k, e in b.creation_by_k.items() if e.value is not None)
+            if len(pts) > 1:
+                growth.append(Series(_name(rd, runs, b.method), [float(k) for k, _ in pts], [v for _, v in pts],
+                                     color=col, mode="lines+markers"))
             cells: list[object] = []
             for d in dims:
-                s = _share((b.get("faithful") or {}).get(d))
-                if s is None:
+                sh = b.faithful.get(d)
+                if sh is None:
                     cells.append("–")
-                elif isinstance(s, float):
-                    cells.append(Raw(f'<span class="{"ok" if s >= 1 else "bad"}">{s:.0%}</span>'))
-                else:
-                    f, t = s
-                    w = wilson(f, t)
-                    tip = f"{f} of {t} faithful" + (f", Wilson 95% [{w.low:.2f}, {w.high:.2f}]" if t else "")
-                    cells.append(Raw(f'<span class="{"ok" if t and f == t else "bad"}" title="{escape(tip)}">'
-                                     f'{f}/{t}</span>'))
-            rows.append([rd.label, method, b.get("env", ""), "–" if k is None else k,
-                         b.get("continuations", len(cs)),
-                         _ms(quantile(cs, 0.5)) if len(cs) else "–", _ms(quantile(cs, 0.95)) if len(cs) else "–",
-                         _ms(quantile(par, 0.5)) if len(par) else "–", *cells,
-                         b.get("valid", "–"), fmt_est(_est(b.get("valid_per_host_hour")), ".4g"),
-                         fmt_est(_est(b.get("usd_per_valid")), ".3g")])
+                    continue
+                w = sh.estimate
+                tip = f"{sh.faithful} of {sh.total} faithful" + (
+                    f", Wilson 95% [{w.low:.2f}, {w.high:.2f}]" if sh.total and w.low is not None and w.high is not None
+                    else "")
+                cells.append(Keyed(f"{key}/faithful/{d}",
+                                   Raw(f'<span class="{"ok" if sh.complete else "bad"}" title="{escape(tip)}">'
+                                       f'{sh.faithful}/{sh.total}</span>')))
+            rows.append([rd.label, b.method, b.env, b.k, b.continuations,
+                         Keyed(f"{key}/creation_p50_ms", _ms(b.creation_sequential.p50)),
+                         Keyed(f"{key}/creation_p95_ms", _ms(b.creation_sequential.p95)),
+                         Keyed(f"{key}/creation_parallel_p50_ms", _ms(b.creation_parallel.p50)), *cells,
+                         Keyed(f"{key}/valid", f"{b.valid} of {b.continuations}"),
+                         Keyed(f"{key}/valid_per_host_hour", fmt_est(b.valid_per_host_hour, ".4g")),
+                         Keyed(f"{key}/usd_per_valid", fmt_est(b.usd_per_valid_continuation, ".3g"))])
     plots = []
     if boxes:
         vals = [v for r in boxes for v in (r.lo, r.hi) if v]
         log = bool(vals) and max(vals) / max(min(vals), 1e-9) > 20
         plots.append(svg.range_plot(boxes, "creation time per continuation, ms" + (" (log)" if log else ""),
                                     log_x=log, title="creation time per fork method (box: IQR, whiskers: p5–p95)"))
-    growth = [Series(_name(next(r for r in runs if r.label == lab), runs, m), [k for k, _ in pts],
-                     [v for _, v in pts], color=pal(f"method/{m}"), mode="lines+markers")
-              for (lab, m), pts in by_method.items() if len(pts) > 1]
     if growth:
         plots.append(svg.xy_plot(growth, "k (steps before the fork)", "median creation, ms", log_y=True,
                                  title="creation time against k"))
-    head = ["run", "method", "env", "k", "M", "creation p50 ms", "creation p95 ms", "parallel p50 ms",
+    head = ["run", "method", "env", "k", "M", "creation p50 ms", "creation p95 ms", "all at once p50 ms",
             *[f"faithful: {d}" for d in dims], "valid", "valid per host-hour", "USD per valid continuation"]
-    return _plots(*plots) + table(head, rows, "num small", left=3)
+    notes = []
+    for rd in runs:
+        bs = rd.art.branch_summary
+        if bs is not None:
+            notes.append(f"<li>{escape(rd.label)}: task {escape(bs.task)} on {escape(bs.substrate)}, k={bs.k}; the "
+                         f"prepared state unchanged afterwards: <b data-key=\"{escape(rd.label)}/branch/unchanged\">"
+                         f"{bs.prepared_unchanged}</b>; isolation positive control "
+                         f"{'fired' if bs.isolation_control_fired else 'DID NOT FIRE'}</li>")
+    return (_plots(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") +
+            table(head, rows, "num small", left=3))
 
 
 def sec_projection(runs: Sequence[RunData], pal: Palette) -> str | None:
-    if not any(rd.kind("projection") for rd in runs):
+    if not any(rd.art.projection for rd in runs):
         return None
     rows: list[list[object]] = []
     bars: list[RangeRow] = []
     for rd in runs:
-        for name, p in rd.kind("projection").items():
-            sub = str(p.get("substrate", name))
-            proj, meas = p.get("projected_s_per_trajectory"), p.get("measured_s_per_trajectory")
-            diff = f"{(proj - meas) / meas:+.1%}" if isinstance(proj, (int, float)) and \
-                isinstance(meas, (int, float)) and meas else "–"
-            wh = _est(p.get("worker_hours"))
-            rows.append([rd.label, sub, f"{p.get('trajectories', 0):,} × {p.get('steps', '?')} steps",
-                         fmt_est(_est(p.get("cold_start_s")), ".3g"), fmt_est(_est(p.get("reset_s")), ".3g"),
-                         fmt_est(_est(p.get("per_step_s")), ".3g"), fmt_est(_est(p.get("verify_s")), ".3g"),
-                         _g(proj, ".4g"), _g(meas, ".4g"), diff, fmt_est(wh, ",.0f")])
-            if wh is not None and wh.value is not None:
-                bars.append(RangeRow(_name(rd, runs, sub), wh.value, wh.low, wh.high, color=pal(_skey(rd, sub))))
+        for name, p in rd.art.projection.items():
+            proj, meas = p.projected_s_per_trajectory, p.measured_s_per_trajectory
+            diff = f"{(proj - meas) / meas:+.1%}" if proj is not None and meas else "–"
+            wh = p.worker_hours
+            rows.append([rd.label, p.substrate, f"{p.trajectories:,} × {p.steps} steps",
+                         fmt_est(p.cold_start_s, ".3g"), fmt_est(p.reset_s, ".3g"),
+                         fmt_est(p.per_step_s, ".3g"), fmt_est(p.verify_s, ".3g"),
+                         _g(proj, ".4g"), _g(meas, ".4g"), diff,
+                         Keyed(f"{rd.label}/projection/{name}/worker_hours", fmt_est(wh, ",.0f"))])
+            if wh.value is not None:
+                bars.append(RangeRow(_name(rd, runs, p.substrate), wh.value, wh.low, wh.high,
+                                     color=pal(_skey(rd, p.substrate))))
     head = ["run", "substrate", "workload", "cold start s", "reset s", "per step s", "verify s",
             "projected s / trajectory", "measured s / trajectory", "projected vs measured", "worker-hours"]
     plot = svg.range_plot(bars, "worker-hours", x_min=0, title="worker-hours per substrate") if bars else ""
@@ -645,16 +727,17 @@ def sec_projection(runs: Sequence[RunData], pal: Palette) -> str | None:
             '3600</p>' + table(head, rows, "num small", left=3) + _plots(plot))
 
 
-def _image(a: dict[str, Any], base: Path | None) -> tuple[str, bytes] | None:
+def _image(a: ScreenshotArtifact, base: Path | None) -> tuple[str, bytes] | None:
     data: bytes | None = None
-    if a.get("png_base64") or a.get("data_base64"):
+    if a.png_base64:
         try:
-            data = base64.b64decode(str(a.get("png_base64") or a.get("data_base64")), validate=True)
+            data = base64.b64decode(a.png_base64, validate=True)
         except (binascii.Error, ValueError):
             return None
-    elif a.get("path") and base is not None:
-        p = Path(a["path"])
-        p = p if p.is_absolute() else base / p
+    elif a.path and base is not None:
+        p = (base / a.path).resolve()
+        if not p.is_relative_to(base.resolve()):
+            return None  # a screenshot is read from the ledger's folder, nowhere else
         try:
             data = p.read_bytes()
         except OSError:
@@ -669,16 +752,16 @@ def _image(a: dict[str, Any], base: Path | None) -> tuple[str, bytes] | None:
 
 
 def sec_screenshots(runs: Sequence[RunData], pal: Palette, base: Path | None) -> str | None:
-    if not any(rd.kind("screenshot") for rd in runs):
+    if not any(rd.art.screenshots for rd in runs):
         return None
     out = []
     for rd in runs:
-        shots = rd.kind("screenshot")
+        shots = rd.art.screenshots
         if not shots:
             continue
-        by_task: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        by_task: dict[str, list[tuple[str, ScreenshotArtifact]]] = {}
         for name, a in shots.items():
-            by_task.setdefault(str(a.get("task", name.split("/")[0])), []).append((name, a))
+            by_task.setdefault(a.task, []).append((name, a))
         shown = 0
         if len(runs) > 1:
             out.append(f"<h3>{escape(rd.label)}</h3>")
@@ -688,16 +771,16 @@ def sec_screenshots(runs: Sequence[RunData], pal: Palette, base: Path | None) ->
                 if shown >= MAX_SCREENSHOTS:
                     break
                 img = _image(a, base)
-                cap = " · ".join(str(a[k]) for k in ("seq", "stage", "note") if a.get(k) is not None) or name
+                cap = " · ".join(str(x) for x in (a.method, a.seq, a.stage, a.note) if x is not None) or name
+                key = f"{rd.label}/screenshot/{name}"
                 if img is None:
-                    figs.append(f'<figure class="shot missing"><div>image not available</div>'
+                    figs.append(f'<figure class="shot missing" data-key="{escape(key)}"><div>image not available</div>'
                                 f'<figcaption>{escape(cap)}</figcaption></figure>')
                     continue
                 mime, data = img
-                w = int(a.get("width") or 0)
-                style = f' style="max-width:{min(w, 480)}px"' if w else ""
-                figs.append(f'<figure class="shot"><img alt="{escape(task)} {escape(cap)}"{style} '
-                            f'src="data:{mime};base64,{base64.b64encode(data).decode()}">'
+                style = f' style="max-width:{min(a.width, 480)}px"' if a.width else ' style="max-width:480px"'
+                figs.append(f'<figure class="shot" data-key="{escape(key)}"><img alt="{escape(task)} {escape(cap)}"'
+                            f'{style} src="data:{mime};base64,{base64.b64encode(data).decode()}">'
                             f'<figcaption>{escape(cap)}</figcaption></figure>')
                 shown += 1
             out.append(f'<h4>{escape(task)}</h4><div class="shots">{"".join(figs)}</div>')
@@ -758,14 +841,15 @@ def sec_conditions(runs: Sequence[RunData], pal: Palette) -> str:
              "commit": r.commit, "host time": f"{r.host_seconds:,.1f} s in {r.segments} segment(s)"}
         f.update(_flat(r.machine, "machine."))
         f.update(_flat(r.config, "config."))
-        for p in _prices(rd):
-            f[f"price input: {p['name']}"] = (f"USD {float(p['usd_per_host_hour']):.4g}/host-hour"
-                                              + (f" ({p.get('kind')})" if p.get("kind") else "")
-                                              + (f" — {p['note']}" if p.get("note") else ""))
-            if p.get("inputs"):
-                f[f"price input: {p['name']}: inputs"] = json.dumps(p["inputs"])
-        if rd.other_kinds:
-            f["other artifacts in the ledger"] = ", ".join(f"{k} ({n})" for k, n in sorted(rd.other_kinds.items()))
+        for p in rd.prices:
+            f[f"price input: {p.name}"] = (f"USD {p.usd_per_host_hour:.4g}/host-hour"
+                                           + (f" ({p.kind})" if p.kind else "") + (f" — {p.note}" if p.note else ""))
+            if p.inputs:
+                f[f"price input: {p.name}: inputs"] = json.dumps(p.inputs)
+        if rd.art.other_kinds:
+            f["other artifacts in the ledger"] = ", ".join(f"{k} ({n})" for k, n in sorted(rd.art.other_kinds.items()))
+        for kind, why in rd.art.errors.items():
+            f[f"unreadable artifacts: {kind}"] = why
         flats.append(f)
     keys: list[str] = []
     for f in flats:
@@ -834,12 +918,14 @@ p.err{border:1px solid var(--bad);color:var(--bad);padding:8px;background:#fff4f
 
 
 def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunReport] | None = None,
-               screenshots_base: Path | None = None) -> str:
-    """The page for ``run_ids`` (side by side, in the order given)."""
+               screenshots_base: Path | None = None, price_files: Sequence[PriceFile] = ()) -> str:
+    """The page for ``run_ids`` (side by side, in the order given). Reads the ledger, never writes it;
+    ``price_files`` (``report --price``) price every run instead of the prices it stored."""
     if not run_ids:
         raise UsageError("report: give at least one run id")
     base = screenshots_base if screenshots_base is not None else ledger.path.parent
-    runs = [_load(ledger, rid, i, (reports or {}).get(rid)) for i, rid in enumerate(dict.fromkeys(run_ids))]
+    runs = [_load(ledger, rid, i, (reports or {}).get(rid), price_files)
+            for i, rid in enumerate(dict.fromkeys(run_ids))]
     pal = Palette()
     for rd in runs:
         pal(rd.label)
@@ -847,10 +933,13 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
         ("outcomes", "Outcomes", lambda: sec_outcomes(runs, pal)),
         ("cost", "Throughput and USD per valid rollout", lambda: sec_cost(runs, pal)),
         ("latency", "Cold start and phase latency per substrate", lambda: sec_latency(runs, pal)),
+        ("coldstart", "Cold-start experiment: floors, teardown, memory, reset", lambda: sec_coldstart(runs, pal)),
+        ("isolation", "Isolation: escape attempts", lambda: sec_isolation(runs, pal)),
         ("sweep", "Sweep: windows, N_max and soak", lambda: sec_sweep(runs, pal)),
         ("branch", "Branch from a prepared state", lambda: sec_branch(runs, pal)),
         ("projection", "Worker-hour projection", lambda: sec_projection(runs, pal)),
-        ("screenshots", "Screenshots from the desktop environment", lambda: sec_screenshots(runs, pal, base)),
+        ("screenshots", "Screenshots from the desktop environment and its branches",
+         lambda: sec_screenshots(runs, pal, base)),
         ("tasks", "Per task", lambda: sec_tasks(runs, pal)),
         ("controls", "Positive controls", lambda: sec_controls(runs, pal)),
         ("conditions", "Machine, commit, configuration, price inputs", lambda: sec_conditions(runs, pal)),
@@ -862,6 +951,11 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
         except Exception as e:  # one broken section must not cost the rest of the report
             html = (f'<p class="err">This section could not be rendered: {escape(type(e).__name__)}: '
                     f'{escape(str(e))}</p>')
+        broken = [f"{rd.label}: {why}" for rd in runs for kind, why in rd.art.errors.items()
+                  if kind in SECTION_KINDS.get(sid, ())]
+        if broken:  # artifacts that do not fit their model: said in place, the rest of the section stays
+            html = "".join(f'<p class="err">Part of this section could not be rendered: {escape(b)}</p>'
+                           for b in broken) + (html or "")
         if html is None:
             continue
         nav.append(f'<a href="#{sid}">{escape(title)}</a>')
@@ -886,8 +980,8 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
 
 
 def write_html(ledger: Ledger, run_ids: Sequence[str], path: Path,
-               reports: dict[str, RunReport] | None = None) -> Path:
-    page = build_html(ledger, run_ids, reports)
+               reports: dict[str, RunReport] | None = None, price_files: Sequence[PriceFile] = ()) -> Path:
+    page = build_html(ledger, run_ids, reports, price_files=price_files)
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

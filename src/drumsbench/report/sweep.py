@@ -117,15 +117,22 @@ def render(r: SweepReport) -> Group:
         summary.add_row("climb stopped", "", r.climb_stopped)
     soak = "not run" if r.soak is None else ("held" if r.soak_held else "did NOT hold")
     summary.add_row("soak", soak, s.note)
-    summary.add_row("valid rollouts per host-hour", _est(s.valid_per_host_hour),
-                    f"steady state from confirmed windows at N_max only ({', '.join(s.windows) or 'none'}); "
-                    f"{s.valid_per_host_hour.method}")
+    if r.n_max is None:
+        summary.add_row("valid rollouts per host-hour", "none", "no confirmed window: no steady state is claimed")
+    else:
+        summary.add_row("valid rollouts per host-hour", _est(s.valid_per_host_hour),
+                        f"steady state from confirmed windows at N_max only ({', '.join(s.windows) or 'none'}); "
+                        f"{s.valid_per_host_hour.method}")
     parts += [summary, Text("")]
     if r.bursts:
         parts += [windows_table("bursts (short peaks: reported as bursts, never as steady state)", r.bursts, True),
                   reasons(r.bursts, True)]
     parts += [resources_table(r.windows), Text("")]
-    parts += cost_group(r.prices, r.attribution, f"inference: {r.inference_cost}")
+    if r.n_max is None:
+        parts.append(Text("USD per valid rollout: withheld — no window was confirmed, so there is no headline "
+                          "(see the reasons above; longer windows or lower N)", style="bold"))
+    else:
+        parts += cost_group(r.prices, r.attribution, f"inference: {r.inference_cost}")
     return Group(*parts)
 
 

@@ -41,9 +41,10 @@ def render(r: RunReport) -> Group:
     m.add_column("method")
     m.add_row("success rate over valid", r.success_rate.fmt(".3f"), f"wilson, n={r.success_rate.n}")
     m.add_row("invalid rate", r.invalid_rate.fmt(".3f"), f"wilson, n={r.invalid_rate.n}")
-    m.add_row("valid rollouts per host-hour", r.valid_per_host_hour.fmt(".4g"), r.valid_per_host_hour.method)
+    m.add_row("valid rollouts per host-hour", r.valid_per_host_hour.fmt(".4g"),
+              f"{r.headline_basis}; {r.valid_per_host_hour.method}")
     m.add_row(f"USD per valid rollout ({r.price.name})", r.usd_per_valid_rollout.fmt(".3g"),
-              f"USD {r.price.usd_per_host_hour:g}/host-hour; {r.inference_cost}")
+              f"{r.headline_basis}; USD {r.price.usd_per_host_hour:g}/host-hour; {r.inference_cost}")
     ctrl = ("fired" if r.isolation_confirmed else "DID NOT FIRE: isolation unconfirmed") if r.controls else \
         "not run: isolation unconfirmed"
     m.add_row("isolation positive control", ctrl, "; ".join(c.detail for c in r.controls[:2]))

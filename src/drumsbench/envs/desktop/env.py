@@ -49,10 +49,9 @@ import os
 import re
 import shutil
 import signal
-import threading
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -88,57 +87,21 @@ def parse_lock(text: str) -> dict[str, str]:
 class ArtifactSink:
     """Where screenshots go: ``<out>/screenshots/<run>/<task>/{start,middle,end}.png``.
 
-    ``<out>`` is, in order: the ``artifact_dir`` given to the environment, ``$DRUMSBENCH_ARTIFACTS``,
-    the folder of the run's ledger when this process has it open (``drumsbench run --out``), else
-    ``<state dir>/artifacts``. Only the first attempt of each task that reaches its verifier is kept.
+    ``<out>`` is the environment's ``artifact_dir`` (the run's output folder, set by the job that
+    made the environment), else ``$DRUMSBENCH_ARTIFACTS``, else ``<state dir>/artifacts``. Only the
+    first attempt of each task that reaches its verifier is kept.
     """
 
-    _ledger_dirs: ClassVar[dict[str, Path | None]] = {}
-    _lock = threading.Lock()
-
-    @classmethod
-    def folder(cls, run_id: str, explicit: Path | None) -> Path:
+    @staticmethod
+    def folder(explicit: Path | None) -> Path:
         if explicit is not None:
             return Path(explicit)
         env = os.environ.get("DRUMSBENCH_ARTIFACTS")
         if env:
             return Path(env)
-        with cls._lock:
-            if run_id not in cls._ledger_dirs:
-                cls._ledger_dirs[run_id] = cls._find_ledger_dir(run_id)
-            found = cls._ledger_dirs[run_id]
-        if found is not None:
-            return found
         from drumsbench import state
 
         return state.state_dir() / "artifacts"
-
-    @staticmethod
-    def _find_ledger_dir(run_id: str) -> Path | None:
-        import sqlite3
-
-        try:
-            fds = os.listdir("/proc/self/fd")
-        except OSError:
-            return None
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if not target.endswith("/ledger.sqlite"):
-                continue
-            try:
-                db = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=1)
-                try:
-                    hit = db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-                finally:
-                    db.close()
-            except sqlite3.Error:
-                continue
-            if hit:
-                return Path(target).parent
-        return None
 
 
 class DesktopEnv(Environment, BreakableObservation):
@@ -611,7 +574,7 @@ class DesktopEnv(Environment, BreakableObservation):
         if not self.frames:
             return
         try:
-            folder = ArtifactSink.folder(self.box.run_id, self.artifact_dir) / "screenshots" / self.box.run_id / task.id
+            folder = ArtifactSink.folder(self.artifact_dir) / "screenshots" / self.box.run_id / task.id
             if (folder / "end.png").exists():
                 return
             folder.mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,13 @@
 Used by ``benchmarks/report_100k.py`` (a 100,000-attempt ledger) and by the HTML report's tests,
 and handy to see the report of an experiment before the experiment exists:
 
-    python -m drumsbench.report.sample OUT_DIR [ATTEMPTS]   # then: drumsbench report RUN --out OUT_DIR --html r.html
+    python -m drumsbench.testing.sample_ledger OUT_DIR [ATTEMPTS]
+    drumsbench report RUN --out OUT_DIR --html r.html
 
 Attempts go through ``Ledger.record`` like real ones; their timings are drawn from log-normal
 distributions of plausible size per substrate. Segment times are then set to the simulated
-timeline (one segment per window). The artifacts follow docs/html-report.md exactly, so this file
-is also a worked example of those shapes. Nothing here is a measurement: the run's commit is
+timeline (one segment per window). The artifacts are the typed models of ``measure/artifacts.py``,
+written exactly as the real commands write them. Nothing here is a measurement: the run's commit is
 ``synthetic`` and its config says so.
 """
 
@@ -24,7 +25,8 @@ import numpy as np
 
 from drumsbench.ledger import Ledger
 from drumsbench.machine import machine_info
-from drumsbench.measure.stats import rate_per_hour, wilson
+from drumsbench.measure import artifacts as art
+from drumsbench.measure.stats import Estimate, inverse, rate_per_hour, wilson
 from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.records import AttemptRecord
 
@@ -61,10 +63,6 @@ def fake_screen(seed: int, stage: int, width: int = 320, height: int = 200) -> b
     return png(width, height, img)
 
 
-def _est(e) -> dict:
-    return e.model_dump(mode="json")
-
-
 def synthesize(ledger: Ledger, run_id: str, attempts: int = 100_000, *, seed: int = 0,
                substrates: tuple[str, ...] = ("process", "bwrap", "docker"),
                concurrency: tuple[int, ...] = (1, 2, 4, 8, 16), soak: bool = True, artifacts: bool = True,
@@ -73,7 +71,7 @@ def synthesize(ledger: Ledger, run_id: str, attempts: int = 100_000, *, seed: in
     rng = np.random.default_rng(seed)
     cfg = {"substrate": substrates[0], "substrates": list(substrates), "tasks": "coding", "policy": "noisy",
            "noisy_p": 0.6, "concurrency": max(concurrency), "synthetic": True,
-           "note": "synthetic ledger from drumsbench.report.sample: not a measurement",
+           "note": "synthetic ledger from drumsbench.testing.sample_ledger: not a measurement",
            "price": {"name": "default", "usd_per_host_hour": 0.1, "note": "stated default"}}
     ledger.create_run(run_id, "sweep", cfg, machine_info(), "synthetic")
 
@@ -141,74 +139,81 @@ def synthesize(ledger: Ledger, run_id: str, attempts: int = 100_000, *, seed: in
                        f"invalid rate {inv.value:.3%} {'<=' if (inv.value or 0) <= 0.01 else '>'} 1% threshold",
                        "isolation positive control " + ("fired" if fired else "did not fire"),
                        "throughput stable (halves within 10%)"]
-            ledger.put_artifact(run_id, "window", label, {
-                "concurrency": n, "role": role, "planned_s": round(span), "ran_s": span, "attempts": int(count),
-                "valid": n_valid, "invalid": int(count) - n_valid, "invalid_rate": _est(inv),
-                "valid_per_host_hour": _est(thr), "confirmed": confirmed, "reasons": reasons,
-                "resources": {"cpu_busy": round(min(1.0, 0.1 * n), 2), "mem_gib": round(0.4 + 0.15 * n, 2),
-                              "sandboxes": n}})
+            art.put(ledger, run_id, label, art.WindowArtifact(
+                concurrency=n, role=role, planned_s=round(span), ran_s=span, attempts=int(count),
+                valid=n_valid, invalid=int(count) - n_valid, invalid_rate=inv, valid_per_host_hour=thr,
+                confirmed=confirmed, counted=confirmed and n == n_max, reasons=reasons,
+                resources=art.WindowResources(cpu_busy=round(min(1.0, 0.1 * n), 2),
+                                                    mem_gib=round(0.4 + 0.15 * n, 2), sandboxes=n)))
         t0 = end + 5.0
     if not artifacts:
         return
 
-    nmax_thr = ledger.artifacts(run_id, "window")[f"N={n_max}"]["valid_per_host_hour"]
-    ledger.put_artifact(run_id, "sweep", "summary", {
-        "n_max": n_max, "soak": f"soak N={n_max}" if soak else None, "invalid_threshold": 0.01,
-        "valid_per_host_hour": nmax_thr,
-        "stopped": f"N={max(concurrency)}: invalid rate above the threshold"})
-    ledger.put_artifact(run_id, "price", "owned", {
-        "kind": "owned", "usd_per_host_hour": 0.071,
-        "note": "USD 2,400 over 36 months + 95 W x 1.4 PUE x USD 0.30/kWh",
-        "inputs": {"purchase_usd": 2400, "months": 36, "watts": 95, "pue": 1.4, "usd_per_kwh": 0.30}})
-    ledger.put_artifact(run_id, "price", "cloud", {
-        "kind": "cloud", "usd_per_host_hour": 0.0832,
-        "billed_usd_per_host_hour": 0.0832 * 24 * 3600 / max(1.0, t0 - 1.7e9),
-        "note": "on-demand USD 0.0832/h, billed with a 24-hour minimum", "inputs": {"usd_per_hour": 0.0832}})
-    ledger.put_artifact(run_id, "price", "cloud_eur", {
-        "kind": "cloud_eur", "usd_per_host_hour": 0.0714 * 1.08,
-        "note": "EUR 0.0714/h at 1.08 USD/EUR (rate of 2025-01-15)",
-        "inputs": {"eur_per_hour": 0.0714, "usd_per_eur": 1.08, "rate_date": "2025-01-15"}})
+    nmax_thr = art.load(ledger, run_id, art.WindowArtifact)[f"N={n_max}"].valid_per_host_hour
+    art.put(ledger, run_id, "summary", art.SweepSummaryArtifact(
+        n_max=n_max, soak=f"soak N={n_max}" if soak else None, invalid_threshold=0.01,
+        valid_per_host_hour=nmax_thr, stopped=f"N={max(concurrency)}: invalid rate above the threshold",
+        soak_held=soak, note=f"N_max={n_max} (synthetic)"))
+    basis = f"confirmed windows at N_max = {n_max}"
+    for name, kind, usd, billed, note, inputs in (
+            ("owned", "owned", 0.071, None, "USD 2,400 over 36 months + 95 W x 1.4 PUE x USD 0.30/kWh",
+             {"purchase_usd": 2400, "months": 36, "watts": 95, "pue": 1.4, "usd_per_kwh": 0.30}),
+            ("cloud", "cloud", 0.0832, 0.0832 * 24 * 3600 / max(1.0, t0 - 1.7e9),
+             "on-demand USD 0.0832/h, billed with a 24-hour minimum", {"usd_per_hour": 0.0832}),
+            ("cloud_eur", "cloud_eur", 0.0714 * 1.08, None, "EUR 0.0714/h at 1.08 USD/EUR (rate of 2025-01-15)",
+             {"eur_per_hour": 0.0714, "usd_per_eur": 1.08, "rate_date": "2025-01-15"})):
+        art.put(ledger, run_id, name, art.PriceArtifact(
+            name=name, kind=kind, usd_per_host_hour=usd, billed_usd_per_host_hour=billed,
+            usd_per_valid_rollout=inverse(nmax_thr, usd), basis=basis, note=note, inputs=inputs))
     for sub in substrates:
         sc = SCALE.get(sub, 2.0)
-        ledger.put_artifact(run_id, "coldstart", sub, {
-            "substrate": sub, "samples_s": [float(v) for v in rng.lognormal(np.log(0.03 * sc), 0.3, 60)],
-            "note": "create + first command, fresh sandbox"})
+        first = art.latency([float(v) for v in rng.lognormal(np.log(0.03 * sc), 0.3, 60)])
+        floor = art.latency([float(v) for v in rng.lognormal(np.log(0.02 * sc), 0.2, 60)])
+        resets = {s: art.latency([float(v) for v in rng.lognormal(np.log(0.01 * sc * f), 0.3, 10)])
+                  for s, f in (("in_place", 1.0), ("recreate", 2.5))}
+        art.put(ledger, run_id, sub, art.ColdstartArtifact(
+            substrate=sub, mode="sequential", isolation="synthetic", first_command=first, success=wilson(60, 60),
+            teardown=art.latency([0.005 * sc] * 60), floor_argv=["true"], floor=floor,
+            ratio_to_floor=(first.p50.value or 0) / (floor.p50.value or 1), idle_memory_mib=2.0 * sc,
+            idle_pss_mib=None, reset=resets, reset_ratio_recreate_over_in_place=2.5, errors=[]))
     dims = ["pixels", "text", "cursor", "selection", "undo", "modified", "dialogs", "locks"]
     methods = {"replay": (1.9, 0.15, {}), "file": (1.1, 0.1, {"undo": 0, "cursor": 3, "selection": 2, "dialogs": 10}),
                "criu": (0.24, 0.08, {})}
+    m = 16
     for method, (base, spread, lost) in methods.items():
-        for k in (1, 5, 20):
-            per_k = base * (k / 5 if method == "replay" else 1.0) + 0.05
-            m = 16
-            faithful = {d: {"faithful": lost.get(d, m), "total": m} for d in dims}
-            ledger.put_artifact(run_id, "branch", f"{method}/k={k}", {
-                "method": method, "env": "desktop", "task": "writer-bold-word", "k": k, "continuations": m,
-                "creation_s": [float(v) for v in rng.lognormal(np.log(per_k), spread, m)],
-                "creation_parallel_s": [float(v) for v in rng.lognormal(np.log(per_k * 1.4), spread, m)],
-                "faithful": faithful, "valid": min(v["faithful"] for v in faithful.values()),
-                "valid_per_host_hour": {"value": 900 / per_k, "low": 800 / per_k, "high": 1000 / per_k, "n": m,
-                                        "method": "bootstrap over 20 time bins"},
-                "usd_per_valid": {"value": 0.1 * per_k / 900, "low": 0.1 * per_k / 1000, "high": 0.1 * per_k / 800,
-                                  "n": m, "method": "bootstrap over 20 time bins"}})
+        per_k = {k: base * (k / 5 if method == "replay" else 1.0) + 0.05 for k in (1, 5, 20)}
+        one_by_one = art.latency([float(v) for v in rng.lognormal(np.log(per_k[5]), spread, m)])
+        faithful = {d: art.Share(faithful=lost.get(d, m), total=m) for d in dims}
+        valid = min(v.faithful for v in faithful.values())
+        thr = Estimate(value=900 / per_k[5], low=800 / per_k[5], high=1000 / per_k[5], n=m,
+                       method="bootstrap over 20 time bins")
+        art.put(ledger, run_id, method, art.BranchMethodArtifact(
+            method=method, env="desktop", task="writer-bold-word", k=5, prepare_s=1.0, creation_sequential=one_by_one,
+            creation_parallel=art.latency([float(v) for v in rng.lognormal(np.log(per_k[5] * 1.4), spread, m)]),
+            parallel_wall_s=per_k[5] * 2, faithful=faithful,
+            faithful_all=art.Share(faithful=valid, total=m), continuations=m, valid=valid, success=valid // 2,
+            invalid={"dirty_reset": m - valid} if valid < m else {}, valid_per_host_hour=thr,
+            usd_per_valid_continuation=inverse(thr, 0.1),
+            creation_by_k={str(k): Estimate(value=v, low=v * 0.9, high=v * 1.1, n=3, method="order-statistics")
+                           for k, v in per_k.items()}, errors=[]))
     for sub in substrates:
         sc = SCALE.get(sub, 2.0)
         cold, reset, step, verify = 0.03 * sc, 0.012 * sc, 0.011 * sc, 0.22
         per_traj = cold + 150 * step + verify
-        ledger.put_artifact(run_id, "projection", sub, {
-            "substrate": sub, "trajectories": 1_000_000, "steps": 150,
-            "cold_start_s": {"value": cold, "low": cold * 0.9, "high": cold * 1.1, "n": 60,
-                             "method": "order-statistics"},
-            "reset_s": reset, "per_step_s": {"value": step, "low": step * 0.95, "high": step * 1.05, "n": 9000,
-                                             "method": "order-statistics"},
-            "verify_s": verify, "projected_s_per_trajectory": per_traj,
-            "measured_s_per_trajectory": per_traj * float(rng.uniform(0.9, 1.12)),
-            "worker_hours": {"value": per_traj * 1e6 / 3600, "low": per_traj * 0.93e6 / 3600,
-                             "high": per_traj * 1.07e6 / 3600, "n": 60, "method": "carried through"}})
+
+        def est(v: float, n: int, rel: float = 0.1) -> Estimate:
+            return Estimate(value=v, low=v * (1 - rel), high=v * (1 + rel), n=n, method="order-statistics")
+
+        art.put(ledger, run_id, sub, art.ProjectionArtifact(
+            substrate=sub, trajectories=1_000_000, steps=150, cold_start_s=est(cold, 60), reset_s=est(reset, 60),
+            per_step_s=est(step, 9000, 0.05), verify_s=est(verify, 60), projected_s_per_trajectory=per_traj,
+            measured_s_per_trajectory=per_traj * float(rng.uniform(0.9, 1.12)),
+            worker_hours=est(per_traj * 1e6 / 3600, 60, 0.07)))
     for t, task in enumerate(("writer-bold-word", "calc-sum-column")):
         for s, stage in enumerate(("start", "middle", "end")):
-            ledger.put_artifact(run_id, "screenshot", f"{task}/{100 + t}/{stage}", {
-                "task": task, "seq": 100 + t, "stage": stage, "width": 320, "height": 200,
-                "png_base64": base64.b64encode(fake_screen(t, s)).decode()})
+            art.put(ledger, run_id, f"{task}/{100 + t}/{stage}", art.ScreenshotArtifact(
+                task=task, seq=100 + t, stage=stage, width=320, height=200,
+                png_base64=base64.b64encode(fake_screen(t, s)).decode()))
     ledger.set_status(run_id, "complete")
 
 

@@ -1,0 +1,363 @@
+"""Every artifact a command stores in the ledger: one typed model per kind, shared by writer and reader.
+
+The ledger's ``artifacts`` table holds JSON per (run, kind, name). The producers (``experiments/``)
+build these models and write them with :func:`put`; the renderers (``report/``) read them back with
+:func:`load` or :func:`load_run`, so a field renamed on one side is a type error on the other, never
+a "–" on a page. Models forbid unknown fields: an artifact written by another version of the code
+fails validation loudly (the HTML report shows the error in the section, the rest of the page is
+written).
+
+Kinds (``KIND`` of each model) and their names:
+
+=================  ==================================  ========================================
+kind               name                                written by
+=================  ==================================  ========================================
+``segment``        the window's label                  run (windowed segments of a sweep)
+``window``         the window's label                  sweep (judged windows)
+``sweep``          ``summary``                         sweep
+``price``          the priced host's name              sweep, run, report (derived figures)
+``prices``         ``files``                           run, sweep (price files as given)
+``coldstart``      the substrate                       coldstart
+``isolation``      the substrate                       isolation
+``branch``         the fork method                     branch (one per method)
+``branch-summary`` ``report``                          branch
+``projection``     the substrate (label)               project
+``screenshot``     ``<task>/<seq or method>/<stage>``  run on desktop tasks, branch on desktop
+=================  ==================================  ========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from drumsbench.ledger import Ledger
+from drumsbench.measure.cost import HostPrice, PriceFile
+from drumsbench.measure.stats import Estimate, quantile, wilson
+
+WHOLE_RUN = "whole run, not a confirmed window"  # the basis of any figure not from a sweep's confirmed windows
+
+
+class Artifact(BaseModel):
+    """Base of every artifact model; ``KIND`` is the ledger's ``kind`` column."""
+
+    KIND: ClassVar[str]
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+A = TypeVar("A", bound=Artifact)
+
+
+def put(ledger: Ledger, run_id: str, name: str, artifact: Artifact) -> None:
+    """Store ``artifact`` under (run, its KIND, name), replacing an earlier one of that name."""
+    ledger.put_artifact(run_id, artifact.KIND, name, artifact.model_dump(mode="json", by_alias=True))
+
+
+def load(ledger: Ledger, run_id: str, model: type[A]) -> dict[str, A]:
+    """Every artifact of ``model``'s kind for the run, by name, in the order written.
+
+    Raises pydantic's ``ValidationError`` when a stored artifact does not fit the model."""
+    return {name: model.model_validate(data) for name, data in ledger.artifacts(run_id, model.KIND).items()}
+
+
+# -- shared pieces -----------------------------------------------------------------------------------
+
+class Latency(BaseModel):
+    """Percentiles with order-statistics intervals, and the samples they came from (for CDFs)."""
+
+    n: int
+    p50: Estimate
+    p95: Estimate
+    p99: Estimate
+    samples_s: list[float] = Field(default_factory=list)
+
+
+def latency(values: Sequence[float]) -> Latency:
+    vals = [float(v) for v in values]
+    return Latency(n=len(vals), p50=quantile(vals, 0.5), p95=quantile(vals, 0.95), p99=quantile(vals, 0.99),
+                   samples_s=vals)
+
+
+class Share(BaseModel):
+    """``faithful`` of ``total`` continuations kept one dimension; ``estimate`` is the Wilson share."""
+
+    faithful: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+    @property
+    def value(self) -> float | None:
+        """The faithful share (None when no continuation was checked)."""
+        return self.faithful / self.total if self.total else None
+
+    @property
+    def estimate(self) -> Estimate:
+        return wilson(self.faithful, self.total)
+
+    @property
+    def complete(self) -> bool:
+        return self.total > 0 and self.faithful == self.total
+
+
+def share(flags: Sequence[bool]) -> Share:
+    return Share(faithful=sum(bool(f) for f in flags), total=len(flags))
+
+
+# -- run and sweep -------------------------------------------------------------------------------------
+
+class SegmentArtifact(Artifact):
+    """One windowed segment of a run as it ran (a sweep's window before it is judged)."""
+
+    KIND: ClassVar[str] = "segment"
+    concurrency: int
+    planned_s: float | None
+    max_attempts: int | None
+    work_started: float
+    ended: float
+    interrupted: bool
+    config: dict[str, Any]
+    resources: dict[str, Any]
+
+
+class WindowResources(BaseModel):
+    cpu_busy: float | None = None
+    mem_gib: float | None = None
+    sandboxes: float | None = None
+
+
+class WindowArtifact(Artifact):
+    """A judged window of a sweep: its role, whether it is confirmed and why."""
+
+    KIND: ClassVar[str] = "window"
+    concurrency: int
+    role: Literal["window", "soak", "burst", "other"]
+    planned_s: float | None
+    ran_s: float
+    attempts: int
+    valid: int
+    invalid: int
+    invalid_rate: Estimate
+    valid_per_host_hour: Estimate
+    confirmed: bool
+    counted: bool
+    reasons: list[str]
+    resources: WindowResources
+
+
+class SweepSummaryArtifact(Artifact):
+    """The sweep's verdict. ``valid_per_host_hour`` is from confirmed windows at N_max; None (and
+    ``n_max`` None) when no window was confirmed: then there is no headline."""
+
+    KIND: ClassVar[str] = "sweep"
+    n_max: int | None
+    soak: str | None
+    invalid_threshold: float
+    valid_per_host_hour: Estimate | None
+    stopped: str | None
+    soak_held: bool | None
+    note: str
+
+
+class PriceArtifact(Artifact):
+    """USD per valid rollout on one priced host (owned, cloud with its billing minimum, EUR-priced)."""
+
+    KIND: ClassVar[str] = "price"
+    name: str
+    kind: str
+    usd_per_host_hour: float
+    billed_usd_per_host_hour: float | None = None
+    usd_per_valid_rollout: Estimate | None = None
+    basis: str = ""  # what the throughput behind usd_per_valid_rollout was measured over
+    note: str = ""
+    inputs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PriceFilesArtifact(Artifact):
+    """The price files a run was given, as given (so ``report`` can price it again)."""
+
+    KIND: ClassVar[str] = "prices"
+    files: list[PriceFile]
+
+
+def stored_price_files(ledger: Ledger, run_id: str) -> list[PriceFile]:
+    """The price files the run was given (empty when none)."""
+    found = load(ledger, run_id, PriceFilesArtifact).get("files")
+    return list(found.files) if found else []
+
+
+# -- substrates ----------------------------------------------------------------------------------------
+
+class ColdstartArtifact(Artifact):
+    """One substrate's cold start (create -> first command), teardown, idle memory and resets."""
+
+    KIND: ClassVar[str] = "coldstart"
+    substrate: str
+    mode: str
+    isolation: str
+    first_command: Latency
+    success: Estimate
+    teardown: Latency
+    floor_argv: list[str] | None
+    floor: Latency | None
+    ratio_to_floor: float | None
+    idle_memory_mib: float | None
+    idle_pss_mib: float | None
+    reset: dict[str, Latency]
+    reset_ratio_recreate_over_in_place: float | None
+    errors: list[str]
+
+
+class ProbeArtifact(BaseModel):
+    """One escape attempt: whether it ran, whether it was contained, and its positive control."""
+
+    probe: str
+    ran: bool
+    contained: bool | None
+    detail: str
+    control: str
+    control_detail: str = ""
+    verdict: str
+
+
+class IsolationArtifact(Artifact):
+    """Escape attempts from inside one substrate's sandboxes, and its canary positive control."""
+
+    KIND: ClassVar[str] = "isolation"
+    substrate: str
+    declared: str
+    canary_control_fired: bool
+    probes: list[ProbeArtifact]
+
+
+class ProjectionArtifact(Artifact):
+    """Worker-hours for a workload on one substrate, from measured terms."""
+
+    KIND: ClassVar[str] = "projection"
+    substrate: str
+    trajectories: int
+    steps: int
+    cold_start_s: Estimate
+    reset_s: Estimate
+    per_step_s: Estimate
+    verify_s: Estimate
+    projected_s_per_trajectory: float | None
+    measured_s_per_trajectory: float | None = None
+    worker_hours: Estimate
+
+
+# -- branching -----------------------------------------------------------------------------------------
+
+class BranchMethodArtifact(Artifact):
+    """One fork method's results: creation one at a time and all at once (samples and percentiles),
+    faithfulness per dimension, the continuations' outcomes, throughput and cost, creation against k."""
+
+    KIND: ClassVar[str] = "branch"
+    method: str
+    env: str
+    task: str
+    k: int
+    prepare_s: float
+    creation_sequential: Latency
+    creation_parallel: Latency
+    parallel_wall_s: float
+    faithful: dict[str, Share]
+    faithful_all: Share
+    continuations: int
+    valid: int
+    success: int
+    invalid: dict[str, int]
+    valid_per_host_hour: Estimate
+    usd_per_valid_continuation: Estimate
+    creation_by_k: dict[str, Estimate]
+    errors: list[str]
+
+
+class BranchSummaryArtifact(Artifact):
+    """The whole branch run: the prepared state, whether forks left it unchanged, every method."""
+
+    KIND: ClassVar[str] = "branch-summary"
+    schema_: str = Field("drumsbench.branch-report/2", alias="schema")
+    run_id: str
+    task: str
+    env: str
+    substrate: str
+    k: int
+    prepared: dict[str, Any]
+    prepared_unchanged: bool
+    isolation_control_fired: bool
+    methods: list[BranchMethodArtifact]
+    price: HostPrice
+    conditions: str
+
+
+class ScreenshotArtifact(Artifact):
+    """A screen kept for people: PNG bytes inline (base64) or a path relative to the ledger's folder."""
+
+    KIND: ClassVar[str] = "screenshot"
+    task: str
+    stage: str  # start, middle, end; prepared, continuation
+    seq: int | None = None
+    method: str | None = None
+    note: str | None = None
+    width: int | None = None
+    height: int | None = None
+    path: str | None = None
+    png_base64: str | None = None
+
+
+# -- everything of one run -----------------------------------------------------------------------------
+
+@dataclass
+class RunArtifacts:
+    """Every typed artifact of one run (what the renderers read), plus counts of unknown kinds."""
+
+    segments: dict[str, SegmentArtifact] = field(default_factory=dict)
+    windows: dict[str, WindowArtifact] = field(default_factory=dict)
+    sweep: SweepSummaryArtifact | None = None
+    prices: dict[str, PriceArtifact] = field(default_factory=dict)
+    coldstart: dict[str, ColdstartArtifact] = field(default_factory=dict)
+    isolation: dict[str, IsolationArtifact] = field(default_factory=dict)
+    projection: dict[str, ProjectionArtifact] = field(default_factory=dict)
+    branch: dict[str, BranchMethodArtifact] = field(default_factory=dict)
+    branch_summary: BranchSummaryArtifact | None = None
+    screenshots: dict[str, ScreenshotArtifact] = field(default_factory=dict)
+    other_kinds: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be read
+
+
+KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
+                                PriceFilesArtifact, ColdstartArtifact, IsolationArtifact, ProjectionArtifact,
+                                BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact)}
+
+
+def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
+    """Every artifact of the run, typed. A kind whose stored data does not fit its model is left
+    empty and its error kept in ``errors`` (a renderer says so in place of that section)."""
+    counts = {r[0]: r[1] for r in ledger.db.execute(
+        "SELECT kind, COUNT(*) FROM artifacts WHERE run_id = ? GROUP BY kind", (run_id,))}
+    out = RunArtifacts(other_kinds={k: n for k, n in counts.items() if k not in KNOWN_KINDS})
+
+    def get(model: type[A]) -> dict[str, A]:
+        if model.KIND not in counts:
+            return {}
+        try:
+            return load(ledger, run_id, model)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            out.errors[model.KIND] = f"{model.KIND} artifact does not fit its model: {where}: {first['msg']}"
+            return {}
+
+    out.segments = get(SegmentArtifact)
+    out.windows = get(WindowArtifact)
+    out.sweep = get(SweepSummaryArtifact).get("summary")
+    out.prices = get(PriceArtifact)
+    out.coldstart = get(ColdstartArtifact)
+    out.isolation = get(IsolationArtifact)
+    out.projection = get(ProjectionArtifact)
+    out.branch = get(BranchMethodArtifact)
+    out.branch_summary = get(BranchSummaryArtifact).get("report")
+    out.screenshots = get(ScreenshotArtifact)
+    return out
