@@ -293,3 +293,26 @@ def test_integrity_off_lets_sabotage_reach_reward_one(state_dir, run_id):
                     (honest, "adv_verdict_stdout"): "failed", (honest, "adv_skip_every_test"): "failed"}
     arms = TrainConfig(treatments=[Treatment.EXCLUDE], integrity=["on", "off"]).arms()
     assert [a.label for a in arms] == ["exclude", "exclude+integrity-off"]
+
+
+def test_fork_and_scratch_arms_see_the_same_episodes(tmp_path, state_dir, run_id):
+    """Group members forked from one prepared parent (file-copy fork, gate 1 checks faithfulness) take
+    the same actions, meet the same faults and end the same as members run from scratch."""
+    cfg = TrainConfig(treatments=[Treatment.EXCLUDE], start=["scratch", "fork"], prefix_k=2, seeds=[5],
+                      fault_mode=FaultMode.CORRELATED, fault_scale=3.0, only=FAULTY, holdout_every=0, iterations=1,
+                      groups=2, group_size=3, eval_every=1, eval_episodes=1, final_eval_episodes=1, concurrency=2)
+    ledger = _train(cfg, tmp_path, state_dir, run_id)
+    seen: dict[str, dict[tuple[int, int], tuple]] = defaultdict(dict)
+    forked = 0
+    for r in _rows(ledger, run_id):
+        t = r["extra"]["train"]
+        if t["phase"] == "train":
+            seen[t["treatment"]][(t["group"], t["member"])] = (r["task"], tuple(r["extra"]["actions"]), r["outcome"],
+                                                              r["cause"])
+            forked += "fork" in r["extra"]
+            if "fork" in r["extra"]:
+                assert t["start"] == "fork" and r["extra"]["fork"]["method"] == "file"
+    assert forked == 6 and len(seen["exclude"]) == 6
+    assert seen["exclude+fork"] == seen["exclude"]
+    assert all(v[1][:2] == ("read", "test") for v in seen["exclude"].values())
+    assert all(v[3] != "dirty_reset" for v in seen["exclude+fork"].values())  # every fork was faithful

@@ -59,6 +59,13 @@ def _integrity(text: str) -> list[str]:
     return out
 
 
+def _start(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out or any(x not in ("scratch", "fork") for x in out) or len(set(out)) != len(out):
+        raise UsageError(f"--start: {text!r}; give scratch, fork or scratch,fork")
+    return out
+
+
 def render(report) -> list:
     """The report as rich tables and lines (learning curves, final eval with tests, training cost)."""
     curves = Table(title=f"eval success on {len(report.eval_tasks)} clean tasks, mean of {len(report.seeds)} seeds "
@@ -86,12 +93,17 @@ def render(report) -> list:
         comp.add_row(f"{c.a} - {c.b}", _pp(c.difference), _p(c.p_paired_permutation), _p(c.p_fisher))
 
     cost = Table(title=f"training rollouts, {report.fault_mode} faults")
-    for col in ("treatment", "attempts", "invalid", "retries", "inv. in loss", "s/valid", "USD/valid"):
+    for col in ("treatment", "attempts", "invalid", "retries", "inv. in loss", "s/valid", "USD/valid",
+                "to 90%: seeds, host s"):
         cost.add_column(col)
     for c in report.costs:
+        h = c.host_s_to_90
+        to90 = f"{c.reached_90}/{len(report.seeds)}" + ("" if h is None or h.value is None else
+                                                        f", {h.value:.0f}" + ("" if h.low is None else
+                                                                             f" [{h.low:.0f}, {h.high:.0f}]"))
         cost.add_row(c.treatment, str(c.attempts), _pct(c.invalid_rate), str(c.retries), str(c.invalid_in_loss),
                      "n/a" if c.s_per_valid_rollout is None else f"{c.s_per_valid_rollout:.3f}",
-                     "n/a" if c.usd_per_valid_rollout is None else f"{c.usd_per_valid_rollout:.2e}")
+                     "n/a" if c.usd_per_valid_rollout is None else f"{c.usd_per_valid_rollout:.2e}", to90)
     lines = [f"faults: {report.faults}"]
     lines += [f"{c.treatment}: invalid by cause: " + (", ".join(f"{k} {v}" for k, v in c.invalid.items()) or "none")
               for c in report.costs]
@@ -109,6 +121,9 @@ def train(
     seed: Annotated[int, typer.Option(help="First seed.")] = 0,
     seed_list: Annotated[str | None, typer.Option(help="Explicit seeds, e.g. 3,7,11 (overrides --seeds).")] = None,
     faults: Annotated[str, typer.Option(help="correlated (with the action/task), uniform or none.")] = "correlated",
+    start: Annotated[str, typer.Option(help="How group members start: scratch, fork (forked from one prepared "
+                                            "parent per group) or scratch,fork (the cost contrast).")] = "scratch",
+    prefix_k: Annotated[int, typer.Option(help="Prefix actions before the policy decides (0-2: read, test).")] = 0,
     integrity: Annotated[str, typer.Option(help="Verifier integrity: on; off or on,off only for the integrity "
                                                 "contrast (a forgeable verdict in training, eval always on).")]
     = "on",
@@ -161,7 +176,7 @@ def train(
         flags = {"iterations": "--iterations", "groups": "--groups", "group_size": "--group-size",
                  "eval_every": "--eval-every", "eval_episodes": "--eval-episodes", "lr": "--lr",
                  "final_eval_episodes": "--final-eval-episodes",
-                 "fault_scale": "--fault-scale", "holdout_every": "--holdout-every",
+                 "fault_scale": "--fault-scale", "holdout_every": "--holdout-every", "prefix_k": "--prefix-k",
                  "concurrency": "--concurrency", "episode_timeout_s": "--step-timeout",
                  "step_timeout_s": "--step-timeout"}
         try:
@@ -169,7 +184,7 @@ def train(
             cfg = TrainConfig(tasks=tasks, substrate=substrate, treatments=parse_treatments(treatments),
                               seeds=_seeds(seeds, seed_list, seed), fault_mode=FaultMode(faults),
                               fault_scale=fault_scale, holdout_every=holdout_every,
-                              integrity=_integrity(integrity),
+                              integrity=_integrity(integrity), start=_start(start), prefix_k=prefix_k,
                               only=[t.strip() for t in (task_ids or "").split(",") if t.strip()],
                               iterations=iterations, groups=groups, group_size=group_size, eval_every=eval_every,
                               eval_episodes=eval_episodes, final_eval_episodes=final_eval_episodes, lr=lr,

@@ -66,6 +66,11 @@ class TreatmentCost(BaseModel):
     host_s: float = Field(description="wall time of this treatment's runs (training and evaluation)")
     s_per_valid_rollout: float | None
     usd_per_valid_rollout: float | None
+    reached_90: int = Field(0, description="seeds whose eval success reached 90% at some eval point")
+    host_s_to_90: Estimate | None = Field(None, description="host seconds from the start of a seed's run to the "
+                                                            "first eval point at >= 90%, mean over the seeds that "
+                                                            "reached it; t interval")
+    usd_to_90: Estimate | None = None
 
 
 class TrainReport(BaseModel):

@@ -34,8 +34,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from drumsbench import gates
+from drumsbench.branching.methods import FileCopy
 from drumsbench.envs import suites
-from drumsbench.envs.base import Task
+from drumsbench.envs.base import Action, Task
 from drumsbench.errors import UsageError
 from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.ledger import Ledger
@@ -52,10 +54,15 @@ from drumsbench.train.policy_net import NetPolicy, Snapshot
 from drumsbench.train.treatments import Treatment, group_advantages
 
 RUN_KIND = "train"
+PREFIX = ("read", "test")
 
 
 def _integrity_on() -> list[Literal["on", "off"]]:
     return ["on"]
+
+
+def _scratch() -> list[Literal["scratch", "fork"]]:
+    return ["scratch"]
 
 
 class TrainConfig(BaseModel):
@@ -79,6 +86,11 @@ class TrainConfig(BaseModel):
     final_eval_episodes: int = Field(3, ge=1, le=100)
     holdout_every: int = Field(3, ge=0, description="every n-th task of the suite is held out for evaluation "
                                                      "(0: evaluate on the training tasks)")
+    start: list[Literal["scratch", "fork"]] = Field(
+        default_factory=_scratch, description="how group members start: scratch (each its own verified reset and "
+                                              "prefix) or fork (one parent per group prepared once, members "
+                                              "forked from it with the file-copy fork method)")
+    prefix_k: int = Field(0, ge=0, le=2, description="prefix actions before the policy decides: read, then test")
     max_actions: int = Field(3, ge=1, le=20)
     max_retries: int = Field(3, ge=1, le=20)
     lr: float = Field(0.05, gt=0)
@@ -97,11 +109,16 @@ class TrainConfig(BaseModel):
             raise UsageError("--seeds: give at least one seed")
         if not self.integrity or len(set(self.integrity)) != len(self.integrity):
             raise UsageError("--integrity: give on, off or on,off")
+        if not self.start or len(set(self.start)) != len(self.start):
+            raise UsageError("--start: give scratch, fork or scratch,fork")
         return self
 
     def arms(self) -> list[Arm]:
-        """Treatment x integrity, in order: the treatments with integrity on, then with it off."""
-        return [Arm(t, i == "on") for i in self.integrity for t in self.treatments]
+        """Integrity x start x treatment, in that nesting order."""
+        return [Arm(t, i == "on", st == "fork") for i in self.integrity for st in self.start for t in self.treatments]
+
+    def prefix(self) -> tuple[int, ...]:
+        return tuple(SLOTS.index(name) for name in PREFIX[: self.prefix_k])
 
 
 @dataclass(frozen=True)
@@ -110,10 +127,11 @@ class Arm:
 
     treatment: Treatment
     integrity: bool = True
+    fork: bool = False
 
     @property
     def label(self) -> str:
-        return self.treatment.value if self.integrity else f"{self.treatment.value}+integrity-off"
+        return self.treatment.value + ("" if self.integrity else "+integrity-off") + ("+fork" if self.fork else "")
 
 
 @dataclass(frozen=True)
@@ -144,12 +162,25 @@ class Progress:
     invalid: int = 0
 
 
+@dataclass
+class Parent:
+    """A group's prepared state and the fork method that continues it."""
+
+    slot: Slot
+    method: FileCopy
+    prepared: dict[str, Any]
+    generation: int
+    last_exit: int | None
+    box_id: str
+
+
 class _Runner:
     """Runs attempts on ``concurrency`` slots (one sandbox each, reused with a verified reset)."""
 
     def __init__(self, substrate: Substrate, suite: suites.Suite, cfg: TrainConfig, ledger: Ledger,
                  run_id: str) -> None:
         self.cfg, self.ledger, self.run_id = cfg, ledger, run_id
+        self.substrate, self.make_env = substrate, suite.make_env
         self.slots: queue.Queue[Slot] = queue.Queue()
         self.forgeable: queue.Queue[Slot] = queue.Queue()
         for w in range(cfg.concurrency):
@@ -169,7 +200,9 @@ class _Runner:
         return self.spaces[task.id]
 
     def _one(self, task: Task, policy_args: dict[str, Any], fault: InvalidCause | None, seq: int,
-             meta: dict[str, Any], forgeable: bool) -> tuple[AttemptRecord, NetPolicy]:
+             meta: dict[str, Any], forgeable: bool, parent: Parent | None) -> tuple[AttemptRecord, NetPolicy]:
+        if parent is not None:
+            return self._forked(task, policy_args, fault, seq, meta, parent)
         slots = self.forgeable if forgeable else self.slots
         slot = slots.get()
         try:
@@ -180,13 +213,55 @@ class _Runner:
         finally:
             slots.put(slot)
 
+    def _forked(self, task: Task, policy_args: dict[str, Any], fault: InvalidCause | None, seq: int,
+                meta: dict[str, Any], parent: Parent) -> tuple[AttemptRecord, NetPolicy]:
+        """A continuation forked from the group's prepared parent (gate 1 checks it is faithful)."""
+        t0 = time.monotonic()
+        child = parent.method.fork(parent.generation)
+        fork_s = time.monotonic() - t0
+        try:
+            policy = NetPolicy(**policy_args, env=child.env, step_timeout_s=self.cfg.rollout.step_timeout_s,
+                               prefix=self.cfg.prefix(), forked=True, prefix_exit=parent.last_exit)
+            meta = {**meta, "extra": {**meta["extra"], "fork": {"method": parent.method.name, "creation_s": fork_s,
+                                                                 "parent": parent.box_id}}}
+            rec = run_attempt(child, task, policy, self.cfg.rollout, self.canaries, run_id=self.run_id, seq=seq,
+                              seed=0, fault=fault, meta=meta, prepared=parent.prepared)
+            return rec, policy
+        finally:
+            child.destroy()
+
+    def prepare(self, task: Task, forgeable: bool) -> Parent:
+        """A group's parent: a fresh sandbox, the task's verified reset, the prefix actions; its work
+        folder is copied once (the ``file`` fork method)."""
+        make_env = ForgeableCodingEnv if forgeable else self.make_env
+        slot = Slot(self.substrate, make_env())
+        slot.provision()
+        try:
+            slot.env.reset(task)
+            gates.check_reset(slot.env, task)
+            space, last_exit = self.space(task), None
+            specs = [space.specs[i] for i in self.cfg.prefix()]
+            for spec in specs:
+                obs = slot.env.step(Action.of(spec, slot.env.generation), self.cfg.rollout.step_timeout_s * 10)
+                gates.check_observation(slot.env, obs)
+                last_exit = int(obs.content.get("exit_code", 0))
+            method = FileCopy(self.substrate, make_env, task, specs, self.cfg.rollout.step_timeout_s)
+            method.prepare(slot)
+            return Parent(slot, method, slot.env.capture(), slot.env.generation, last_exit, slot.env.box.id)
+        except BaseException:
+            slot.destroy()
+            raise
+
     def batch(self, items: Sequence[tuple[Task, dict[str, Any], InvalidCause | None, dict[str, Any]]],
-              forgeable: bool = False) -> list[tuple[AttemptRecord, NetPolicy]]:
+              forgeable: bool = False, parents: dict[str, Parent] | None = None
+              ) -> list[tuple[AttemptRecord, NetPolicy]]:
         """Run the attempts at once (``concurrency`` at a time; ``forgeable``: on the integrity-off
-        environment); record each in the ledger; results in the order given."""
+        environment; ``parents``: forked from the task's parent); record each in the ledger; results in
+        the order given."""
         futures: list[Future[tuple[AttemptRecord, NetPolicy]]] = []
         for task, args, fault, meta in items:
-            futures.append(self.pool.submit(self._one, task, args, fault, self.seq, meta, forgeable))
+            parent = None if parents is None else parents[task.id]
+            futures.append(self.pool.submit(self._one, task, args, fault, self.seq, meta, forgeable, parent))
             self.seq += 1
         out = []
         for f in futures:
@@ -206,7 +281,9 @@ def _meta(arm: Arm, seed: int, phase: str, iteration: int, group: int, member: i
           concurrency: int = 1) -> dict[str, Any]:
     return {"window": f"{arm.label}/s{seed}", "concurrency": concurrency,
             "extra": {"train": {"treatment": arm.label, "rule": arm.treatment.value,
-                                "integrity": "on" if arm.integrity else "off", "seed": seed, "phase": phase,
+                                "integrity": "on" if arm.integrity else "off",
+                                "start": "fork" if arm.fork and phase == "train" else "scratch", "seed": seed,
+                                "phase": phase,
                                 "iteration": iteration, "group": group, "member": member, "retry": retry}}}
 
 
@@ -241,7 +318,7 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: i
             for ep in range(episodes):
                 key = (iteration, ti, ep, 0)
                 args: dict[str, Any] = {"snapshot": snap, "space": runner.space(task), "key": key, "seed": seed,
-                                        "phase": "eval"}
+                                        "phase": "eval", "prefix": cfg.prefix()}
                 items.append((task, args, None,
                               _meta(arm, seed, "eval", iteration, ti, ep, 0, cfg.concurrency)))
         done = runner.batch(items)
@@ -258,6 +335,8 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: i
             rng = random.Random(f"{seed}:tasks:{it}")
             chosen = rng.sample(split.train, min(cfg.groups, len(split.train)))
             members: dict[tuple[int, int], tuple[AttemptRecord, NetPolicy]] = {}
+            parents = (dict(zip([t.id for t in chosen], runner.pool.map(
+                lambda t: runner.prepare(t, not arm.integrity), chosen), strict=True)) if arm.fork else None)
             pending = [(g, m, 0) for g in range(len(chosen)) for m in range(cfg.group_size)]
             retries = 0
             while pending:
@@ -266,10 +345,13 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: i
                     task = chosen[g]
                     key = (it, g, m, r)
                     fault = InvalidCause.VERIFIER_UNAVAILABLE if faults.verifier_fires(key, task.id) else None
-                    items.append((task, {"snapshot": snap, "space": runner.space(task), "key": key, "seed": seed,
-                                         "phase": "train", "faults": faults}, fault,
+                    args = {"snapshot": snap, "space": runner.space(task), "key": key, "seed": seed,
+                            "phase": "train", "faults": faults}
+                    if not arm.fork:
+                        args["prefix"] = cfg.prefix()
+                    items.append((task, args, fault,
                                   _meta(arm, seed, "train", it, g, m, r, cfg.concurrency)))
-                results = runner.batch(items, forgeable=not arm.integrity)
+                results = runner.batch(items, forgeable=not arm.integrity, parents=parents)
                 progress.attempts += len(results)
                 nxt = []
                 for (g, m, r), (rec, pol) in zip(pending, results, strict=True):
@@ -281,6 +363,8 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: i
                             retries += 1
                 pending = nxt
                 tick(progress)
+            for parent in (parents or {}).values():
+                parent.slot.destroy()
             batch: list[Sample] = []
             advantages: dict[str, float | None] = {}
             for g in range(len(chosen)):

@@ -11,6 +11,9 @@ Contracts:
   ledger's sequence number — so two treatments with the same weights take the same actions.
 - An episode has at most ``max_actions`` chosen actions; then the policy submits (a forced
   submit is marked and never enters the loss).
+- With a ``prefix`` (slots that prepare the state), a run from scratch plays the prefix first (no
+  decisions, no faults); a ``forked`` continuation starts after it, seeing the parent's last exit
+  code (``prefix_exit``) — both then see the same features at their first decision.
 - ``NetPolicy`` may carry a ``FaultModel``: when a step's draw fires for the chosen action, the
   real ``step_timeout`` injector freezes the sandbox from the host before the action runs.
 """
@@ -117,6 +120,9 @@ class NetPolicy(Policy):
     taken: list[int] = field(default_factory=list)
     fault: dict[str, Any] | None = None
     forced_submit: bool = False
+    prefix: tuple[int, ...] = ()
+    forked: bool = False
+    prefix_exit: int | None = None
     name = "grpo-net"
 
     def __post_init__(self) -> None:
@@ -127,16 +133,26 @@ class NetPolicy(Policy):
         return []  # acts from observations, never from a plan
 
     def begin(self, task: Task, rng: random.Random) -> None:
-        self.decisions, self.taken, self.fault, self.forced_submit = [], [], None, False
+        self.decisions, self.fault, self.forced_submit = [], None, False
+        # A continuation of a fork starts after the prefix, which its parent already took.
+        self.taken = list(self.prefix) if self.forked else []
 
     def act(self, obs: Observation) -> Action:
         step = len(self.taken)
-        if step >= self.snapshot.max_actions:
+        if step < len(self.prefix):  # from scratch: the prefix first (preparation, not a decision)
+            self.taken.append(self.prefix[step])
+            return Action.of(self.space.specs[self.prefix[step]], obs.generation)
+        if len(self.decisions) >= self.snapshot.max_actions:
             self.forced_submit = True
             self.taken.append(SUBMIT_SLOT)
             return Action.of(self.space.specs[SUBMIT_SLOT], obs.generation)
         code = obs.content.get("exit_code")
-        last_exit = None if step == 0 or code is None else int(code)
+        if step == 0:
+            last_exit = None
+        elif self.forked and step == len(self.prefix):
+            last_exit = self.prefix_exit  # the parent's last observation, as a run from scratch sees it
+        else:
+            last_exit = None if code is None else int(code)
         x = features(self.taken, last_exit, step, self.snapshot.max_actions)
         p = self.snapshot.probs(x)
         a = self._sample(p)

@@ -64,6 +64,12 @@ def fisher_p(a_success: int, a_n: int, b_success: int, b_n: int) -> float | None
     return float(stats.fisher_exact([[a_success, a_n - a_success], [b_success, b_n - b_success]])[1])
 
 
+def _times(e: Estimate, factor: float) -> Estimate:
+    """``e`` times a positive constant; a missing bound stays missing."""
+    return e.model_copy(update={k: None if getattr(e, k) is None else getattr(e, k) * factor
+                                for k in ("value", "low", "high")})
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(float(r[key]) for r in rows) / len(rows) if rows else 0.0
 
@@ -95,13 +101,16 @@ def build_report(ledger: Ledger, run_id: str) -> TrainReport:
 
     # eval[(treatment, seed, iteration)] -> (successes, valid)
     ev: dict[tuple[str, int, int], list[int]] = defaultdict(lambda: [0, 0])
+    ev_start: dict[tuple[str, int, int], float] = {}
     train_attempts: dict[tuple[str, int, int], int] = Counter()
     for a in attempts:
         t = a["train"]
         if not t:
             continue
         if t["phase"] == "eval":
-            cell = ev[(t["treatment"], t["seed"], t["iteration"])]
+            k = (t["treatment"], t["seed"], t["iteration"])
+            ev_start[k] = min(ev_start.get(k, a["t_start"]), a["t_start"])
+            cell = ev[k]
             if a["outcome"] != "invalid":
                 cell[1] += 1
                 cell[0] += a["outcome"] == "success"
@@ -153,8 +162,10 @@ def build_report(ledger: Ledger, run_id: str) -> TrainReport:
                                       p_fisher=p_f, note=note))
 
     seg_s: dict[str, float] = defaultdict(float)
+    seg_start: dict[str, float] = {}
     for started, ended, label in ledger.segments(run_id):
         seg_s[label.split("/")[0]] += ended - started
+        seg_start.setdefault(label, started)
     in_loss_seqs: dict[str, set[int]] = defaultdict(set)
     retries: Counter[str] = Counter()
     for b in batches.values():
@@ -167,7 +178,15 @@ def build_report(ledger: Ledger, run_id: str) -> TrainReport:
         valid = sum(a["outcome"] != "invalid" for a in rows)
         bad = sum(1 for a in rows if a["outcome"] == "invalid" and a["seq"] in in_loss_seqs[tr])
         host = seg_s.get(tr, 0.0)
+        to_90 = []
+        for sd in seeds:
+            hit = next((it for it in iterations if (rate(tr, sd, it) or 0.0) >= 0.9), None)
+            if hit is not None and f"{tr}/s{sd}" in seg_start and (tr, sd, hit) in ev_start:
+                to_90.append(ev_start[(tr, sd, hit)] - seg_start[f"{tr}/s{sd}"])
+        h90 = t_interval(to_90) if to_90 else None
         costs.append(TreatmentCost(
+            reached_90=len(to_90), host_s_to_90=h90,
+            usd_to_90=None if h90 is None else _times(h90, price.usd_per_host_hour / 3600),
             treatment=tr, attempts=len(rows), valid=valid, success=sum(a["outcome"] == "success" for a in rows),
             invalid=dict(invalid), invalid_rate=wilson(sum(invalid.values()), len(rows)), retries=retries[tr],
             invalid_in_loss=bad, host_s=host, s_per_valid_rollout=host / valid if valid else None,
