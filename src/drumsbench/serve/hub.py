@@ -97,6 +97,7 @@ class Episode:
     extra: dict[str, object] = field(default_factory=dict)
 
     def start(self) -> Episode:
+        self.extra.update(client=self.client, session=self.session)
         threading.Thread(target=self._run, name=f"drumsbench-episode-{self.session}", daemon=True).start()
         return self
 
@@ -107,7 +108,7 @@ class Episode:
         rec = run_attempt(self.slot, self.task, policy, hub.cfg.rollout, hub.canaries, run_id=hub.run_id,
                           seq=seq, seed=self.seed, meta={
                               "host": hub.host, "executor": "serve", "concurrency": hub.cfg.max_sessions,
-                              "extra": {"client": self.client, "session": self.session, **self.extra}})
+                              "extra": self.extra})  # read when the attempt ends: what ``abort`` added too
         try:
             hub.record(rec)
         finally:

@@ -1,0 +1,318 @@
+"""``drumsbench serve`` with the real ``openenv-core``: ``openenv validate`` passes every criterion,
+OpenEnv's own client runs oracle (100%) and null (0%) episodes, an invalid attempt is a normal final
+observation (reward null, done, valid false), capacity answers at once, the token gate holds, and
+32 concurrent sessions with clients killed at random leave every attempt classified, every abandoned
+sandbox reaped within the idle limit and nothing behind after the server stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gymnasium.utils.env_checker import check_env
+from openenv.core.generic_client import GenericEnvClient
+from typer.testing import CliRunner
+from websockets.sync.client import connect as ws_connect
+
+from drumsbench.envs.base import ActionSpec
+from drumsbench.envs.coding.task import load_suite
+from drumsbench.errors import UsageError
+from drumsbench.substrates.process import ProcessSubstrate
+
+from helpers import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+OPENENV = str(Path(sys.executable).with_name("openenv"))
+
+
+class Server:
+    """``drumsbench serve --port 0`` in a subprocess; ``stop`` sends SIGTERM and waits."""
+
+    def __init__(self, folder: Path, *args: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.state, self.out = folder, folder / "state", folder / "runs"
+        self.env = {**os.environ, "DRUMSBENCH_STATE": str(self.state)}
+        self.errfile = (folder / "serve.err").open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "drumsbench", "serve", "--port", "0", "--out",
+                                      str(self.out), *args], stdout=subprocess.PIPE, stderr=self.errfile,
+                                     text=True, env=self.env)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("drumsbench serve: "):
+            self.proc.kill()
+            raise AssertionError(f"server did not start: {line}\n{(folder / 'serve.err').read_text()}")
+        self.url = line.split()[2].replace("/t/<token>", "")
+        self.run_id = line.split()[4]
+        self.stdout = ""
+
+    def status(self, **kw: object) -> dict:
+        return httpx.get(f"{self.url}/drumsbench/status", timeout=10, **kw).json()  # type: ignore[arg-type]
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.stdout, _ = self.proc.communicate(timeout=60)
+        self.errfile.close()
+        return self.stdout
+
+    def errors(self) -> str:
+        return (self.folder / "serve.err").read_text()
+
+    def attempts(self) -> list[dict]:
+        db = sqlite3.connect(self.out / "ledger.sqlite")
+        db.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY seq", (self.run_id,))]
+        finally:
+            db.close()
+
+    def assert_nothing_left(self) -> None:
+        assert self.proc.poll() is not None
+        assert not (self.state / "sandboxes" / self.run_id).exists()
+        assert not ProcessSubstrate(self.run_id, self.state).leftovers()
+        assert not list((self.state / "runs").glob("*.json")), "the run is still registered as live"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("serve"), "--max-sessions", "8", "--idle", "20s")
+    yield srv
+    srv.stop()
+    assert "Traceback" not in srv.errors(), srv.errors()
+    srv.assert_nothing_left()
+
+
+def episode(env, plan_of, task_id=None, seed=None, client="pytest"):
+    r = env.reset(**({"task": task_id} if task_id else {}), **({"seed": seed} if seed is not None else {}),
+                  client=client)
+    obs = r.observation
+    assert not r.done and obs["valid"] is None and obs["outcome"] is None
+    for spec in plan_of(obs["task"]):
+        r = env.step({"kind": spec.kind, **spec.payload, "generation": obs["generation"]})
+        if r.done:
+            return r
+    raise AssertionError("the plan ended without the episode ending")
+
+
+def test_openenv_validate_passes_every_criterion(server):
+    proc = subprocess.run([OPENENV, "validate", "--url", server.url], capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["passed"], proc.stdout
+    ids = {c["id"] for c in report["criteria"] if c["passed"]}
+    assert ids == {"openapi_version_available", "health_endpoint", "metadata_endpoint", "schema_endpoint",
+                   "mcp_endpoint", "mode_endpoint_consistency"}
+    assert report["summary"]["failed_criteria"] == []
+
+
+def test_openenv_client_oracle_all_succeed_null_all_fail(server):
+    tasks = {t.id: t for t in load_suite("coding")}
+    with GenericEnvClient(base_url=server.url).sync() as env:
+        for task_id in tasks:
+            r = episode(env, lambda t: tasks[t].oracle_plan(), task_id)
+            assert (r.reward, r.done, r.observation["valid"], r.observation["outcome"]) == (1.0, True, True, "success")
+            r = episode(env, lambda _t: [ActionSpec("submit")], task_id)
+            assert (r.reward, r.done, r.observation["valid"], r.observation["outcome"]) == (0.0, True, True, "failed")
+    rows = [a for a in server.attempts() if json.loads(a["extra"]).get("client") == "pytest"]
+    assert sum(a["outcome"] == "success" for a in rows) == len(tasks)
+    assert sum(a["outcome"] == "failed" for a in rows) == len(tasks)
+
+
+def test_an_invalid_attempt_is_a_normal_final_observation(server):
+    with GenericEnvClient(base_url=server.url).sync() as env:
+        r = env.reset(seed=0, client="stale")
+        gen = r.observation["generation"]
+        r = env.step({"kind": "shell", "command": "ls", "generation": gen - 1})  # an old generation: no error frame
+        obs = r.observation
+        assert (r.done, r.reward, obs["valid"], obs["outcome"], obs["cause"]) == \
+            (True, None, False, "invalid", "stale_generation")
+        assert obs["attempt"].startswith(server.run_id + "/")
+        r = env.step({"kind": "submit"})  # after the end: the same final observation, never a new reward
+        assert r.done and r.reward is None and "over" in r.observation["error"]
+
+
+def test_a_malformed_action_is_the_policys_failed_step(server):
+    with GenericEnvClient(base_url=server.url).sync() as env:
+        env.reset(seed=1, client="malformed")
+        r = env.step({"kind": "shell"})
+        assert not r.done and r.observation["error"] == "shell needs command" and r.observation["exit_code"] == 2
+        r = env.step({"kind": "teleport"})
+        assert not r.done and "unknown action kind" in r.observation["error"]
+        r = env.step({"kind": "submit"})
+        assert (r.done, r.reward, r.observation["outcome"]) == (True, 0.0, "failed")
+
+
+def test_http_is_stateless(server):
+    r = httpx.post(f"{server.url}/reset", json={"seed": 2}, timeout=60).json()
+    assert r["done"] is False and r["observation"]["task"] and r["reward"] is None
+    r = httpx.post(f"{server.url}/step", json={"action": {"kind": "submit"}}, timeout=60).json()
+    assert r["done"] is True and r["reward"] is None and "stateless" in r["observation"]["error"]
+    assert httpx.post(f"{server.url}/mcp", json={}, timeout=10).json()["jsonrpc"] == "2.0"
+    # the abandoned HTTP attempt is in the ledger, classified
+    last = [a for a in server.attempts() if json.loads(a["extra"]).get("client") == "anonymous"][-1]
+    assert (last["outcome"], last["cause"], last["reward"]) == ("invalid", "policy_unavailable", None)
+
+
+def test_gym_env_over_the_served_environment(server):
+    from drumsbench.gym import CodingEnv
+
+    env = CodingEnv(url=server.url, client="gym-remote")
+    try:
+        check_env(env)
+        tasks = {t.id: t for t in load_suite("coding")}
+        _obs, info = env.reset(seed=5)
+        for spec in tasks[info["task"]].oracle_plan():
+            _obs, reward, terminated, truncated, info = env.step({"kind": spec.kind, **spec.payload})
+        assert (reward, terminated, truncated, info["valid"], info["outcome"]) == (1.0, True, False, True, "success")
+    finally:
+        env.close()
+
+
+def test_bind_and_token_rules(tmp_path):
+    import drumsbench.cli_serve  # noqa: F401 - registers serve
+    from drumsbench.cli import app
+
+    runner = CliRunner()
+    for args, flag in [(["--host", "0.0.0.0"], "--host"), (["--token", "short"], "--token"),
+                       (["--idle", "soon"], "--idle"), (["--port", "70000"], "--port")]:
+        result = runner.invoke(app, ["serve", *args, "--out", str(tmp_path / "runs")])
+        assert isinstance(result.exception, UsageError) and str(result.exception).startswith(flag), result.output
+    token = "t0ken-of-the-test-0123456789"
+    srv = Server(tmp_path / "tok", "--token", token, "--max-sessions", "2")
+    try:
+        assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 401
+        assert httpx.get(f"{srv.url}/health", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()[
+            "status"] == "healthy"
+        assert httpx.get(f"{srv.url}/t/{token}/health", timeout=10).json()["status"] == "healthy"
+        with pytest.raises(ConnectionError), GenericEnvClient(base_url=srv.url).sync() as c:
+            c.reset()
+        tasks = {t.id: t for t in load_suite("coding")}
+        with GenericEnvClient(base_url=f"{srv.url}/t/{token}").sync() as c:
+            assert episode(c, lambda t: tasks[t].oracle_plan()).reward == 1.0
+    finally:
+        srv.stop()
+    srv.assert_nothing_left()
+
+
+CLIENT = """
+import asyncio, json, sys
+from openenv.core.generic_client import GenericEnvClient
+from websockets.sync.client import connect as ws_connect
+from drumsbench.envs.coding.task import load_suite
+url, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plans = {t.id: t.oracle_plan() for t in load_suite("coding")}
+print("imported", flush=True)
+sys.stdin.readline()
+
+async def main():
+    loop = asyncio.get_running_loop()
+    clients = [GenericEnvClient(base_url=url, message_timeout_s=120) for _ in range(n)]
+    for c in clients:
+        await c.connect()
+    firsts = await asyncio.gather(*(c.reset(client=name) for c in clients))
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)
+
+    async def finish(c, r):
+        obs = r.observation
+        for spec in plans[obs["task"]]:
+            r = await c.step({"kind": spec.kind, **spec.payload, "generation": obs["generation"]})
+            if r.done:
+                break
+        await c.close()
+        return r.observation["outcome"]
+
+    print("done", json.dumps(await asyncio.gather(*(finish(c, r) for c, r in zip(clients, firsts)))), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_32_sessions_with_clients_killed_at_random(tmp_path):
+    idle = 6.0
+    procs_n, per = 4, 8  # importing OpenEnv's client costs seconds of CPU (gradio): few processes, many sessions
+    srv = Server(tmp_path / "srv", "--max-sessions", str(procs_n * per), "--idle", f"{idle:g}s")
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    clients = [subprocess.Popen([sys.executable, str(script), srv.url, f"c{i}", str(per)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+                                env=srv.env) for i in range(procs_n)]
+    killed, stopped, live = clients[:1], clients[1], clients[2:]
+    try:
+        def tell(ps, what="go"):
+            for p in ps:
+                p.stdin.write(what + "\n")
+                p.stdin.flush()
+
+        def expect(ps, word):
+            for p in ps:
+                line = p.stdout.readline()
+                assert line.startswith(word), f"client said {line!r}"
+                yield line
+
+        list(expect(clients, "imported"))
+        tell(clients, "start")
+        list(expect(clients, "ready"))
+        st = srv.status()
+        assert (st["sessions"], st["sandboxes"], st["ws_sessions"]) == (32, 32, 32), st
+
+        # At capacity: a clear answer at once, never a hang (WebSocket error frame; HTTP 503).
+        t0 = time.monotonic()
+        with ws_connect(srv.url.replace("http://", "ws://") + "/ws", open_timeout=10) as ws:
+            frame = json.loads(ws.recv(timeout=10))  # what OpenEnv's client raises on
+        assert frame["type"] == "error" and "at capacity" in frame["data"]["message"].lower(), frame
+        r = httpx.post(f"{srv.url}/reset", json={}, timeout=30)
+        assert r.status_code == 503 and "at capacity" in r.json()["detail"]
+        assert time.monotonic() - t0 < 10
+
+        t_kill = time.time()
+        for p in killed:
+            p.kill()
+        stopped.send_signal(signal.SIGSTOP)  # alive, connected, silent: only the idle reaper frees its sandboxes
+        tell(live)
+        outcomes = [json.loads(line.split(" ", 1)[1]) for line in expect(live, "done")]
+        assert all(o == "success" for out in outcomes for o in out), outcomes
+        deadline = time.monotonic() + idle + 30
+        while srv.status()["sandboxes"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        st = srv.status()
+        assert st["sandboxes"] == 0 and st["sessions"] == 0 and st["reaped"] == per, st
+    finally:
+        for p in clients:
+            p.kill()
+            p.wait()
+        srv.stop()
+    assert "Traceback" not in srv.errors(), srv.errors()
+    srv.assert_nothing_left()
+
+    rows = srv.attempts()
+    assert len(rows) == procs_n * per
+    by_client: dict[str, list[dict]] = {}
+    for a in rows:
+        assert a["outcome"] in ("success", "failed", "invalid")
+        assert (a["outcome"] == "invalid") == (a["cause"] is not None) == (a["reward"] is None)
+        by_client.setdefault(json.loads(a["extra"])["client"], []).append(a)
+    for a in by_client["c0"]:  # killed: disconnected, ended and freed at once
+        assert (a["outcome"], a["cause"]) == ("invalid", "policy_unavailable"), a
+        assert a["t_end"] - t_kill < idle, "a killed client's sandbox outlived the idle limit"
+    for a in by_client["c1"]:  # stopped: reaped within the idle limit (plus one reaper tick)
+        extra = json.loads(a["extra"])
+        assert (a["outcome"], a["cause"], extra["reaped"]) == ("invalid", "policy_unavailable", True), a
+        assert idle < extra["idle_s"] <= idle + 0.5
+    for i in range(2, procs_n):
+        assert [a["outcome"] for a in by_client[f"c{i}"]] == ["success"] * per
+    killed_share = sum(len(by_client[f"c{i}"]) for i in range(2)) / len(rows)
+    assert killed_share >= 0.2  # 8 killed + 8 stopped of 32 sessions
+
+    report = cli("report", srv.run_id, "--out", str(srv.out), env=srv.env)
+    assert report.returncode == 0, report.stderr
+    assert "per client" in report.stdout and "policy_unavailable" in report.stdout
+    for name in ("c0", "c1", "c3"):
+        assert name in report.stdout
