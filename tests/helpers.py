@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,4 +28,33 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600, che
                           timeout=timeout, env=full_env, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"drumsbench {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+# -- headless Chromium ---------------------------------------------------------------------------------
+
+def chromium_missing() -> str | None:
+    if shutil.which("chromium") is None:
+        return "chromium is not installed (bash scripts/setup-report.sh installs Debian's chromium)"
+    return None
+
+
+def _netns_prefix() -> list[str]:
+    try:
+        ok = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return ["unshare", "-n"] if ok else []
+
+
+def chromium(url: str, work: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on ``url`` with a fresh profile; nothing it tries can leave the machine."""
+    profile = work / f"profile-{len(list(work.glob('profile-*')))}"
+    profile.mkdir(parents=True)
+    cmd = [*_netns_prefix(), "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
+           "--hide-scrollbars", "--force-device-scale-factor=1", *extra, url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    shutil.rmtree(profile, ignore_errors=True)
     return proc

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from drumsbench.report.html import build_html
 from drumsbench.testing.sample_ledger import synthesize
 
 from conftest import require
-from helpers import cli
+from helpers import chromium, chromium_missing, cli
 
 SECTIONS_ALWAYS = ("outcomes", "cost", "latency", "tasks", "controls", "conditions")
 SECTIONS_ARTIFACTS = ("sweep", "branch", "projection", "screenshots")
@@ -35,33 +34,6 @@ OK_SCHEMES = ("file:", "data:", "about:", "chrome:", "blob:", "chrome-extension:
 
 
 # -- chromium -----------------------------------------------------------------------------------------
-
-def _chromium_missing() -> str | None:
-    if shutil.which("chromium") is None:
-        return "chromium is not installed (bash scripts/setup-report.sh installs Debian's chromium)"
-    return None
-
-
-def _netns_prefix() -> list[str]:
-    try:
-        ok = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return ["unshare", "-n"] if ok else []
-
-
-def chromium(url: str, work: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Headless Chromium on ``url`` with a fresh profile; nothing it tries can leave the machine."""
-    profile = work / f"profile-{len(list(work.glob('profile-*')))}"
-    profile.mkdir(parents=True)
-    cmd = [*_netns_prefix(), "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-           "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
-           "--hide-scrollbars", "--force-device-scale-factor=1", *extra, url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    shutil.rmtree(profile, ignore_errors=True)
-    return proc
-
 
 def page_requests(netlog: Path) -> list[str]:
     """URLs the page (a file:// document) asked for that are not file:/data:; from a Chromium net log."""
@@ -147,7 +119,7 @@ def _real_runs(out: Path, env: dict[str, str]) -> list[str]:
 
 @pytest.mark.slow
 def test_html_report_renders_offline_in_chromium(tmp_path, env):
-    require(_chromium_missing())
+    require(chromium_missing())
     out = tmp_path / "runs"
     runs = _real_runs(out, env)
     assert len(runs) == 2

@@ -716,7 +716,7 @@ def sec_projection(runs: Sequence[RunData], pal: Palette) -> str | None:
                          fmt_est(p.cold_start_s, ".3g"), fmt_est(p.reset_s, ".3g"),
                          fmt_est(p.per_step_s, ".3g"), fmt_est(p.verify_s, ".3g"),
                          _g(proj, ".4g"), _g(meas, ".4g"), diff,
-                         Keyed(f"{rd.label}/projection/{name}/worker_hours", fmt_est(wh, ",.0f"))])
+                         Keyed(f"{rd.label}/projection/{name}/worker_hours", fmt_est(wh, ".4g"))])
             if wh.value is not None:
                 bars.append(RangeRow(_name(rd, runs, p.substrate), wh.value, wh.low, wh.high,
                                      color=pal(_skey(rd, p.substrate))))

@@ -61,7 +61,9 @@ def render(r: RunReport) -> Group:
         tasks.add_column(col, justify="right" if col != "task" else "left")
     for name, t in r.tasks.items():
         tasks.add_row(name, str(t.attempts), str(t.success), str(t.failed), str(t.invalid))
-    parts: list[Table | Text] = [head, Text(""), out, Text(""), m, Text(""), lat, Text(""), tasks]
+    parts: list[Table | Text] = [head, Text(""), out, Text(""), m,
+                                 Text(f"headline basis: {r.headline_basis} (a sweep confirms windows)"),
+                                 Text(""), lat, Text(""), tasks]
     for s in r.sabotage:
         n = len(s.strategies)
         bad = s.reached_success or s.reached_invalid
