@@ -1,6 +1,6 @@
 """The gates that can drop an attempt, each raising ``InvalidAttempt`` with its cause.
 
-Order (DESIGN.md): 1 verified reset, 2 generation (inside ``Environment.step``), 3 timeouts (in the
+Order (docs/design.md): 1 verified reset, 2 generation (inside ``Environment.step``), 3 timeouts (in the
 rollout loop), 4 observation validity, 5 verifier availability (inside ``run_verifier``),
 6 isolation.
 """

@@ -1,4 +1,4 @@
-"""One attempt, start to end, with the gates of DESIGN.md in order.
+"""One attempt, start to end, with the gates of docs/design.md in order.
 
 ``run_attempt`` is synchronous (executors run it in worker threads or remote actors). It never
 raises for anything that happens to the attempt: every path ends in an ``AttemptRecord`` with one
