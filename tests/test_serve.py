@@ -6,6 +6,7 @@ sandbox reaped within the idle limit and nothing behind after the server stops."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -173,6 +174,21 @@ def test_gym_env_over_the_served_environment(server):
         assert (reward, terminated, truncated, info["valid"], info["outcome"]) == (1.0, True, False, True, "success")
     finally:
         env.close()
+
+
+def test_the_worked_example_drops_invalid_episodes(server):
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import openenv_training_loop as example
+    finally:
+        sys.path.pop(0)
+    tasks = [t.id for t in load_suite("coding")][:2]
+    out = asyncio.run(example.collect(server.url, tasks, 4, p=0.5, seed=0, client="example", stale=0.3))
+    # seed 0: 3 of the 8 episodes go stale (invalid, dropped); 5 valid, both groups with a 1 and a 0
+    assert (out["dropped_invalid"], out["dropped_causes"], out["batch"]) == (3, ["stale_generation"], 5), out
+    assert out["mean_reward_valid"] == 0.6 and all(a != 0 for a in out["advantages"]), out
+    ledger = [a for a in server.attempts() if json.loads(a["extra"]).get("client") == "example"]
+    assert sum(a["outcome"] == "invalid" for a in ledger) == out["dropped_invalid"]
 
 
 def test_bind_and_token_rules(tmp_path):
