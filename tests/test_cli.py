@@ -147,6 +147,28 @@ def test_default_run_is_short_and_reports(tmp_path, env):
         assert needle in proc.stdout, needle
 
 
+def test_main_job_needs_no_test_extra(tmp_path, env):
+    """`make run` installs the package without extras, and the main job imports none of them: no Ray,
+    torch, OpenEnv, linters or test runner are needed to run `drumsbench run` on the default."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    heavy = ("ray", "torch", "openenv", "gymnasium", "mypy", "ruff", "pytest", "docker")
+    assert not [h for h in heavy if h in core], core
+    make = (ROOT / "Makefile").read_text()
+    run_install = make.split("$(VENV)/.installed-run:")[1].split("\n\n")[0]
+    assert "pip install -q -e ." in run_install and "[" not in run_install, run_install
+    probe = ("import sys; from drumsbench.cli import main; sys.argv = ['drumsbench', 'run', '--duration', '2s', "
+             f"'--out', {str(tmp_path / 'runs')!r}, '--no-progress']\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+             f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})\n"
+             "print('HEAVY', bad)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env}, cwd=tmp_path)
+    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_ctrl_c_stops_cleanly(tmp_path, env):
     from drumsbench.substrates.hostproc import pids_with_env
 
