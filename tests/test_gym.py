@@ -1,6 +1,6 @@
-"""``DrumsBench/Coding-v0``: Gymnasium's own checker passes; oracle episodes earn 1, null 0; an invalid
-episode's reward is nan (or ``InvalidEpisode`` is raised), never 0; truncation at the step limit is a
-valid failure; every episode is in the ledger."""
+"""``DrumsBench/Coding-v0`` and ``DrumsBench/Desktop-v0``: Gymnasium's own checker passes; oracle
+episodes earn 1, null 0; an invalid episode's reward is nan (or ``InvalidEpisode`` is raised), never
+0; truncation at the step limit is a valid failure; every episode is in the ledger."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ import drumsbench.gym as dgym
 from drumsbench.envs.base import ActionSpec
 from drumsbench.envs.coding.task import load_suite
 
+from conftest import require
+
 
 @pytest.fixture
 def make(tmp_path, monkeypatch):
     monkeypatch.setenv("DRUMSBENCH_STATE", str(tmp_path / "state"))
     made = []
 
-    def _make(**kw):
-        env = gym.make("DrumsBench/Coding-v0", out=str(tmp_path / "runs"), **kw)
+    def _make(id="DrumsBench/Coding-v0", **kw):
+        env = gym.make(id, out=str(tmp_path / "runs"), **kw)
         made.append(env)
         return env
 
@@ -106,3 +108,19 @@ def test_closing_mid_episode_records_the_attempt_as_invalid(make, tmp_path):
     env.close()
     rows = ledger_rows(tmp_path)
     assert [(r[1], r[2]) for r in rows] == [("invalid", "policy_unavailable")] and "closed" in rows[0][4]
+
+
+def test_desktop_check_env_and_an_oracle_episode(make):
+    from drumsbench.envs.desktop import instance
+    from drumsbench.envs.desktop.task import load_suite as desktop_suite
+
+    require(instance.missing())
+    env = make(id="DrumsBench/Desktop-v0", render_mode="rgb_array")
+    check_env(env.unwrapped)  # declared nondeterministic: a live GUI does not repeat pixel for pixel
+    tasks = {t.id: t for t in desktop_suite("desktop")}
+    obs, info = env.reset(seed=0)
+    assert obs["screen"].shape == (800, 1280, 3) and obs["screen"].any() and "LibreOffice" in obs["title"]
+    for spec in tasks[info["task"]].oracle_plan():
+        obs, reward, terminated, truncated, info = env.step({"kind": spec.kind, **spec.payload})
+    assert (reward, terminated, truncated, info["outcome"], info["valid"]) == (1.0, True, False, "success", True)
+    assert env.render().shape == (800, 1280, 3)

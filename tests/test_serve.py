@@ -162,11 +162,13 @@ def test_http_is_stateless(server):
 
 
 def test_gym_env_over_the_served_environment(server):
-    from drumsbench.gym import CodingEnv
+    import gymnasium as gym
 
-    env = CodingEnv(url=server.url, client="gym-remote")
+    import drumsbench.gym  # noqa: F401 - registers DrumsBench/Coding-v0
+
+    env = gym.make("DrumsBench/Coding-v0", url=server.url, client="gym-remote")
     try:
-        check_env(env)
+        check_env(env.unwrapped)
         tasks = {t.id: t for t in load_suite("coding")}
         _obs, info = env.reset(seed=5)
         for spec in tasks[info["task"]].oracle_plan():
@@ -298,6 +300,7 @@ def test_32_sessions_with_clients_killed_at_random(tmp_path):
         deadline = time.monotonic() + idle + 30
         while srv.status()["sandboxes"] and time.monotonic() < deadline:
             time.sleep(0.2)
+        t_zero = time.time()
         st = srv.status()
         assert st["sandboxes"] == 0 and st["sessions"] == 0 and st["reaped"] == per, st
     finally:
@@ -326,6 +329,9 @@ def test_32_sessions_with_clients_killed_at_random(tmp_path):
         assert [a["outcome"] for a in by_client[f"c{i}"]] == ["success"] * per
     killed_share = sum(len(by_client[f"c{i}"]) for i in range(2)) / len(rows)
     assert killed_share >= 0.2  # 8 killed + 8 stopped of 32 sessions
+    print(f"\n32 sessions: killed attempts ended {max(a['t_end'] for a in by_client['c0']) - t_kill:.2f} s after the "
+          f"kill; reaped after idle {sorted(json.loads(a['extra'])['idle_s'] for a in by_client['c1'])} s "
+          f"(limit {idle:g} s); all sandboxes gone {t_zero - t_kill:.2f} s after the kill; status {st}")
 
     report = cli("report", srv.run_id, "--out", str(srv.out), env=srv.env)
     assert report.returncode == 0, report.stderr

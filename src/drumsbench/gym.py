@@ -20,6 +20,8 @@ content or the diff; path=Text: the file written)``. Dicts with a string ``kind`
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import string
 from pathlib import Path
@@ -138,7 +140,7 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
         pick = int(self.np_random.integers(0, 2**31 - 1))
         task = (options or {}).get("task")
         obs = self._get_backend().reset(seed=pick, task=task, client=self.client, policy="gym agent")
-        self._text = printable(f"Task: {obs.description}\n\n$ find . -type f | sort\n") + self._render_obs(obs)
+        self._text = printable(self._intro(obs)) + self._render_obs(obs)
         return self._observe(obs, self._text)
 
     def step(self, action: dict[str, Any]) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
@@ -209,9 +211,93 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
                                 "step": obs.step}
         if obs.done:
             info["detail"] = obs.detail
-        return {"text": text[:OBS_MAX] or "[no output]"}, info
+        return self._observation(obs, text[:OBS_MAX] or "[no output]"), info
+
+    def _observation(self, obs: DrumsObservation, text: str) -> dict[str, Any]:
+        return {"text": text}
+
+    def _intro(self, obs: DrumsObservation) -> str:
+        return f"Task: {obs.description}\n\n$ find . -type f | sort\n"
+
+
+DESKTOP_KINDS = ("key", "type", "click", "double_click", "drag", "scroll", "move", "wait", "shell", "submit")
+
+
+class DesktopEnv(CodingEnv):
+    """``DrumsBench/Desktop-v0``: LibreOffice under a real X server (docs/desktop.md), screenshots.
+
+    Observation ``Dict(screen=Box(H, W, 3) uint8, title=Text, text=Text)`` (``text``: the goal at
+    reset, then errors, a shell action's output and the end). Action ``Dict(kind=Discrete(10): key,
+    type, click, double_click, drag, scroll, move, wait, shell, submit; text=Text: the keys, the text
+    typed or the command; x, y, x2, y2=Discrete: pixels; dy=Discrete(21): scroll clicks + 10)``;
+    dicts with a string ``kind`` and the desktop's own argument names (``keys``, ``x1``, ...) too.
+    Declared nondeterministic: a live GUI (a blinking cursor, timing) does not repeat pixel for pixel.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 4}  # noqa: RUF012 - gymnasium's own
+
+    def __init__(self, *, tasks: str = "desktop", width: int = 1280, height: int = 800,
+                 render_mode: str | None = None, **kw: Any) -> None:
+        if render_mode not in (None, "rgb_array"):
+            raise UsageError(f"render_mode: {render_mode!r}; only rgb_array")
+        super().__init__(tasks=tasks, **kw)
+        self.render_mode = render_mode
+        self.width, self.height = width, height
+        self._screen = np.zeros((height, width, 3), dtype=np.uint8)
+        self.observation_space = spaces.Dict({
+            "screen": spaces.Box(0, 255, (height, width, 3), dtype=np.uint8),
+            "title": spaces.Text(512, min_length=0, charset=PRINTABLE),
+            "text": spaces.Text(OBS_MAX, min_length=1, charset=PRINTABLE)})
+        self.action_space = spaces.Dict({
+            "kind": spaces.Discrete(len(DESKTOP_KINDS)), "text": spaces.Text(256, min_length=0, charset=PRINTABLE),
+            "x": spaces.Discrete(width), "y": spaces.Discrete(height), "x2": spaces.Discrete(width),
+            "y2": spaces.Discrete(height), "dy": spaces.Discrete(21)})
+
+    def render(self) -> Any:
+        return self._screen.copy() if self.render_mode == "rgb_array" else None
+
+    def _intro(self, obs: DrumsObservation) -> str:
+        return f"Task: {obs.description}\n"
+
+    def _action(self, action: dict[str, Any]) -> DrumsAction:
+        kind = action.get("kind", "submit")
+        spaced = isinstance(kind, (int, np.integer))  # an action of ``action_space``: dy is offset by 10
+        if spaced:
+            kind = DESKTOP_KINDS[int(kind)] if 0 <= int(kind) < len(DESKTOP_KINDS) else f"kind {int(kind)}"
+        a = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in action.items() if k != "kind"}
+        text = a.pop("text", None)
+        args: dict[str, Any] = {}
+        if kind == "key":
+            args["keys"] = a.pop("keys", text)
+        elif kind == "type":
+            args["text"] = text
+        elif kind == "shell":
+            args["command"] = a.pop("command", text)
+        elif kind == "drag":
+            args.update(x1=a.pop("x1", a.pop("x", 0)), y1=a.pop("y1", a.pop("y", 0)))
+        elif kind == "scroll" and spaced and "dy" in a:
+            a["dy"] = int(a["dy"]) - 10
+        elif kind == "wait" and not {"seconds", "title"} & set(a):
+            args["seconds"] = 0.5
+        if kind not in ("click", "double_click", "move", "scroll", "drag"):
+            for k in ("x", "y", "x2", "y2", "dy"):
+                a.pop(k, None)
+        args.update({k: v for k, v in a.items() if v is not None})
+        return DrumsAction(kind=str(kind), args={k: v for k, v in args.items() if v is not None},
+                           generation=self.last.generation if self.last else None)
+
+    def _observation(self, obs: DrumsObservation, text: str) -> dict[str, Any]:
+        if obs.screenshot_png:
+            from PIL import Image  # comes with the serve extra (gradio)
+
+            with Image.open(io.BytesIO(base64.b64decode(obs.screenshot_png))) as img:
+                screen = np.asarray(img.convert("RGB"), dtype=np.uint8)
+            if screen.shape == self._screen.shape:
+                self._screen = screen
+        return {"screen": self._screen.copy(), "title": printable(obs.title or "")[:512], "text": text}
 
 
 gym.register(id="DrumsBench/Coding-v0", entry_point="drumsbench.gym:CodingEnv")
+gym.register(id="DrumsBench/Desktop-v0", entry_point="drumsbench.gym:DesktopEnv", nondeterministic=True)
 
-__all__ = ["CodingEnv", "InvalidEpisode", "printable"]
+__all__ = ["CodingEnv", "DesktopEnv", "InvalidEpisode", "printable"]

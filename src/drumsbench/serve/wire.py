@@ -77,7 +77,7 @@ class DrumsState(OEState):
 
 def live_observation(obs: Observation, *, env: str, task: str, description: str = "",
                      error: str = "") -> DrumsObservation:
-    c = obs.content
+    c = {**obs.content, **(obs.content.get("result") or {})}  # the desktop's shell: its output in "result"
     png = c.get("png")
     return DrumsObservation(
         env=env, task=task, description=description, generation=obs.generation, step=obs.step,
