@@ -338,3 +338,28 @@ def test_32_sessions_with_clients_killed_at_random(tmp_path):
     assert "per client" in report.stdout and "policy_unavailable" in report.stdout
     for name in ("c0", "c1", "c3"):
         assert name in report.stdout
+
+
+def test_desktop_served_with_typed_screenshots(tmp_path):
+    import base64
+
+    from drumsbench.envs.desktop import instance
+    from drumsbench.envs.desktop.task import load_suite as desktop_suite
+
+    from conftest import require
+
+    require(instance.missing())
+    tasks = {t.id: t for t in desktop_suite("desktop")}
+    srv = Server(tmp_path / "desk", "--tasks", "desktop", "--max-sessions", "2")
+    try:
+        with GenericEnvClient(base_url=srv.url).sync() as env:
+            r = env.reset(seed=0, client="desktop")
+            obs = r.observation
+            assert base64.b64decode(obs["screenshot_png"])[:8] == b"\x89PNG\r\n\x1a\n" and "LibreOffice" in obs["title"]
+            for spec in tasks[obs["task"]].oracle_plan():
+                r = env.step({"kind": spec.kind, "args": spec.payload, "generation": obs["generation"]})
+            assert (r.done, r.reward, r.observation["valid"], r.observation["outcome"]) == (True, 1.0, True, "success")
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.errors(), srv.errors()
+    srv.assert_nothing_left()

@@ -76,6 +76,7 @@ def serve(
     except OSError as e:
         sock.close()
         raise UsageError(f"--port: cannot bind {host}:{port} ({e.strerror}); give another port or 0") from None
+    sock.listen(2048)  # clients that connect before uvicorn's loop runs wait in the backlog
     bound = sock.getsockname()[1]
     hub = Hub(cfg, out)  # validates --tasks (UsageError) before anything is created
     hub.start()
