@@ -78,8 +78,12 @@ def serve(
         raise UsageError(f"--port: cannot bind {host}:{port} ({e.strerror}); give another port or 0") from None
     sock.listen(2048)  # clients that connect before uvicorn's loop runs wait in the backlog
     bound = sock.getsockname()[1]
-    hub = Hub(cfg, out)  # validates --tasks (UsageError) before anything is created
-    hub.start()
+    try:
+        hub = Hub(cfg, out)  # validates --tasks (UsageError) before anything is created
+        hub.start()
+    except BaseException:
+        sock.close()
+        raise
     try:
         server = uvicorn.Server(uvicorn.Config(wrap(create_app(hub), token), log_level="warning",
                                                ws_ping_interval=20, ws_ping_timeout=20,

@@ -170,9 +170,16 @@ class Hub:
         cfg = self.cfg.model_copy(update={"concurrency": self.cfg.max_sessions})
         self.ledger.create_run(self.run_id, self.kind, cfg.model_dump(mode="json"), machine_info(), commit())
         state.register(self.run_id, [self.cfg.substrate])
-        self.segment = self.ledger.start_segment(self.run_id, os.getpid(), "")
-        control = positive_control(self.substrate)
-        self.ledger.record_control(self.run_id, "", "isolation", control.fired, control.detail)
+        try:
+            self.segment = self.ledger.start_segment(self.run_id, os.getpid(), "")
+            control = positive_control(self.substrate)
+            self.ledger.record_control(self.run_id, "", "isolation", control.fired, control.detail)
+        except BaseException:  # nothing of a server that never served stays behind
+            self.substrate.close()
+            state.unregister(self.run_id)
+            self.ledger.set_status(self.run_id, "failed")
+            self.ledger.close()
+            raise
         self.started = True
         return self
 
