@@ -21,6 +21,8 @@ from drumsbench.rollout import RolloutConfig, run_attempt
 
 from helpers import cli, slot_on
 
+pytestmark = pytest.mark.timeout(300)
+
 CFG = RolloutConfig(step_timeout_s=20, episode_timeout_s=60, max_steps=8)
 
 

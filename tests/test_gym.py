@@ -110,6 +110,8 @@ def test_closing_mid_episode_records_the_attempt_as_invalid(make, tmp_path):
     assert [(r[1], r[2]) for r in rows] == [("invalid", "policy_unavailable")] and "closed" in rows[0][4]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_desktop_check_env_and_an_oracle_episode(make):
     from drumsbench.envs.desktop import instance
     from drumsbench.envs.desktop.task import load_suite as desktop_suite

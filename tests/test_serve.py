@@ -30,6 +30,8 @@ from drumsbench.substrates.process import ProcessSubstrate
 
 from helpers import cli
 
+pytestmark = pytest.mark.timeout(300)  # a hung server or client fails the test, never the CI job
+
 ROOT = Path(__file__).resolve().parents[1]
 OPENENV = str(Path(sys.executable).with_name("openenv"))
 
@@ -253,6 +255,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_32_sessions_with_clients_killed_at_random(tmp_path):
     idle = 6.0
     procs_n, per = 4, 8  # importing OpenEnv's client costs seconds of CPU (gradio): few processes, many sessions
@@ -324,7 +327,7 @@ def test_32_sessions_with_clients_killed_at_random(tmp_path):
     for a in by_client["c1"]:  # stopped: reaped within the idle limit (plus one reaper tick)
         extra = json.loads(a["extra"])
         assert (a["outcome"], a["cause"], extra["reaped"]) == ("invalid", "policy_unavailable", True), a
-        assert idle < extra["idle_s"] <= idle + 0.5
+        assert idle < extra["idle_s"] <= idle + 1.0  # one 0.25 s tick plus the event loop's lag on a busy host
     for i in range(2, procs_n):
         assert [a["outcome"] for a in by_client[f"c{i}"]] == ["success"] * per
     killed_share = sum(len(by_client[f"c{i}"]) for i in range(2)) / len(rows)
