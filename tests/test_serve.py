@@ -216,9 +216,16 @@ def test_bind_and_token_rules(tmp_path):
         tasks = {t.id: t for t in load_suite("coding")}
         with GenericEnvClient(base_url=f"{srv.url}/t/{token}").sync() as c:
             assert episode(c, lambda t: tasks[t].oracle_plan()).reward == 1.0
+        held = GenericEnvClient(base_url=f"{srv.url}/t/{token}").sync()
+        held.connect()
+        held.reset(client="held")  # mid-episode when the server stops
     finally:
         srv.stop()
+    held.close()
     srv.assert_nothing_left()
+    last = srv.attempts()[-1]
+    assert (json.loads(last["extra"])["client"], last["outcome"], last["cause"]) == \
+        ("held", "invalid", "policy_unavailable")
 
 
 CLIENT = """
