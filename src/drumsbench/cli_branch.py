@@ -49,14 +49,12 @@ def branch(
     except ValidationError as e:
         first = e.errors()[0]
         raise UsageError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
-    import drumsbench.envs.desktop  # noqa: F401  (registers the desktop's ``criu`` fork method)
     from drumsbench.branching.methods import METHODS
     from drumsbench.policies.scripted import make_policy
 
     make_policy(cfg.policy)
     for name in cfg.methods:
-        if name not in METHODS:
-            raise UsageError(f"--methods: unknown fork method {name!r}; choose from {', '.join(METHODS)}")
+        METHODS.load(name)  # a one-line error naming the known methods
     run_id = new_run_id()
     sub = make_substrate(substrate, run_id)
     ledger = open_ledger(out)

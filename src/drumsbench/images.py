@@ -21,9 +21,10 @@ from pathlib import Path
 
 from drumsbench.errors import SubstrateError
 
+INCLUDE = ["python3", "git", "procps", "ca-certificates"]
 RECIPE: dict[str, object] = {
     "variant": "minbase",
-    "include": ["python3", "git", "procps", "ca-certificates"],
+    "include": INCLUDE,
     "version": 1,
 }
 
@@ -82,7 +83,7 @@ def ensure_rootfs() -> Path:
     cmd = [
         "debootstrap",
         f"--variant={RECIPE['variant']}",
-        "--include=" + ",".join(RECIPE["include"]),  # type: ignore[arg-type]
+        "--include=" + ",".join(INCLUDE),
         host_suite(),
         str(tmp),
         host_mirror(),

@@ -142,7 +142,8 @@ def run_attempt(
             verdict = Verdict.invalid(verdict.cause or InvalidCause.SUBSTRATE_FAILURE,
                                       f"{verdict.detail}; destroy failed: {e}")
     fields = dict(meta or {})
-    extra = {**dict(fields.pop("extra", None) or {}), **policy.notes()}  # type: ignore[call-overload]
+    given = fields.pop("extra", None)
+    extra = {**(given if isinstance(given, dict) else {}), **policy.notes()}
     return AttemptRecord(
         run_id=run_id,
         seq=seq,

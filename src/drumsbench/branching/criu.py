@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from drumsbench import criu as criu_install
 from drumsbench.errors import SubstrateError
@@ -159,7 +160,7 @@ def _log_errors(log: Path) -> str:
 
 
 def in_mount_ns(pid: int, argv: Sequence[str], timeout: float = 30.0,
-                **kw: object) -> subprocess.CompletedProcess[bytes]:
+                **kw: Any) -> subprocess.CompletedProcess[bytes]:
     """Run a short-lived client inside the mount namespace of restored process ``pid``."""
     return subprocess.run(["nsenter", "--target", str(pid), "--mount", "--", *argv], capture_output=True,
-                          timeout=timeout, **kw)  # type: ignore[call-overload]
+                          timeout=timeout, **kw)

@@ -21,10 +21,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from drumsbench.envs.base import Action, ActionSpec, Environment, Task
+from drumsbench.envs.base import Action, ActionSpec, Environment, Resumable, Task
 from drumsbench.errors import SubstrateError, UsageError
+from drumsbench.plugins import Registry
 from drumsbench.rollout import Slot
-from drumsbench.substrates.base import Substrate
+from drumsbench.substrates.base import Forking, Snapshotting, Substrate
 
 
 class ForkMethod(ABC):
@@ -95,23 +96,27 @@ class FileCopy(ForkMethod):
         box = slot.sandbox
         assert box is not None
         box.put_files(box.paths.work, self.files)
-        resume = getattr(slot.env, "resume", None)
-        if resume is not None:  # environments with live applications start them on the copied files
-            resume(self.task)
+        if isinstance(slot.env, Resumable):  # environments with live applications start them on the files
+            slot.env.resume(self.task)
         return slot
 
 
 class NativeSnapshot(ForkMethod):
+    """The substrate's own live snapshot (``Snapshotting`` sandbox, ``Forking`` substrate)."""
+
     name = "snapshot"
+    snapshot_id: str | None = None
 
     def prepare(self, parent: Slot) -> None:
         box = parent.sandbox
-        if not self.substrate.capabilities.snapshot or not hasattr(box, "snapshot"):
+        if not isinstance(box, Snapshotting) or not isinstance(self.substrate, Forking):
             raise UsageError(f"--methods snapshot: substrate {self.substrate.name} has no snapshot/fork")
-        self.snapshot_id = box.snapshot()  # type: ignore[union-attr]
+        self.snapshot_id = box.snapshot()
 
     def fork(self, parent_generation: int) -> Slot:
-        box = self.substrate.fork(self.snapshot_id)  # type: ignore[attr-defined]
+        if not isinstance(self.substrate, Forking) or self.snapshot_id is None:
+            raise UsageError(f"--methods snapshot: substrate {self.substrate.name} has no snapshot/fork")
+        box = self.substrate.fork(self.snapshot_id)
         slot = Slot(self.substrate, self.make_env())
         slot.sandbox = box
         slot.env.attach(box)
@@ -119,17 +124,19 @@ class NativeSnapshot(ForkMethod):
         return slot
 
     def close(self) -> None:
-        drop = getattr(self.substrate, "drop_snapshot", None)
-        if drop is not None and hasattr(self, "snapshot_id"):
-            drop(self.snapshot_id)
+        snap, self.snapshot_id = self.snapshot_id, None
+        if snap is not None and isinstance(self.substrate, Forking):
+            self.substrate.drop_snapshot(snap)
 
 
-METHODS: dict[str, type[ForkMethod]] = {m.name: m for m in (Replay, FileCopy, NativeSnapshot)}
-
-
-def register(method: type[ForkMethod]) -> None:
-    """Environments add their own methods (e.g. the desktop environment's ``criu``)."""
-    METHODS[method.name] = method
+METHODS: Registry[type[ForkMethod]] = Registry(
+    "fork method", "--methods", {
+        "replay": "drumsbench.branching.methods:Replay",
+        "file": "drumsbench.branching.methods:FileCopy",
+        "snapshot": "drumsbench.branching.methods:NativeSnapshot",
+        "criu": "drumsbench.branching.desktop_criu:CriuFork",  # the desktop's live process tree
+    }, "drumsbench.fork_methods",
+    check=lambda obj: isinstance(obj, type) and issubclass(obj, ForkMethod), expected="a ForkMethod subclass")
 
 
 def timed_fork(method: ForkMethod, parent_generation: int) -> tuple[Slot, float]:

@@ -174,6 +174,14 @@ class Environment(ABC):
         return [p.work, p.home, p.tmp]
 
 
+class Resumable(ABC):
+    """Capability of an environment whose task lives in a running application: ``resume`` starts it on
+    task files copied into a fresh sandbox (the ``file`` fork method), as the task's reset would."""
+
+    @abstractmethod
+    def resume(self, task: Task) -> None: ...
+
+
 class BreakableObservation(ABC):
     """An environment whose observation channel the host can break for real (fault injection),
     where observations do not come through ``Sandbox.exec`` (e.g. the desktop's X server)."""

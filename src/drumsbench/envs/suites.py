@@ -1,38 +1,59 @@
-"""Task suites by environment kind.
+"""Task suites and environment kinds.
 
 A suite folder may hold ``suite.toml`` with ``env = "<kind>"``; without it the suite is a coding
-suite. Each kind names its environment class and its suite loader; ``load(name_or_path)`` returns
-both with the tasks, so experiments never need to know which kind they run.
+suite. An environment kind (``EnvKind``) names, as ``"module:attr"`` strings loaded only when used,
+its environment class, its suite loader and its start-fingerprint function. Kinds are found in the
+registry ``KINDS`` (built-ins plus the ``drumsbench.env_kinds`` entry-point group, the pattern of
+every registry: ``drumsbench.plugins``); ``load(name_or_path)`` returns the kind's environment
+factory with the tasks, so experiments never need to know which kind they run.
 """
 
 from __future__ import annotations
 
-import importlib
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from drumsbench.envs.base import Environment, Task
 from drumsbench.envs.coding.task import suite_dir
 from drumsbench.errors import UsageError
-
-# kind -> (environment class, loader function), as "module:attr" so optional kinds load lazily.
-KINDS: dict[str, tuple[str, str]] = {
-    "coding": ("drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite"),
-    "desktop": ("drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite"),
-}
+from drumsbench.plugins import Registry, load_spec
 
 
-# kind -> the function computing a suite's start fingerprints (``drumsbench tasks fingerprint``).
-FINGERPRINTS: dict[str, str] = {
-    "coding": "drumsbench.envs.coding.task:compute_fingerprints",
-    "desktop": "drumsbench.envs.desktop.task:compute_fingerprints",
-}
+@dataclass(frozen=True)
+class EnvKind:
+    """An environment kind: where its parts are (``"module:attr"``), imported on first use.
+
+    ``environment``: the ``Environment`` subclass; ``load_suite(name_or_path) -> Sequence[Task]``;
+    ``fingerprints(name_or_path) -> dict[task id, fingerprint]`` (the start states, unchecked)."""
+
+    name: str
+    environment: str
+    load_suite: str
+    fingerprints: str
+
+    def environment_class(self) -> type[Environment]:
+        cls = load_spec(self.environment)
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise UsageError(f"environment kind {self.name!r}: {self.environment} is not an Environment subclass")
+        return cls
+
+    def tasks(self, name_or_path: str) -> Sequence[Task]:
+        return cast(Callable[[str], Sequence[Task]], load_spec(self.load_suite))(name_or_path)
+
+    def start_fingerprints(self, name_or_path: str) -> dict[str, str]:
+        return dict(cast(Callable[[str], dict[str, str]], load_spec(self.fingerprints))(name_or_path))
 
 
-def _obj(spec: str):
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+CODING = EnvKind("coding", "drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite",
+                 "drumsbench.envs.coding.task:compute_fingerprints")
+DESKTOP = EnvKind("desktop", "drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite",
+                  "drumsbench.envs.desktop.task:compute_fingerprints")
+
+KINDS: Registry[EnvKind] = Registry(
+    "environment", "--tasks", {"coding": "drumsbench.envs.suites:CODING", "desktop": "drumsbench.envs.suites:DESKTOP"},
+    "drumsbench.env_kinds", check=lambda obj: isinstance(obj, EnvKind), expected="an EnvKind")
 
 
 @dataclass(frozen=True)
@@ -53,17 +74,16 @@ def suite_kind(name_or_path: str) -> str:
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{meta}: not valid TOML ({e}); fix the syntax") from None
     if kind not in KINDS:
-        raise UsageError(f"{meta}: field 'env': unknown environment {kind!r}; choose one of {', '.join(KINDS)}")
+        raise UsageError(f"{meta}: field 'env': unknown environment {kind!r}; choose one of {', '.join(KINDS.names())}")
     return kind
 
 
 def load(name_or_path: str) -> Suite:
-    kind = suite_kind(name_or_path)
-    env_spec, loader_spec = KINDS[kind]
-    tasks = _obj(loader_spec)(name_or_path)
-    return Suite(name_or_path, kind, tasks, _obj(env_spec))
+    kind = KINDS.load(suite_kind(name_or_path))
+    tasks = kind.tasks(name_or_path)
+    return Suite(name_or_path, kind.name, tasks, kind.environment_class())
 
 
 def fingerprints(name_or_path: str) -> dict[str, str]:
     """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
-    return dict(_obj(FINGERPRINTS[suite_kind(name_or_path)])(name_or_path))
+    return KINDS.load(suite_kind(name_or_path)).start_fingerprints(name_or_path)

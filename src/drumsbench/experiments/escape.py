@@ -48,7 +48,14 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox, SandboxPaths, Substrate
+from drumsbench.substrates.base import (
+    DEFAULT_OUTPUT_LIMIT,
+    ExecResult,
+    HostFolders,
+    Sandbox,
+    SandboxPaths,
+    Substrate,
+)
 from drumsbench.substrates.hostproc import kill_group, kill_pids, pids_with_env, run_bounded
 
 PROBES = ("write_outside", "read_neighbour", "host_loopback", "network", "fill_disk", "fork_bomb")
@@ -113,7 +120,7 @@ def _write_outside(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) 
     own = f"{box.paths.tmp}/drumsbench-{token}"  # the self-check: a write the probe may do
     body = "; ".join(f"(echo {token} > {shlex.quote(t)}) 2>/dev/null" for t in [*targets, own])
     res = box.exec(_script("echo", body), timeout=20, env=env)
-    host_root = getattr(box, "host_root", None)
+    host_root = box.host_root if isinstance(box, HostFolders) else None
     candidates = [Path(f"/tmp/drumsbench-{token}")]
     if host_root is not None:
         candidates.append(Path(str(host_root)).parent / f"drumsbench-{token}")
@@ -140,7 +147,7 @@ def _read_neighbour(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None)
     other.write_file(f"{other.paths.work}/secret.txt", secret.encode())
     box.write_file(f"{box.paths.work}/mine.txt", mine.encode())
     paths = [f"{box.paths.work}/mine.txt", f"{other.paths.work}/secret.txt"]
-    host_root = getattr(other, "host_root", None)
+    host_root = other.host_root if isinstance(other, HostFolders) else None
     if host_root is not None:
         paths.append(f"{host_root}/work/secret.txt")
     res = box.exec(_script("cat", "; ".join(f"cat {shlex.quote(p)} 2>/dev/null" for p in paths)), timeout=20, env=env)
@@ -234,7 +241,7 @@ _LIMIT_SIGNS = ("No space left", "Disk quota exceeded", "File too large", "File 
 
 def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk_mb: int) -> ProbeResult:
     # The sandbox may write to this host's disk (a host folder, a container layer): never fill it.
-    host_root = getattr(box, "host_root", None)
+    host_root = box.host_root if isinstance(box, HostFolders) else None
     free_mb = shutil.disk_usage(str(host_root or "/")).free // (1 << 20)
     if free_mb < 4 * disk_mb + 1024:
         return _not_run("fill_disk", f"did not run: refused, the host disk has only {free_mb} MiB free "
@@ -297,7 +304,7 @@ CONTROL_VAR = "DRUMSBENCH_ESCAPE_CONTROL"
 _HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class HostControlSandbox(Sandbox):
+class HostControlSandbox(Sandbox, HostFolders):
     """The positive control's sandbox: a folder on the host and commands run as the harness itself.
 
     It isolates nothing (unlike ``process``, which may run each sandbox as its own uid), so every
@@ -317,6 +324,13 @@ class HostControlSandbox(Sandbox):
             (self.host_root / sub).mkdir()
         self._groups: list[int] = []
         self._destroyed = False
+
+    def host_path(self, path: str) -> Path:
+        """The control's in-sandbox paths are host paths (it isolates nothing); inside its folder only."""
+        p = Path(os.path.normpath(path))
+        if p != self.host_root and self.host_root not in p.parents:
+            raise SubstrateError(f"{path!r} is outside the control sandbox {self.id}")
+        return p
 
     def exec(self, command: str | Sequence[str], *, timeout: float, cwd: str | None = None,
              env: Mapping[str, str] | None = None, stdin: bytes | None = None,

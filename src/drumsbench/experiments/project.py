@@ -25,6 +25,7 @@ from drumsbench.errors import UsageError
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts, projection
+from drumsbench.measure.reports import ProjectionReport
 from drumsbench.measure.windows import window_info
 from drumsbench.rollout import RolloutConfig
 from drumsbench.substrates import registry
@@ -122,24 +123,6 @@ def run_projection(ledger: Ledger, run_id: str, cfg: ProjectConfig,
                 return status
     ledger.set_status(run_id, status)
     return status
-
-
-class ProjectionReport(BaseModel):
-    schema_: str = projection.PROJECTION_SCHEMA
-    trajectories: int
-    steps: int
-    formula: str = "worker_hours = (cold_start + steps x per_step_overhead + verify) x trajectories / 3600"
-    full_formula: str = "worker_hours_full = (cold_start + steps x per_step_overhead + verify + harness) x " \
-                        "trajectories / 3600"
-    runs: list[str]
-    machine: dict[str, Any]
-    commit: str
-    projections: list[projection.Projection]
-    checks_within: bool | None
-
-    def dump(self) -> dict[str, Any]:
-        d = self.model_dump(mode="json")
-        return {"schema": d.pop("schema_"), **d}
 
 
 def _groups(ledger: Ledger, run_ids: list[str]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -27,8 +27,6 @@ from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
 from drumsbench.measure.cost import (
     DEFAULT_PRICE,
-    INFERENCE_EXCLUDED,
-    Attribution,
     AttributionInputs,
     HostFigure,
     HostPrice,
@@ -36,10 +34,8 @@ from drumsbench.measure.cost import (
     attribute,
     host_figures,
 )
-from drumsbench.measure.stats import Estimate
+from drumsbench.measure.reports import NotRun, SteadyState, SweepReport
 from drumsbench.measure.windows import Criteria, WindowVerdict, judge, pooled_rate, usage, window_info
-
-SWEEP_SCHEMA = "drumsbench.sweep-report/1"
 
 
 class SweepConfig(BaseModel):
@@ -135,51 +131,7 @@ def climb_stop(steps: list[WindowVerdict], min_gain: float) -> str | None:
     return None
 
 
-# -- the report -----------------------------------------------------------------------------------
-
-class NotRun(BaseModel):
-    concurrency: int
-    reason: str
-
-
-class SteadyState(BaseModel):
-    concurrency: int | None
-    windows: list[str]
-    valid: int
-    hours: float
-    valid_per_host_hour: Estimate
-    held: bool
-    note: str
-
-
-class SweepReport(BaseModel):
-    schema_: str = SWEEP_SCHEMA
-    run_id: str
-    kind: str
-    status: str
-    machine: dict[str, Any]
-    commit: str
-    config: dict[str, Any]
-    criteria: dict[str, Any]
-    host_seconds: float
-    windows: list[WindowVerdict]
-    not_run: list[NotRun]
-    climb_stopped: str | None
-    n_max: int | None
-    n_max_reason: str
-    soak: WindowVerdict | None
-    soak_held: bool
-    steady_state: SteadyState
-    bursts: list[WindowVerdict]
-    prices: list[HostFigure]
-    attribution: list[Attribution]
-    inference_cost: str = INFERENCE_EXCLUDED
-    conditions: str
-
-    def dump(self) -> dict[str, Any]:
-        d = self.model_dump(mode="json", by_alias=True)
-        d["schema"] = d.pop("schema_")
-        return {"schema": d.pop("schema"), **d}
+# -- the report: its models live in measure/reports.py (renderers read them there) -------------------
 
 
 def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) -> SweepReport:

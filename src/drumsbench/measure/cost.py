@@ -295,9 +295,10 @@ def attribute(host: HostPrice, inputs: AttributionInputs, use: Any, scope: str =
     verified = use.verified
     lines: list[CostLine] = []
 
-    def add(name: str, usd: float | None, source: str, detail: str) -> None:
+    def add(name: str, usd: float | None, source: Literal["measured", "input", "measured+input", "excluded"],
+            detail: str) -> None:
         per = None if usd is None or not verified else 1000 * usd / verified
-        lines.append(CostLine(name=name, usd=usd, per_1k_verified=per, source=source, detail=detail))  # type: ignore[arg-type]
+        lines.append(CostLine(name=name, usd=usd, per_1k_verified=per, source=source, detail=detail))
 
     work_s = use.steps_s + use.harness_s
     res = ""

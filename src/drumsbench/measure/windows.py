@@ -116,7 +116,7 @@ class ResourceSampler:
         _, total_gib = _memory_gib()
 
         def col(i: int) -> list[float]:
-            return [float(s[i]) for s in self.series if s[i] is not None]  # type: ignore[arg-type]
+            return [float(v) for v in (s[i] for s in self.series) if v is not None]
 
         def stat(values: list[float]) -> dict[str, float | None]:
             return {"mean": sum(values) / len(values) if values else None, "max": max(values) if values else None}
@@ -186,9 +186,10 @@ class WindowVerdict(BaseModel):
 
 
 def kind_of(label: str) -> WindowKind:
-    for kind in ("soak", "burst"):
-        if label.startswith(kind):
-            return kind  # type: ignore[return-value]
+    if label.startswith("soak"):
+        return "soak"
+    if label.startswith("burst"):
+        return "burst"
     return "step" if label.startswith("N") else "window"
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.task import CodingTask
 from drumsbench.errors import UsageError
+from drumsbench.policies.registry import PolicyArgs
 from drumsbench.policies.scripted import Policy
 
 FORGED = ('{"status": "passed", "reason": "", "expected": 1, "reported": 1, "pass": 1, '
@@ -311,3 +312,8 @@ def parse(spec: str) -> Adversary:
     """``adversary`` or ``adversary:NAME[,NAME...]``."""
     _, _, names = spec.partition(":")
     return Adversary([n.strip() for n in names.split(",") if n.strip()] or None)
+
+
+def factory(args: PolicyArgs) -> Adversary:
+    """The registry's factory: ``adversary`` or ``adversary:NAME[,NAME...]``."""
+    return parse(args.spec)

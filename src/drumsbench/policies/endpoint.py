@@ -29,6 +29,7 @@ from typing import Any
 
 from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
 from drumsbench.errors import PolicyFault, PolicyUnavailable, UsageError
+from drumsbench.policies.registry import PolicyArgs
 from drumsbench.policies.scripted import Policy
 
 PREFIX = "endpoint:"
@@ -70,6 +71,13 @@ def policy_name(policy: str, endpoint: str | None, model: str | None) -> str:
     if not model or not model.strip():
         raise UsageError("--model: --policy endpoint needs the model name the endpoint serves")
     return f"{PREFIX}{model.strip()}@{endpoint}"
+
+
+def factory(args: PolicyArgs) -> EndpointPolicy:
+    """The registry's factory: ``endpoint:MODEL@URL`` (``--policy endpoint --endpoint URL --model NAME``)."""
+    if not args.arg:
+        raise UsageError("--policy endpoint: give --endpoint URL and --model NAME")
+    return parse(args.spec)
 
 
 def parse(name: str) -> EndpointPolicy:

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
 from drumsbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from drumsbench.policies.registry import PolicyArgs
 
 
 class Policy(ABC):
@@ -100,25 +104,35 @@ class Continue(Policy):
         return task.continuation(self.k, solve, 0 if solve else rng.randrange(task.wrong_choices))
 
 
-POLICIES = {"oracle": Oracle, "null": Null, "noisy": Noisy, "explorer": Explorer}
+# -- factories of the policy registry (policies/registry.py) -------------------------------------------
+
+def _no_arg(args: PolicyArgs) -> None:
+    if args.arg:
+        raise UsageError(f"--policy: {args.spec!r}: {args.spec.partition(':')[0]} takes no ':' argument")
+
+
+def oracle(args: PolicyArgs) -> Policy:
+    _no_arg(args)
+    return Oracle()
+
+
+def null(args: PolicyArgs) -> Policy:
+    _no_arg(args)
+    return Null()
+
+
+def noisy(args: PolicyArgs) -> Policy:
+    _no_arg(args)
+    return Noisy(args.noisy_p)
+
+
+def explorer(args: PolicyArgs) -> Policy:
+    _no_arg(args)
+    return Explorer(args.explorer_steps)
 
 
 def make_policy(name: str, noisy_p: float = 0.5, explorer_steps: int = 20) -> Policy:
-    if name == "adversary" or name.startswith("adversary:"):
-        from drumsbench.policies import adversary  # the red team: policies/adversary.py
+    """``--policy NAME[:ARG]`` -> a fresh policy (``policies/registry.py``)."""
+    from drumsbench.policies.registry import make_policy as make
 
-        return adversary.parse(name)
-    if name == "endpoint" or name.startswith("endpoint:"):
-        from drumsbench.policies import endpoint  # a model behind an OpenAI-compatible endpoint
-
-        if name == "endpoint":
-            raise UsageError("--policy endpoint: give --endpoint URL and --model NAME")
-        return endpoint.parse(name)
-    if name == "noisy":
-        return Noisy(noisy_p)
-    if name == "explorer":
-        return Explorer(explorer_steps)
-    if name in POLICIES:
-        return POLICIES[name]()
-    raise UsageError(f"--policy: unknown policy {name!r}; choose one of: {', '.join(POLICIES)}, "
-                     "adversary[:STRATEGY,...], endpoint")
+    return make(name, noisy_p, explorer_steps)

@@ -6,9 +6,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from drumsbench.experiments.project import ProjectionReport
-from drumsbench.experiments.sweep import SweepReport
 from drumsbench.measure.cost import Attribution, HostFigure
+from drumsbench.measure.reports import ProjectionReport, SweepReport
 from drumsbench.measure.stats import Estimate
 from drumsbench.measure.windows import WindowVerdict
 

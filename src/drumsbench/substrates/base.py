@@ -221,6 +221,47 @@ class Freezable(ABC):
         """Undo ``freeze``; idempotent. ``destroy`` thaws first where the substrate needs it."""
 
 
+class HostFolders(ABC):
+    """Capability of a sandbox: its folders are plain host folders under ``host_root``, which the
+    harness (never the policy) may read from the host without going through the sandbox."""
+
+    host_root: Path
+
+    @abstractmethod
+    def host_path(self, path: str) -> Path:
+        """Host path of an in-sandbox absolute path; ``SubstrateError`` for a path outside the
+        sandbox or a destroyed sandbox."""
+
+
+class Snapshotting(ABC):
+    """Capability of a sandbox: capture its live state; the substrate (a ``Forking`` one) makes new
+    sandboxes from the returned id."""
+
+    @abstractmethod
+    def snapshot(self) -> str:
+        """Capture this sandbox's state now; returns an id for ``Forking.fork``. The sandbox goes on."""
+
+
+class Forking(ABC):
+    """Capability of a substrate: new sandboxes that start from a snapshot of a live one.
+
+    A substrate that declares ``capabilities.snapshot`` must be ``Forking`` and its sandboxes
+    ``Snapshotting``; the conformance suite then checks that a fork starts from the snapshot's files
+    and that fork and parent are separate."""
+
+    @abstractmethod
+    def fork(self, snapshot_id: str) -> Sandbox:
+        """A new sandbox whose start state is the snapshot ``snapshot_id``."""
+
+    @abstractmethod
+    def snapshots(self) -> list[str]:
+        """Ids of the snapshots still held."""
+
+    @abstractmethod
+    def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free a snapshot (forks already made are not affected); an unknown id is ignored."""
+
+
 class Substrate(ABC):
     """A kind of place to run sandboxes. One instance serves one run."""
 

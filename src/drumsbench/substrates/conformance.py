@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from drumsbench.errors import SubstrateError
 from drumsbench.fingerprint import files_digest
-from drumsbench.substrates.base import ResetStrategy, Sandbox, Substrate
+from drumsbench.substrates.base import Forking, HostFolders, ResetStrategy, Sandbox, Snapshotting, Substrate
 
 
 class ConformanceFailure(AssertionError):
@@ -168,6 +168,50 @@ def check_reset_in_place(sub: Substrate) -> None:
         expect(_survivors(box, sleep) in (b"0", b""), "processes survive an in-place reset")
 
 
+def check_capabilities_declared(sub: Substrate) -> None:
+    """What a substrate declares matches the interfaces it implements (never found by ``hasattr``)."""
+    forking = isinstance(sub, Forking)
+    expect(sub.capabilities.snapshot == forking,
+           f"capabilities.snapshot is {sub.capabilities.snapshot} but the substrate is {'' if forking else 'not '}"
+           "Forking")
+    if forking:
+        with sandbox(sub) as box:
+            expect(isinstance(box, Snapshotting), "a Forking substrate's sandboxes must be Snapshotting")
+    with sandbox(sub) as box:
+        if isinstance(box, HostFolders):
+            box.write_file(f"{box.paths.work}/hf", b"seen from the host")
+            expect(box.host_path(f"{box.paths.work}/hf").read_bytes() == b"seen from the host",
+                   "HostFolders: host_path does not show the sandbox's file")
+            try:
+                box.host_path("/etc/passwd")
+            except SubstrateError:
+                pass
+            else:
+                raise ConformanceFailure("HostFolders: host_path must refuse a path outside the sandbox")
+
+
+def check_snapshot_fork(sub: Substrate) -> None:
+    """A fork starts from the snapshot's files, and fork and parent are separate afterwards."""
+    if not isinstance(sub, Forking):
+        return
+    with sandbox(sub) as box:
+        assert isinstance(box, Snapshotting)
+        box.write_file(f"{box.paths.work}/state.txt", b"before")
+        snap = box.snapshot()
+        expect(snap in sub.snapshots(), "snapshot id not listed by snapshots()")
+        box.write_file(f"{box.paths.work}/state.txt", b"parent after")
+        child = sub.fork(snap)
+        try:
+            expect(child.read_file(f"{child.paths.work}/state.txt") == b"before",
+                   "a fork must start from the snapshot, not from the parent's later state")
+            child.write_file(f"{child.paths.work}/state.txt", b"child")
+            expect(box.read_file(f"{box.paths.work}/state.txt") == b"parent after", "a fork's write reached its parent")
+        finally:
+            child.destroy()
+        sub.drop_snapshot(snap)
+        expect(snap not in sub.snapshots(), "drop_snapshot left the snapshot listed")
+
+
 def check_destroy(sub: Substrate) -> None:
     box = sub.create()
     box.exec("(sleep 60 > /dev/null 2>&1 &)", timeout=10)
@@ -202,6 +246,8 @@ CHECKS = [
         check_separate_sandboxes,
         check_parallel_exec,
         check_reset_in_place,
+        check_capabilities_declared,
+        check_snapshot_fork,
         check_destroy,
     )
 ]

@@ -66,11 +66,13 @@ from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Forking,
     Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
     SandboxPaths,
+    Snapshotting,
     Substrate,
 )
 from drumsbench.substrates.bwrap import SANDBOX_CAPS
@@ -224,7 +226,7 @@ class _Trash:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class OverlaySandbox(Sandbox):
+class OverlaySandbox(Sandbox, Snapshotting):
     def __init__(
         self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...], cgroup: FreezerCgroup | None = None
     ) -> None:
@@ -545,7 +547,7 @@ class FreezableOverlaySandbox(Freezable, OverlaySandbox):
             self.cgroup.write_state("THAWED")
 
 
-class OverlaySubstrate(Substrate):
+class OverlaySubstrate(Substrate, Forking):
     name = "overlay"
     capabilities = Capabilities(
         isolation=Isolation.NAMESPACES,
@@ -669,6 +671,11 @@ class OverlaySubstrate(Substrate):
     def snapshots(self) -> list[str]:
         with self._lock:
             return list(self._snapshots)
+
+    def drop_snapshot(self, snapshot_id: str) -> None:
+        """Forget the snapshot; its layers stay while forks use them and go with the run's folder."""
+        with self._lock:
+            self._snapshots.pop(snapshot_id, None)
 
     def close(self) -> None:
         """Destroy sandboxes still alive, stop the fork server, remove the run's layers."""

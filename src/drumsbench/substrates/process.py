@@ -41,6 +41,7 @@ from drumsbench.substrates.base import (
     Capabilities,
     ExecResult,
     Freezable,
+    HostFolders,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -163,7 +164,7 @@ def new_sandbox_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-class HostFolderSandbox(Sandbox):
+class HostFolderSandbox(Sandbox, HostFolders):
     """A sandbox whose files live in a host folder: file methods act on the host directly.
 
     Subclasses choose how commands run (``_argv``) and how paths map (``host_path``).
@@ -209,6 +210,12 @@ class HostFolderSandbox(Sandbox):
                 os.chmod(folder, 0o700, follow_symlinks=False)
 
     # -- mapping -------------------------------------------------------------------------------
+    def adopt_group(self, pgid: int) -> None:
+        """Count a process group started outside ``exec`` (e.g. restored by CRIU) as the sandbox's own:
+        ``destroy`` kills it with the rest."""
+        with self._lock:
+            self._groups.add(pgid)
+
     def host_path(self, path: str) -> Path:
         """Host path of an in-sandbox absolute path; refuses paths outside the sandbox."""
         if self._destroyed:

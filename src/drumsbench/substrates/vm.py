@@ -60,12 +60,14 @@ from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     Capabilities,
     ExecResult,
+    Forking,
     Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
     SandboxFrozen,
     SandboxPaths,
+    Snapshotting,
     Substrate,
 )
 from drumsbench.substrates.containers import END_ARGV
@@ -664,7 +666,7 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "vm" / run_id
 
 
-class VmSandbox(Sandbox, Freezable):
+class VmSandbox(Sandbox, Freezable, Snapshotting):
     def __init__(self, substrate: VmSubstrate, sid: str, folder: Path, vm: Qemu) -> None:
         self.substrate = "vm"
         self.run_id = substrate.run_id
@@ -885,7 +887,7 @@ class VmSandbox(Sandbox, Freezable):
         return f"vm:{self.id} ({self._owner.accel})"
 
 
-class VmSubstrate(Substrate):
+class VmSubstrate(Substrate, Forking):
     name = "vm"
     capabilities = Capabilities(
         isolation=Isolation.VM,

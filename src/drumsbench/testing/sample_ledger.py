@@ -108,12 +108,14 @@ def synthesize(ledger: Ledger, run_id: str, attempts: int = 100_000, *, seed: in
             t_end = t_start + total
             worker_t[w] = t_end + 0.001
             end = max(end, t_end)
+            cause: InvalidCause | None
+            injected: InvalidCause | None
             if rng.random() < p_invalid:
                 cause = CAUSES[int(rng.choice(len(CAUSES), p=CAUSE_WEIGHTS / CAUSE_WEIGHTS.sum()))]
                 injected = cause if rng.random() < 0.5 else None
                 outcome, reward = Outcome.INVALID, None
             else:
-                cause = injected = None  # type: ignore[assignment]
+                cause = injected = None
                 ok = rng.random() < 0.62
                 outcome, reward = (Outcome.SUCCESS, 1.0) if ok else (Outcome.FAILED, 0.0)
                 n_valid += 1

@@ -55,7 +55,15 @@ from typing import Any
 
 import numpy as np
 
-from drumsbench.envs.base import Action, ActionSpec, BreakableObservation, Environment, Observation, Task
+from drumsbench.envs.base import (
+    Action,
+    ActionSpec,
+    BreakableObservation,
+    Environment,
+    Observation,
+    Resumable,
+    Task,
+)
 from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.instance import (
     HOSTNAME,
@@ -69,6 +77,7 @@ from drumsbench.envs.desktop.instance import (
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
 from drumsbench.errors import InvalidAttempt, PolicyFault, SubstrateError
 from drumsbench.outcome import InvalidCause
+from drumsbench.substrates.base import HostFolders
 from drumsbench.verdict_channel import authentic_verdict, new_secret, saw_ready
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
@@ -104,7 +113,7 @@ class ArtifactSink:
         return state.state_dir() / "artifacts"
 
 
-class DesktopEnv(Environment, BreakableObservation):
+class DesktopEnv(Environment, BreakableObservation, Resumable):
     kind = "desktop"
 
     def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
@@ -133,7 +142,7 @@ class DesktopEnv(Environment, BreakableObservation):
         the parent's process — undo stack, cursor, selection, dialogs, unsaved edits — is lost,
         and ``capture()`` shows it. The generation is left as the fork set it."""
         assert isinstance(task, DesktopTask)
-        if not (Path(self.box.host_path(self.box.paths.work)) / task.document).exists():  # type: ignore[attr-defined]
+        if not (self._host_path(self.box.paths.work) / task.document).exists():
             raise SubstrateError(f"desktop: resume: no {task.document} in the work folder")
         self._start(task, write_document=False)
 
@@ -163,16 +172,21 @@ class DesktopEnv(Environment, BreakableObservation):
         self.last_start_s = time.monotonic() - t0
         self.start_phases["ready"] = self.last_start_s
 
+    def _host_path(self, path: str) -> Path:
+        if not isinstance(self.box, HostFolders):
+            raise SubstrateError(f"desktop: substrate {self.box.substrate} has no host folders; the desktop runs on "
+                                 "a substrate whose sandboxes are host folders (process)")
+        return self.box.host_path(path)
+
     def _check_box(self, inst: DesktopInstance) -> None:
         """The sandbox may be destroyed behind our back (Ctrl-C destroys live sandboxes from another
         thread): then stop what we started and remove the folders we may have recreated."""
         try:
-            self.box.host_path(self.box.paths.root)  # type: ignore[attr-defined]
+            self._host_path(self.box.paths.root)
         except SubstrateError:
             inst.stop()
-            root = getattr(self.box, "host_root", None)
-            if root is not None:
-                shutil.rmtree(root, ignore_errors=True)
+            if isinstance(self.box, HostFolders):
+                shutil.rmtree(self.box.host_root, ignore_errors=True)
             raise SubstrateError(f"desktop: sandbox {self.box.id} was destroyed during start-up") from None
 
     @staticmethod

@@ -173,7 +173,7 @@ class DesktopInstance:
         path = str(path)
         if self.inside_root is None:
             return path
-        root = str(self.box.host_root)  # type: ignore[attr-defined]
+        root = str(self.box.host_root)
         return self.inside_root + path[len(root):] if path.startswith(root) else path
 
     @property

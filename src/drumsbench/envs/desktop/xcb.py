@@ -194,18 +194,19 @@ class XClient:
             self._sock.close()
             self._sock = None
 
-    def _bounded(self, fn: Callable[[], T], what: str, late: list | None = None) -> T:
+    def _bounded(self, fn: Callable[[], T], what: str, late: list[T] | None = None) -> T:
         """Run a blocking libxcb call; past the deadline shut the socket so that it returns.
 
         On a timeout, a value the call still returned after the shutdown is put in ``late``.
         """
-        box: list[object] = []
+        box: list[T] = []
+        error: list[BaseException] = []
 
         def target() -> None:
             try:
                 box.append(fn())
             except BaseException as e:  # pragma: no cover - ctypes calls do not raise
-                box.append(e)
+                error.append(e)
 
         t = threading.Thread(target=target, daemon=True)
         t.start()
@@ -215,13 +216,12 @@ class XClient:
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
             t.join(2.0)
-            if late is not None and box and not isinstance(box[0], BaseException):
-                late.append(box[0])  # type: ignore[arg-type]
+            if late is not None and box:
+                late.append(box[0])
             raise XTimeout(f"X server did not answer {what} within {self.timeout:g} s")
-        res = box[0]
-        if isinstance(res, BaseException):
-            raise res
-        return res  # type: ignore[return-value]
+        if error:
+            raise error[0]
+        return box[0]
 
     @property
     def conn(self) -> int:

@@ -27,14 +27,16 @@ from pathlib import Path
 
 from drumsbench import criu as criu_install
 from drumsbench.branching import criu
-from drumsbench.branching.methods import ForkMethod, register
+from drumsbench.branching.methods import ForkMethod
 from drumsbench.envs.base import Environment
 from drumsbench.errors import SubstrateError, UsageError
 from drumsbench.rollout import Slot
+from drumsbench.substrates.process import ProcessSandbox
 
 
 class CriuFork(ForkMethod):
     name = "criu"
+    folder: Path | None = None  # the checkpoint's folder, once ``prepare`` made it
 
     @classmethod
     def configure_parent(cls, env: Environment) -> None:
@@ -55,8 +57,8 @@ class CriuFork(ForkMethod):
             raise UsageError("--methods criu: only for the desktop environment started checkpointable")
         inst = env.inst
         box = parent.sandbox
-        assert box is not None and inst.holder_pid is not None
-        root = Path(box.host_root)  # type: ignore[attr-defined]
+        assert isinstance(box, ProcessSandbox) and inst.holder_pid is not None  # the desktop runs on process
+        root = Path(box.host_root)
         self.folder = root.parent / f"criu-{uuid.uuid4().hex[:8]}"
         self.images = self.folder / "images"
         self.frozen = self.folder / "frozen"
@@ -76,13 +78,12 @@ class CriuFork(ForkMethod):
         try:
             box = slot.sandbox
             env = slot.env
-            assert box is not None and isinstance(env, DesktopEnv)
+            assert isinstance(box, ProcessSandbox) and isinstance(env, DesktopEnv)
             env.settings = self.settings
-            root = Path(box.host_root)  # type: ignore[attr-defined]
+            root = Path(box.host_root)
             subprocess.run(["cp", "-a", f"{self.frozen}/.", str(root)], check=True, capture_output=True, timeout=120)
             pid = self._restore(root, box.id)
-            with box._lock:  # type: ignore[attr-defined]
-                box._groups.add(pid)  # type: ignore[attr-defined]  # destroy kills the restored tree
+            box.adopt_group(pid)  # destroy kills the restored tree
             inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
             assert self.parent_task is not None
             env.adopt(self.parent_task, inst, self.history)
@@ -124,13 +125,10 @@ class CriuFork(ForkMethod):
         return int(pidfile.read_text().strip())
 
     def close(self) -> None:
-        folder = getattr(self, "folder", None)
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def available() -> str | None:
     return criu_install.missing()
 
-
-register(CriuFork)

@@ -1,0 +1,89 @@
+"""The layers import one way only (docs/design.md): walking every import of the package (lazy ones
+inside functions included) finds no arrow from a lower layer to a higher one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "drumsbench"
+
+# layer -> layers it must never import (directly or lazily)
+UPWARD = {
+    "report": {"experiments", "executors", "rollout", "envs", "substrates", "policies", "branching", "train",
+               "serve", "cli", "commands_sweep", "faults", "gates"},
+    "measure": {"experiments", "executors", "rollout", "envs", "substrates", "policies", "branching", "train",
+                "serve", "report", "cli", "commands_sweep", "faults", "gates"},
+    "ledger": {"measure", "report", "experiments", "executors", "rollout", "envs", "substrates", "policies"},
+    "substrates": {"envs", "rollout", "policies", "branching", "experiments", "executors", "measure", "report",
+                   "train", "serve", "faults", "gates"},
+    "envs": {"branching", "experiments", "executors", "rollout", "report", "measure", "train", "serve", "cli",
+             "faults", "gates", "policies"},
+    "policies": {"rollout", "experiments", "executors", "report", "branching", "train", "serve", "substrates"},
+    "rollout": {"experiments", "executors", "report", "branching", "train", "serve", "cli"},
+    "branching": {"experiments", "executors", "report", "train", "serve", "cli"},
+    "executors": {"experiments", "report", "train", "serve", "cli"},
+    "experiments": {"report", "cli", "commands_sweep"},
+}
+# an environment reaches substrates only through their interface
+ENV_MAY_IMPORT_FROM_SUBSTRATES = {"drumsbench.substrates.base"}
+# the one known exception, to be removed when the desktop runs on every substrate: the desktop
+# instance starts its X server and LibreOffice through the process substrate's host launcher
+KNOWN = {("drumsbench.envs.desktop.instance", "drumsbench.substrates.process")}
+
+
+def _imports() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in SRC.rglob("*.py"):
+        rel = f.relative_to(SRC)
+        if rel.parts[0] == "tasks":  # task suites are data
+            continue
+        mod = ".".join(("drumsbench", *rel.with_suffix("").parts)).removesuffix(".__init__")
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("drumsbench"):
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)  # `from drumsbench import x`
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("drumsbench"))
+        out[mod] = found
+    return out
+
+
+def _known(module: str, target: str) -> bool:
+    return any(module == m and (target == t or target.startswith(t + ".")) for m, t in KNOWN)
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+IMPORTS = _imports()
+
+
+def test_the_walk_sees_the_package():
+    assert len(IMPORTS) > 80 and "drumsbench.report.html" in IMPORTS
+    assert "drumsbench.measure.artifacts" in IMPORTS["drumsbench.report.html"]
+
+
+@pytest.mark.parametrize("layer", sorted(UPWARD))
+def test_no_upward_import(layer):
+    bad = sorted((m, t) for m, targets in IMPORTS.items() if _layer(m) == layer
+                 for t in targets if _layer(t) in UPWARD[layer] and not _known(m, t))
+    assert not bad, f"{layer} imports a higher layer: {bad}"
+
+
+def test_environments_use_the_substrate_interface_only():
+    bad = sorted((m, t) for m, targets in IMPORTS.items() if _layer(m) == "envs"
+                 for t in targets if _layer(t) == "substrates" and t not in ENV_MAY_IMPORT_FROM_SUBSTRATES
+                 and not t.startswith("drumsbench.substrates.base.") and not _known(m, t))
+    assert not bad, bad
+
+
+def test_the_known_exception_is_still_real():
+    """When the desktop no longer needs the process substrate, this fails: drop the exception."""
+    for m, t in KNOWN:
+        assert t in IMPORTS[m], f"{m} no longer imports {t}: remove it from KNOWN"
