@@ -45,7 +45,8 @@ def test_coldstart_modes(tmp_path, env, mode):
 
 def test_escape_probes_report_honestly(tmp_path, env):
     names = _available()
-    cli("isolation", "--substrates", ",".join(names), "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "i.json"), env=env, check=True)
+    cli("isolation", "--substrates", ",".join(names), "--out", str(tmp_path / "runs"), "--json",
+        str(tmp_path / "i.json"), env=env, check=True)
     data = json.loads((tmp_path / "i.json").read_text())["substrates"]
     for name, row in data.items():
         assert row["canary_control_fired"], name
