@@ -5,6 +5,7 @@ policy's own failed step; tokens and latency of every call are in the record."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sqlite3
 
@@ -124,6 +125,22 @@ def test_run_with_the_endpoint_policy_is_one_flag(endpoint, tmp_path):
                "--concurrency", "1", "--duration", "120s", "--out", str(out), "--no-progress", env=env)
     assert proc.returncode == 0, proc.stderr
     db = sqlite3.connect(out / "ledger.sqlite")
-    rows = db.execute("SELECT policy, outcome, json_extract(extra, '$.inference.calls') FROM attempts").fetchall()
+    rows = db.execute("SELECT policy, outcome, json_extract(extra, '$.inference.calls'), "
+                      "json_extract(extra, '$.inference.prompt_tokens'), "
+                      "json_extract(extra, '$.inference.completion_tokens') FROM attempts").fetchall()
+    run_id = db.execute("SELECT run_id FROM runs").fetchone()[0]
     db.close()
     assert len(rows) == 2 and all(r[0] == "endpoint:oracle" and r[1] == "success" and r[2] > 0 for r in rows), rows
+    # the measured tokens enter the cost per 1,000 verified attempts at a price per million tokens
+    prices = tmp_path / "tokens.toml"
+    prices.write_text('schema = "drumsbench.prices/1"\n[cloud]\nname = "c"\nusd_per_hour = 0.1\n'
+                      "[attribution]\ninference_usd_per_million_input_tokens = 3.0\n"
+                      "inference_usd_per_million_output_tokens = 15.0\n")
+    rep = cli("report", run_id, "--out", str(out), "--price", str(prices), "--json", str(tmp_path / "r.json"), env=env,
+              check=True)
+    (attribution,) = json.loads((tmp_path / "r.json").read_text())["costs"]["attribution"]
+    line = next(ln for ln in attribution["lines"] if ln["name"] == "GPU / inference")
+    tokens_in, tokens_out = sum(r[3] for r in rows), sum(r[4] for r in rows)
+    assert tokens_in > 0 and line["source"] == "measured+input"
+    assert line["usd"] == pytest.approx(3.0 * tokens_in / 1e6 + 15.0 * tokens_out / 1e6)
+    assert "input tokens" in rep.stdout

@@ -130,6 +130,9 @@ class AttributionInputs(_Section):
 
     inference_usd_per_hour: float | None = Field(None, ge=0)
     inference_usd_per_step: float | None = Field(None, ge=0)
+    # a model behind an endpoint (``--policy endpoint``): its measured tokens at these prices
+    inference_usd_per_million_input_tokens: float | None = Field(None, ge=0)
+    inference_usd_per_million_output_tokens: float | None = Field(None, ge=0)
     storage_gib: float = Field(0.0, ge=0)
     storage_usd_per_gib_month: float = Field(0.0, ge=0)
     network_gib_per_attempt: float = Field(0.0, ge=0)
@@ -307,13 +310,24 @@ def attribute(host: HostPrice, inputs: AttributionInputs, use: Any, scope: str =
     add("host CPU and RAM hours (steps, gates, policy)", work_s * per_slot_s, "measured",
         f"{work_s / 3600:.3g} slot-h of {use.slot_seconds / 3600:.3g} slot-h in {hours:.3g} host-h at "
         f"USD {host.usd_per_host_hour:.4g}/h{res}")
-    if inputs.inference_usd_per_hour is None and inputs.inference_usd_per_step is None:
-        add("GPU / inference", None, "excluded", "excluded: no inference price given (the headline excludes it too)")
+    per_in, per_out = inputs.inference_usd_per_million_input_tokens, inputs.inference_usd_per_million_output_tokens
+    priced_tokens = per_in is not None or per_out is not None
+    if inputs.inference_usd_per_hour is None and inputs.inference_usd_per_step is None and not priced_tokens:
+        why = (f"; {use.prompt_tokens:,} input and {use.completion_tokens:,} output tokens measured over "
+               f"{use.inference_calls:,} endpoint calls ({use.inference_s:.1f} s), unpriced"
+               if use.inference_calls else "")
+        add("GPU / inference", None, "excluded",
+            f"excluded: no inference price given (the headline excludes it too){why}")
     else:
         usd = (inputs.inference_usd_per_hour or 0) * hours + (inputs.inference_usd_per_step or 0) * use.steps
-        add("GPU / inference", usd, "input",
-            f"USD {inputs.inference_usd_per_hour or 0:g}/h x {hours:.3g} h + USD {inputs.inference_usd_per_step or 0:g}"
-            f"/step x {use.steps} steps")
+        detail = (f"USD {inputs.inference_usd_per_hour or 0:g}/h x {hours:.3g} h + USD "
+                  f"{inputs.inference_usd_per_step or 0:g}/step x {use.steps} steps")
+        if priced_tokens:
+            usd += (per_in or 0) * use.prompt_tokens / 1e6 + (per_out or 0) * use.completion_tokens / 1e6
+            detail += (f" + {use.prompt_tokens:,} input tokens x USD {per_in or 0:g}/M + {use.completion_tokens:,} "
+                       f"output tokens x USD {per_out or 0:g}/M (measured over {use.inference_calls:,} endpoint "
+                       f"calls, {use.inference_s:.1f} s)")
+        add("GPU / inference", usd, "measured+input" if priced_tokens else "input", detail)
     storage = inputs.storage_gib * inputs.storage_usd_per_gib_month * hours / HOURS_PER_MONTH
     network = inputs.network_gib_per_attempt * use.attempts * inputs.network_usd_per_gib
     add("storage and network", storage + network, "input",

@@ -339,6 +339,11 @@ class Usage(BaseModel):
     attempt_s: float  # whole attempts (start to end)
     cpu_core_hours: float | None = None
     memory_gib_hours: float | None = None
+    # a model behind an endpoint, as the policy recorded it (``extra.inference`` of each attempt)
+    inference_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    inference_s: float = 0.0
 
     @property
     def harness_s(self) -> float:
@@ -357,7 +362,7 @@ def usage(ledger: Ledger, run_id: str, labels: Sequence[str] | None = None) -> U
     infos = window_info(ledger, run_id)
     segs = ledger.segments(run_id)
     cols = ("window", "outcome", "cause", "provision_s", "reset_s", "steps_s", "verify_s", "teardown_s",
-            "t_start", "t_end", "concurrency")
+            "t_start", "t_end", "concurrency", "extra")
     rows = ledger.attempts(run_id, cols)
     if labels is not None:
         wanted = set(labels)
@@ -381,6 +386,7 @@ def usage(ledger: Ledger, run_id: str, labels: Sequence[str] | None = None) -> U
                 mem_h += res["memory_used_gib"]["mean"] * (e - s) / 3600
     verified = sum(1 for r in rows if r[1] != "invalid")
     steps = [json.loads(r[5]) for r in rows]
+    inference = [inf for r in rows if isinstance(inf := json.loads(r[11] or "{}").get("inference"), dict)]
     return Usage(
         host_seconds=host_s,
         slot_seconds=slot_s,
@@ -394,4 +400,8 @@ def usage(ledger: Ledger, run_id: str, labels: Sequence[str] | None = None) -> U
         attempt_s=sum(r[9] - r[8] for r in rows),
         cpu_core_hours=cpu_h if have_res else None,
         memory_gib_hours=mem_h if have_res else None,
+        inference_calls=sum(int(i.get("calls") or 0) for i in inference),
+        prompt_tokens=sum(int(i.get("prompt_tokens") or 0) for i in inference),
+        completion_tokens=sum(int(i.get("completion_tokens") or 0) for i in inference),
+        inference_s=sum(float(i.get("latency_s") or 0.0) for i in inference),
     )
