@@ -98,7 +98,10 @@ def runs(tmp_path_factory) -> dict[str, Any]:
          "--methods", "replay,file", timeout=900)
     step("project", "project", "--substrate", "process", "--trajectories", "1000", "--steps", "20",
          "--calibrate-attempts", "2", "--calibrate-steps", "3")
-    ids = [made[k] for k in ("run", "sweep", "coldstart", "isolation", "branch", "desktop", "project")]
+    step("train", "train", "--treatments", "exclude,zero", "--seeds", "1", "--iterations", "2", "--groups", "1",
+         "--group-size", "2", "--task-ids", "textstats-empty-summary", "--holdout-every", "0", "--eval-every", "1",
+         "--eval-episodes", "1", "--final-eval-episodes", "1", "--concurrency", "2")
+    ids = [made[k] for k in ("run", "sweep", "coldstart", "isolation", "branch", "desktop", "project", "train")]
     page = work / "report.html"
     cli("report", *ids, "--out", str(out), "--html", str(page), env=env, check=True)
     proc = chromium(page.as_uri(), work, "--dump-dom", "--virtual-time-budget=3000")
@@ -193,6 +196,17 @@ def test_projection_page_matches_its_json(runs):
     rid, cells = runs["project"], runs["cells"]
     for p in runs["project.json"]["projections"]:
         assert close(cells[f"{rid}/projection/{p['label']}/worker_hours"], p["worker_hours"]["value"], rel=0.002)
+
+
+def test_training_page_matches_its_json(runs):
+    rid, data, cells = runs["train"], runs["train.json"], runs["cells"]
+    assert {c["treatment"] for c in data["curves"]} == {"exclude", "zero"}
+    for f in data["finals"]:
+        assert close(cells[f"{rid}/train/{f['treatment']}/final_success"], f["success"]["value"], rel=0.002) \
+            if f["success"]["value"] else cells[f"{rid}/train/{f['treatment']}/final_success"].startswith("0")
+    for k in data["costs"]:
+        assert int(first_number(cells[f"{rid}/train/{k['treatment']}/invalid_in_loss"])) == k["invalid_in_loss"]
+    assert "learning curves per treatment" in runs["dom"]
 
 
 def test_report_reads_and_never_writes(runs):

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import HostPrice, PriceFile
 from drumsbench.measure.stats import Estimate, quantile, wilson
+from drumsbench.measure.train_report import TrainReport
 
 WHOLE_RUN = "whole run, not a confirmed window"  # the basis of any figure not from a sweep's confirmed windows
 
@@ -323,13 +324,14 @@ class RunArtifacts:
     branch: dict[str, BranchMethodArtifact] = field(default_factory=dict)
     branch_summary: BranchSummaryArtifact | None = None
     screenshots: dict[str, ScreenshotArtifact] = field(default_factory=dict)
+    train: TrainReport | None = None
     other_kinds: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be read
 
 
 KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
                                 PriceFilesArtifact, ColdstartArtifact, IsolationArtifact, ProjectionArtifact,
-                                BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact)}
+                                BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact)} | {TrainReport.KIND}
 
 
 def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
@@ -360,4 +362,9 @@ def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
     out.branch = get(BranchMethodArtifact)
     out.branch_summary = get(BranchSummaryArtifact).get("report")
     out.screenshots = get(ScreenshotArtifact)
+    if TrainReport.KIND in counts:
+        try:
+            out.train = TrainReport.model_validate(ledger.artifacts(run_id, TrainReport.KIND)["report"])
+        except (ValidationError, KeyError) as e:
+            out.errors[TrainReport.KIND] = f"{TrainReport.KIND} artifact does not fit its model: {e}"[:300]
     return out

@@ -54,7 +54,7 @@ from drumsbench.report.svg import RangeRow, Rule, Series
 # the artifact kinds behind each section (an unreadable one is reported in its section)
 SECTION_KINDS = {"cost": ("price", "prices"), "coldstart": ("coldstart",), "isolation": ("isolation",),
                  "sweep": ("window", "sweep", "segment"), "branch": ("branch", "branch-summary"),
-                 "projection": ("projection",), "screenshots": ("screenshot",)}
+                 "projection": ("projection",), "screenshots": ("screenshot",), "training": ("train-summary",)}
 FAITHFUL_DIMS = ("pixels", "text", "cursor", "selection", "undo", "modified", "dialogs", "locks")
 MAX_SCREENSHOTS = 60  # per run
 CDF_POINTS = 200
@@ -702,6 +702,58 @@ def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
             table(head, rows, "num small", left=3))
 
 
+def sec_training(runs: Sequence[RunData], pal: Palette) -> str | None:
+    """``drumsbench train``: learning curves per treatment (clean eval success, intervals over seeds),
+    final eval per treatment, the paired differences with their tests, and the cost of each treatment."""
+    items = [(rd, rd.art.train) for rd in runs if rd.art.train is not None]
+    if not items:
+        return None
+    curves: list[Series] = []
+    mass: list[Series] = []
+    finals: list[list[object]] = []
+    diffs: list[list[object]] = []
+    costs: list[list[object]] = []
+    for rd, t in items:
+        assert t is not None
+        for c in t.curves:
+            col = pal(f"treatment/{c.treatment}")
+            pts = c.points
+            curves.append(Series(_name(rd, runs, c.treatment), [p.iteration for p in pts],
+                                 [None if p.success.value is None else p.success.value * 100 for p in pts],
+                                 color=col, mode="lines+markers",
+                                 lo=[None if p.success.low is None else p.success.low * 100 for p in pts],
+                                 hi=[None if p.success.high is None else p.success.high * 100 for p in pts]))
+            mass.append(Series(_name(rd, runs, f"{c.treatment}: sabotage"), [p.iteration for p in pts],
+                               [p.mass_sabotage * 100 for p in pts], color=col, dash=True))
+        for f in t.finals:
+            key = f"{rd.label}/train/{f.treatment}"
+            finals.append([rd.label, f.treatment, Keyed(f"{key}/final_success", fmt_est(f.success, ".3f")),
+                           fmt_est(f.pooled, ".3f"), f"{f.successes} of {f.valid}",
+                           ", ".join("–" if v is None else f"{v:.2f}" for v in f.per_seed)])
+        for d in t.comparisons:
+            diffs.append([rd.label, f"{d.a} − {d.b}", Keyed(f"{rd.label}/train/{d.a}-{d.b}/difference",
+                                                           fmt_est(d.difference, "+.3f")),
+                          _g(d.p_paired_permutation, ".3g"), _g(d.p_fisher, ".3g"), d.note])
+        for k in t.costs:
+            costs.append([rd.label, k.treatment, f"{k.attempts:,}", f"{k.valid:,}", fmt_est(k.invalid_rate, ".2%"),
+                          f"{k.retries:,}", Keyed(f"{rd.label}/train/{k.treatment}/invalid_in_loss",
+                                                  f"{k.invalid_in_loss:,}"),
+                          _g(k.host_s, ".4g"), _g(k.usd_per_valid_rollout, ".3g"),
+                          f"{k.reached_90}" + (f" ({fmt_est(k.host_s_to_90, '.3g')} s)" if k.host_s_to_90 else "")])
+    plots = [svg.xy_plot(curves, "iteration", "clean eval success, % (95% interval over seeds)", y_min=0, y_max=100,
+                         x_integer=True, title="learning curves per treatment"),
+             svg.xy_plot(mass, "iteration", "% of first-step probability on sabotage actions", y_min=0,
+                         x_integer=True, title="probability mass on sabotage")]
+    notes = "".join(f"<li>{escape(rd.label)}: {escape(t.conditions)}</li>" for rd, t in items if t is not None)
+    return (_plots(*plots) + f"<ul>{notes}</ul>" +
+            table(["run", "treatment", "final eval success (mean over seeds)", "pooled", "successes", "per seed"],
+                  finals, "num small", left=2) +
+            table(["run", "difference", "paired mean [95%]", "p (sign-flip)", "p (Fisher)", "note"], diffs,
+                  "num small", left={0, 1, 5}) +
+            table(["run", "treatment", "attempts", "valid", "invalid rate", "retries", "invalid in the loss",
+                   "host s", "USD per valid rollout", "seeds reaching 90%"], costs, "num small", left=2))
+
+
 def sec_projection(runs: Sequence[RunData], pal: Palette) -> str | None:
     if not any(rd.art.projection for rd in runs):
         return None
@@ -938,6 +990,8 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
         ("sweep", "Sweep: windows, N_max and soak", lambda: sec_sweep(runs, pal)),
         ("branch", "Branch from a prepared state", lambda: sec_branch(runs, pal)),
         ("projection", "Worker-hour projection", lambda: sec_projection(runs, pal)),
+        ("training", "Training: does the handling of invalid attempts change what a policy learns?",
+         lambda: sec_training(runs, pal)),
         ("screenshots", "Screenshots from the desktop environment and its branches",
          lambda: sec_screenshots(runs, pal, base)),
         ("tasks", "Per task", lambda: sec_tasks(runs, pal)),
