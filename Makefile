@@ -33,5 +33,7 @@ test: system $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 tests
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
+	$(BIN)/mypy --strict src/drumsbench/substrates/base.py src/drumsbench/envs/base.py src/drumsbench/rollout.py \
+		src/drumsbench/ledger.py src/drumsbench/measure

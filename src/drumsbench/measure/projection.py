@@ -193,7 +193,9 @@ def per_trajectory(rows: Sequence[Sequence[Any]], steps: float, full: bool, seed
     idx = _idx(a.n, seed) if boot else None
 
     def form(ix: np.ndarray | None) -> np.ndarray | float:
-        sel = (lambda x: x[None, :]) if ix is None else (lambda x: x[ix])
+        def sel(x: np.ndarray) -> np.ndarray:
+            return x[None, :] if ix is None else x[ix]
+
         per = sel(a.step_sum).sum(axis=1) / np.maximum(sel(a.step_n).sum(axis=1), 1)
         out = np.asarray(a.start_term(ix, fresh_share)) + steps * per + sel(a.verify).mean(axis=1)
         if full:

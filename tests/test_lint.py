@@ -1,0 +1,28 @@
+"""The code stays clean: ruff on everything, mypy on the package, ``mypy --strict`` on the core
+packages (substrates/base, envs/base, rollout, ledger, measure)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from helpers import ROOT
+
+STRICT = ["src/drumsbench/substrates/base.py", "src/drumsbench/envs/base.py", "src/drumsbench/rollout.py",
+          "src/drumsbench/ledger.py", "src/drumsbench/measure"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_ruff():
+    proc = _run("ruff", "check", "--no-cache", "src", "tests", "benchmarks", "examples")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_mypy(tmp_path):
+    proc = _run("mypy", "--cache-dir", str(tmp_path / "all"), "src")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    strict = _run("mypy", "--strict", "--cache-dir", str(tmp_path / "strict"), *STRICT)
+    assert strict.returncode == 0, strict.stdout[-3000:] + strict.stderr[-2000:]
