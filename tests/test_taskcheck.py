@@ -67,7 +67,8 @@ def test_missing_module_is_refused_by_check_and_invalid_at_run_time(substrate, t
 def test_a_good_suite_passes_the_check():
     proc = cli("tasks", "check", MINI, "--substrates", "process")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 of 1 task checks passed" in proc.stdout
+    assert "8 of 8 checks passed (coding environment, process)" in proc.stdout  # 7 environment checks + 1 task
+    assert "ok   process  env stale_action" in proc.stdout
 
 
 def test_a_policy_importing_a_missing_module_is_failed(state_dir, run_id):

@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from pydantic import ValidationError
@@ -331,26 +331,32 @@ def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or f
 
 @tasks_app.command("check")
 def tasks_check(
-    suite: Annotated[str, typer.Argument(help="Coding suite name or folder.")] = "coding",
-    substrates: Annotated[str, typer.Option(help="Comma-separated substrates whose images to check on.")] = "process",
+    suite: Annotated[str, typer.Argument(help="Suite name or folder (any environment kind).")] = "coding",
+    substrates: Annotated[str, typer.Option(help="Comma-separated substrates to check on.")] = "process",
+    task: Annotated[str | None, typer.Option(help="Task for the environment checker (default: the first).")] = None,
 ) -> None:
-    """Prove on each substrate's image that the hidden tests load, fail on the start state and pass
-    after the golden patch (a module missing from the image is refused here). Exit 1 on a problem."""
+    """The environment checker on each substrate (reset and fingerprint, stale actions refused, capture
+    round trip, oracle succeeds and null fails, broken observation and verifier classified), then the
+    kind's own task checks (coding: every task fails at its start and passes with its golden patch on
+    each substrate's image). Exit 1 on a problem."""
     import tempfile
 
     from drumsbench.envs import suites
-    from drumsbench.experiments.taskcheck import TaskCheck, check_suite
+    from drumsbench.experiments.envcheck import check_environment
+    from drumsbench.experiments.taskcheck import TaskCheck
+    from drumsbench.plugins import load_spec
     from drumsbench.substrates import registry
 
-    if suites.suite_kind(suite) != "coding":
-        raise UsageError(f"tasks check: {suite!r} is not a coding suite (desktop suites: scripts/ checks)")
+    kind = suites.KINDS.load(suites.suite_kind(suite))
+    loaded = suites.load(suite)
     names = [n.strip() for n in substrates.split(",") if n.strip()]
     for n in names:
-        if n not in registry.names():
-            raise UsageError(f"--substrates: unknown substrate {n!r}; choose from {', '.join(registry.names())}")
         missing = registry.get(n).missing()
         if missing:
             raise UsageError(f"--substrates: {n} is not usable here: {missing}")
+    chosen = next((t for t in loaded.tasks if t.id == task), None) if task else loaded.tasks[0]
+    if chosen is None:
+        raise UsageError(f"--task: no task {task!r} in {suite}; `drumsbench tasks list {suite}` shows them")
 
     def show(c: TaskCheck) -> None:
         if c.ok:
@@ -359,11 +365,24 @@ def tasks_check(
         else:
             console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False)
 
+    failures = total = 0
     with tempfile.TemporaryDirectory(prefix="drumsbench-taskcheck-") as tmp:
-        results = check_suite(suite, names, Path(tmp), progress=show)
-    bad = [c for c in results if not c.ok]
-    console.print(f"{len(results) - len(bad)} of {len(results)} task checks passed")
-    if bad:
+        for n in names:
+            sub = registry.get(n)(f"envcheck-{n}", Path(tmp) / "state")
+            try:
+                for c in check_environment(loaded.make_env, chosen, sub):
+                    total += 1
+                    failures += not c.ok
+                    console.print(f"{'ok  ' if c.ok else 'FAIL'} {n:8} env {c.check}: {c.detail}", highlight=False)
+            finally:
+                sub.close()
+        if kind.task_checks is not None:
+            task_checks = cast(Callable[..., list[TaskCheck]], load_spec(kind.task_checks))
+            results = task_checks(suite, names, Path(tmp), progress=show)
+            total += len(results)
+            failures += sum(not c.ok for c in results)
+    console.print(f"{total - failures} of {total} checks passed ({kind.name} environment, {', '.join(names)})")
+    if failures:
         raise typer.Exit(1)
 
 

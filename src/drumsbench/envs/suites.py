@@ -26,12 +26,15 @@ class EnvKind:
     """An environment kind: where its parts are (``"module:attr"``), imported on first use.
 
     ``environment``: the ``Environment`` subclass; ``load_suite(name_or_path) -> Sequence[Task]``;
-    ``fingerprints(name_or_path) -> dict[task id, fingerprint]`` (the start states, unchecked)."""
+    ``fingerprints(name_or_path) -> dict[task id, fingerprint]`` (the start states, unchecked);
+    ``task_checks`` (optional): the kind's own proof about every task, run by ``drumsbench tasks
+    check`` after the environment checker, ``(suite, substrates, state_dir, progress) -> [TaskCheck]``."""
 
     name: str
     environment: str
     load_suite: str
     fingerprints: str
+    task_checks: str | None = None
 
     def environment_class(self) -> type[Environment]:
         cls = load_spec(self.environment)
@@ -47,7 +50,8 @@ class EnvKind:
 
 
 CODING = EnvKind("coding", "drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite",
-                 "drumsbench.envs.coding.task:compute_fingerprints")
+                 "drumsbench.envs.coding.task:compute_fingerprints",
+                 task_checks="drumsbench.experiments.taskcheck:check_suite")
 DESKTOP = EnvKind("desktop", "drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite",
                   "drumsbench.envs.desktop.task:compute_fingerprints")
 
