@@ -67,7 +67,8 @@ def test_missing_module_is_refused_by_check_and_invalid_at_run_time(substrate, t
 def test_a_good_suite_passes_the_check():
     proc = cli("tasks", "check", MINI, "--substrates", "process")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "8 of 8 checks passed (coding environment, process)" in proc.stdout  # 7 environment checks + 1 task
+    # 7 environment checks, the data checks of 1 project and 1 task, 1 task on the image
+    assert "10 of 10 checks passed (coding environment, process)" in proc.stdout
     assert "ok   process  env stale_action" in proc.stdout
 
 

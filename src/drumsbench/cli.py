@@ -359,9 +359,9 @@ def tasks_check(
         raise UsageError(f"--task: no task {task!r} in {suite}; `drumsbench tasks list {suite}` shows them")
 
     def show(c: TaskCheck) -> None:
+        what = "data checks" if c.substrate == "host" else "fails on the start state, passes with the golden patch"
         if c.ok:
-            console.print(f"ok   {c.substrate:8} {c.task}: fails on the start state, passes with the golden patch",
-                          highlight=False)
+            console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)
         else:
             console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False)
 

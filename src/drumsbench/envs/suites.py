@@ -51,7 +51,7 @@ class EnvKind:
 
 CODING = EnvKind("coding", "drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite",
                  "drumsbench.envs.coding.task:compute_fingerprints",
-                 task_checks="drumsbench.experiments.taskcheck:check_suite")
+                 task_checks="drumsbench.experiments.taskcheck:check_coding")
 DESKTOP = EnvKind("desktop", "drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite",
                   "drumsbench.envs.desktop.task:compute_fingerprints")
 

@@ -94,3 +94,24 @@ def check_suite(suite: str, substrates: list[str], state_dir: Path,
         finally:
             sub.close()
     return out
+
+
+def check_coding(suite: str, substrates: list[str], state_dir: Path,
+                 progress: Callable[[TaskCheck], None] = lambda _c: None) -> list[TaskCheck]:
+    """The coding kind's task checks (``EnvKind.task_checks``): the suite's data on the host (every
+    patch applies, wrong patches fail, visible tests never reveal a bug, ``coding_data.py``), then
+    every task on each substrate's image (``check_suite``)."""
+    from drumsbench.envs.coding.task import suite_dir
+    from drumsbench.experiments.coding_data import check_data
+
+    reports, strays, _ = check_data(suite_dir(suite))
+    out: list[TaskCheck] = []
+    for r in reports:
+        c = TaskCheck("host", r.name, not r.problems, "", "", "; ".join(r.problems))
+        out.append(c)
+        progress(c)
+    if strays:
+        c = TaskCheck("host", "suite", False, "", "", f"folders without task.toml: {', '.join(strays)}")
+        out.append(c)
+        progress(c)
+    return out + check_suite(suite, substrates, state_dir, progress)

@@ -1,5 +1,5 @@
-#!/usr/bin/env python3
-"""Check a DrumsBench coding task suite with real runs (see docs/tasks.md for the format).
+"""The coding suite's data checks, with real runs on the host (see docs/tasks.md for the format);
+part of ``drumsbench tasks check`` for coding suites (``taskcheck.check_coding``).
 
 For every project under ``SUITE/projects/``: its visible tests (``tests/``) pass.
 
@@ -19,14 +19,13 @@ Hidden tests run like at verification: copied into a verify folder outside the w
 with the work folder as the current directory and on ``PYTHONPATH``:
 ``python3 -m unittest discover -s VERIFY -t VERIFY``.
 
-Usage: ``python3 scripts/check_tasks.py SUITE_DIR [--task ID]... [-v]``. Prints one line per
-project and per task; exits 1 if any check failed, 2 on usage errors.
+Alone: ``python -m drumsbench.experiments.coding_data SUITE_DIR [--task ID]... [-v]``. Prints one
+line per project and per task; exits 1 if any check failed, 2 on usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -35,11 +34,14 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from drumsbench.errors import UsageError
+from drumsbench.fingerprint import tree_digest
+
 ID_RE = re.compile(r"[a-z0-9-]+")
 REQUIRED = {
     "id": str,
@@ -57,24 +59,6 @@ MAX_TEST_SECONDS = 0.5
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
-def load_tree_digest() -> Any:
-    """``drumsbench.fingerprint.tree_digest``, from the installed/src package or the file itself."""
-    sys.path.insert(0, str(REPO / "src"))
-    try:
-        from drumsbench.fingerprint import tree_digest
-
-        return tree_digest
-    except ImportError:
-        path = REPO / "src" / "drumsbench" / "fingerprint.py"
-        spec = importlib.util.spec_from_file_location("_drumsbench_fingerprint", path)
-        if spec is None or spec.loader is None:
-            raise
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.tree_digest
-
-
-tree_digest = load_tree_digest()
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -107,8 +91,8 @@ def run_unittest(args: list[str], cwd: Path, extra_path: Path, timeout: float) -
             cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or "") + (exc.stderr or "")
-        return TestRun("TIMEOUT", output=out if isinstance(out, str) else "")
+        parts = [p.decode(errors="replace") if isinstance(p, bytes) else p for p in (exc.stdout, exc.stderr) if p]
+        return TestRun("TIMEOUT", output="".join(parts))
     output = proc.stdout + proc.stderr
     match = _RAN.search(output)
     ran, seconds = (int(match.group(1)), float(match.group(2))) if match else (0, 0.0)
@@ -337,53 +321,59 @@ def check_task(task_dir: Path, scratch: Path) -> Report:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("suite", type=Path, help="suite folder (holds projects/ and task folders)")
-    parser.add_argument("--task", action="append", default=[], help="check only this task id")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show test output on problems")
-    args = parser.parse_args(argv)
+def check_data(suite: Path, task_ids: Sequence[str] = ()) -> tuple[list[Report], list[str], int]:
+    """Every project's and task's data checks: (reports, folders without task.toml, projects checked).
 
-    suite: Path = args.suite.resolve()
+    ``UsageError`` when the suite has no projects/, git is missing or a task id is unknown."""
+    suite = suite.resolve()
     if not (suite / "projects").is_dir():
-        print(f"error: {suite} has no projects/ folder", file=sys.stderr)
-        return 2
+        raise UsageError(f"{suite} has no projects/ folder; a coding suite holds projects/ and task folders")
     if shutil.which("git") is None:
-        print("error: git is needed to apply the patches", file=sys.stderr)
-        return 2
-
+        raise UsageError("git is needed to apply the patches; install git")
     task_dirs = sorted(p for p in suite.iterdir() if (p / "task.toml").is_file())
     strays = sorted(
         p.name
         for p in suite.iterdir()
         if p.is_dir() and p.name not in ("projects", "__pycache__") and not (p / "task.toml").exists()
     )
-    if args.task:
-        unknown = set(args.task) - {p.name for p in task_dirs}
+    if task_ids:
+        unknown = set(task_ids) - {p.name for p in task_dirs}
         if unknown:
-            print(f"error: unknown task(s): {', '.join(sorted(unknown))}", file=sys.stderr)
-            return 2
-        task_dirs = [p for p in task_dirs if p.name in args.task]
-
-    started = time.monotonic()
+            raise UsageError(f"--task: unknown task(s): {', '.join(sorted(unknown))}")
+        task_dirs = [p for p in task_dirs if p.name in task_ids]
+        strays = []
     reports: list[Report] = []
-    width = max([len(p.name) for p in task_dirs] + [20])
     with tempfile.TemporaryDirectory(prefix="check-tasks-") as tmp:
         scratch = Path(tmp)
         projects = sorted(p.name for p in (suite / "projects").iterdir() if p.is_dir())
         for project in projects:
             reports.append(check_project(suite, project, scratch))
-            print_report(reports[-1], width, args.verbose)
         for task_dir in task_dirs:
             reports.append(check_task(task_dir, scratch))
-            print_report(reports[-1], width, args.verbose)
+    return reports, strays, len(projects)
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("suite", type=Path, help="suite folder (holds projects/ and task folders)")
+    parser.add_argument("--task", action="append", default=[], help="check only this task id")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show test output on problems")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        reports, strays, projects = check_data(args.suite, args.task)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    width = max([len(r.name) for r in reports] + [20])
+    for r in reports:
+        print_report(r, width, args.verbose)
     problems = sum(len(r.problems) for r in reports)
-    if strays and not args.task:
+    if strays:
         problems += 1
         print(f"FAIL  folders without task.toml: {', '.join(strays)}")
-    elapsed = time.monotonic() - started
-    summary = f"{len(task_dirs)} tasks, {len(projects)} projects checked in {elapsed:.1f}s: "
+    tasks = sum(not r.name.startswith("project ") for r in reports)
+    summary = f"{tasks} tasks, {projects} projects checked in {time.monotonic() - started:.1f}s: "
     print(summary + ("all checks passed" if not problems else f"{problems} problem(s)"))
     return 1 if problems else 0
 
