@@ -60,10 +60,16 @@ def progress_lines(progress: bool) -> Iterator[Callable[[str], None]]:
         yield say
 
 
-def _validation(e: ValidationError, flags: dict[str, str]) -> UsageError:
+def usage_error(e: ValidationError, flags: dict[str, str] | None = None) -> UsageError:
+    """A one-line usage error from a configuration model's first validation error: the field's
+    flag (from ``flags``, else ``--field-name`` without a ``_s`` unit suffix) and pydantic's message."""
     first = e.errors()[0]
     name = str(first["loc"][-1]) if first["loc"] else "?"
-    return UsageError(f"{flags.get(name, name)}: {first['msg']}")
+    flag = (flags or {}).get(name) or "--" + name.removesuffix("_s").replace("_", "-")
+    return UsageError(f"{flag}: {first['msg']}")
+
+
+_validation = usage_error  # the name the sweep and project commands use
 
 
 @app.command()

@@ -9,7 +9,7 @@ import typer
 from pydantic import ValidationError
 
 from drumsbench import commands_sweep as cs
-from drumsbench.cli import app, console, parse_duration, progress_lines
+from drumsbench.cli import app, console, parse_duration, progress_lines, usage_error
 from drumsbench.errors import UsageError
 
 
@@ -22,7 +22,7 @@ def _ints(text: str, field: str) -> list[int]:
 
 @app.command()
 def branch(
-    env: Annotated[str, typer.Option(help="Task suite (coding, desktop or a folder).")] = "coding",
+    env: Annotated[str, typer.Option("--tasks", "--env", help="Task suite (coding, desktop or a folder).")] = "coding",
     task: Annotated[str | None, typer.Option(help="Task id (default: the suite's first).")] = None,
     substrate: Annotated[str, typer.Option(help="Where sandboxes run.")] = "process",
     k: Annotated[int, typer.Option(help="Actions before the branch point.")] = 5,
@@ -47,8 +47,7 @@ def branch(
                            continuations=continuations, methods=[m.strip() for m in methods.split(",") if m.strip()],
                            policy=policy, rollout=RolloutConfig(step_timeout_s=step, episode_timeout_s=step * 10))
     except ValidationError as e:
-        first = e.errors()[0]
-        raise UsageError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+        raise usage_error(e, {"tasks": "--tasks"}) from None
     from drumsbench.branching.methods import METHODS
     from drumsbench.policies.scripted import make_policy
 

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from drumsbench.cli import app, console, err, parse_duration
+from drumsbench.cli import app, console, err, parse_duration, usage_error
 from drumsbench.errors import UsageError
 
 
@@ -67,8 +67,7 @@ def serve(
                                                 verify_timeout_s=None if verify_timeout == "task" else
                                                 parse_duration(verify_timeout, "--verify-timeout")))
     except ValidationError as e:
-        first = e.errors()[0]
-        raise UsageError(f"--{str(first['loc'][-1]).replace('_', '-')}: {first['msg']}") from None
+        raise usage_error(e) from None
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from drumsbench import commands_sweep as cs
-from drumsbench.cli import app, console, progress_lines
+from drumsbench.cli import app, console, progress_lines, usage_error
 from drumsbench.errors import UsageError
 
 
@@ -45,8 +45,7 @@ def coldstart(
         cfg = ColdstartConfig(substrates=substrates.split(","), mode=mode, n=n, stagger_s=stagger, idle=idle,
                               reset_n=reset_n)
     except ValidationError as e:
-        first = e.errors()[0]
-        raise UsageError(f"--{str(first['loc'][0]).replace('_s', '').replace('_', '-')}: {first['msg']}") from None
+        raise usage_error(e, {"stagger_s": "--stagger", "substrates": "--substrates", "n": "-n"}) from None
     run_id = new_run_id()
     subs = _substrates(substrates, run_id)
     ledger = open_ledger(out)
