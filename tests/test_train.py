@@ -33,6 +33,12 @@ TOY = ["textstats-empty-summary", "textstats-sentence-tail", "textstats-stopword
 FAULTY = ["invoice-rounding-mode", "textstats-truncate-width"]
 
 
+@pytest.fixture(autouse=True)
+def _torch_cache(monkeypatch, tmp_path):
+    """torch's optimizer would leave an empty cache folder in the host's /tmp."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch-cache"))
+
+
 def _train(cfg: TrainConfig, tmp_path, state_dir, run_id: str) -> Ledger:
     ledger = Ledger(tmp_path / f"{run_id}.sqlite")
     ledger.create_run(run_id, "train", cfg.model_dump(mode="json"), {"hostname": "test"}, "test")

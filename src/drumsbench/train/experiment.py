@@ -420,10 +420,13 @@ def run_train(cfg: TrainConfig, substrate: Substrate, ledger: Ledger, run_id: st
     runner = _Runner(substrate, suite, cfg, ledger, run_id)
     progress = Progress(total=len(cfg.arms()) * len(cfg.seeds) * cfg.iterations)
     t0 = time.monotonic()
+    from drumsbench.train.grpo import torch_scratch
+
     try:
-        for seed in cfg.seeds:
-            for arm in cfg.arms():
-                train_one(runner, split, cfg, arm, seed, progress, on_progress)
+        with torch_scratch():
+            for seed in cfg.seeds:
+                for arm in cfg.arms():
+                    train_one(runner, split, cfg, arm, seed, progress, on_progress)
     finally:
         runner.close()
     ledger.put_artifact(run_id, "train-wall", "total", {"wall_s": time.monotonic() - t0})

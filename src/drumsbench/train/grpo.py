@@ -9,6 +9,10 @@ samples' decisions of ``-min(ratio * A, clip(ratio, 1-eps, 1+eps) * A)``.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,6 +20,25 @@ from drumsbench.train.policy_net import Decision
 
 if TYPE_CHECKING:
     import torch
+
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@contextmanager
+def torch_scratch() -> Iterator[None]:
+    """torch's first optimizer step creates an (empty) inductor cache folder, by default
+    ``/tmp/torchinductor_<user>``; inside this context it goes to a temporary folder that is removed
+    afterwards, so a training run leaves nothing on the host (a cache folder the caller set is kept)."""
+    if os.environ.get(CACHE_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="drumsbench-torch-") as tmp:
+        os.environ[CACHE_ENV] = tmp
+        try:
+            yield
+        finally:
+            os.environ.pop(CACHE_ENV, None)
 
 
 @dataclass
@@ -61,4 +84,4 @@ def update(net: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[S
     return stats
 
 
-__all__ = ["Sample", "UpdateStats", "update"]
+__all__ = ["Sample", "UpdateStats", "torch_scratch", "update"]
