@@ -29,9 +29,8 @@ UPWARD = {
 }
 # an environment reaches substrates only through their interface
 ENV_MAY_IMPORT_FROM_SUBSTRATES = {"drumsbench.substrates.base"}
-# the one known exception, to be removed when the desktop runs on every substrate: the desktop
-# instance starts its X server and LibreOffice through the process substrate's host launcher
-KNOWN = {("drumsbench.envs.desktop.instance", "drumsbench.substrates.process")}
+# known exceptions (none left: the desktop reaches its sandbox through HostFolders and HostLaunching)
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _imports() -> dict[str, set[str]]:

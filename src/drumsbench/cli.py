@@ -171,7 +171,7 @@ def run(
         FaultPlan.parse(cfg.inject)
         make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)
         suites.load(cfg.tasks)
-        make_substrate(cfg.substrate, run_id)
+        make_substrate(cfg.substrate, run_id, cfg.tasks)
         ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
         cs.remember_prices(ledger, run_id, price)
 

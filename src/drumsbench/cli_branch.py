@@ -55,7 +55,7 @@ def branch(
     for name in cfg.methods:
         METHODS.load(name)  # a one-line error naming the known methods
     run_id = new_run_id()
-    sub = make_substrate(substrate, run_id)
+    sub = make_substrate(substrate, run_id, env)
     ledger = open_ledger(out)
     ledger.create_run(run_id, "branch", cfg.model_dump(mode="json"), machine_info(), commit())
     try:

@@ -188,7 +188,7 @@ def sweep(
     suites.load(tasks)
     ledger = open_ledger(out)
     run_id = new_run_id()
-    make_substrate(substrate, run_id)
+    make_substrate(substrate, run_id, tasks)
     ledger.create_run(run_id, "sweep", cfg.model_dump(mode="json"), machine_info(), commit())
     planned = len(levels) * window_s + (soak_s or 0) + (burst_s or 0)
     err.print(f"sweep {run_id}: {substrate}, {tasks}, policy {policy}, N in {levels}, windows of {window_s:g} s"
@@ -342,7 +342,7 @@ def project(
         ledger = open_ledger(out)
         run_id = new_run_id()
         for t in targets:
-            make_substrate(t.substrate, run_id)
+            make_substrate(t.substrate, run_id, tasks)
         ledger.create_run(run_id, "project", cfg.model_dump(mode="json"), machine_info(), commit())
         err.print(f"project {run_id}: calibrating {', '.join(t.label for t in targets)}; ledger {ledger.path}")
         with progress_lines(progress) as say:

@@ -96,6 +96,16 @@ class Task(ABC):
 
 class Environment(ABC):
     kind: ClassVar[str]
+    # capability interfaces (substrates/base.py) its sandboxes must implement; checked up front
+    requires: ClassVar[tuple[type, ...]] = ()
+
+    @classmethod
+    def unmet(cls, sandbox_class: type[Sandbox] | None) -> list[str]:
+        """The required capabilities a substrate's sandboxes lack (empty when they fit, or when the
+        substrate does not declare its sandbox class: then the first sandbox tells)."""
+        if sandbox_class is None:
+            return []
+        return [r.__name__ for r in cls.requires if not issubclass(sandbox_class, r)]
 
     def __init__(self) -> None:
         self.generation = 0

@@ -19,10 +19,9 @@ def load_folders(suite: Path, load_one: Callable[[Path], T], doc: str) -> tuple[
         raise UsageError(f"--tasks: {suite} holds no */task.toml; see {doc}")
     tasks: Sequence[T] = [load_one(f) for f in folders]
     seen: dict[str, Path] = {}
-    for t in tasks:
-        folder = getattr(t, "folder", None)
+    for folder, t in zip(folders, tasks, strict=True):
         if t.id in seen:
             raise UsageError(f"{folder}/task.toml: field 'id': {t.id!r} is also used by {seen[t.id]}; "
                              "ids must be unique")
-        seen[t.id] = Path(str(folder))
+        seen[t.id] = folder
     return tuple(sorted(tasks, key=lambda t: t.id))

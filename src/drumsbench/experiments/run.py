@@ -84,11 +84,20 @@ def open_ledger(out: Path) -> Ledger:
     return Ledger(ledger_path(out))
 
 
-def make_substrate(name: str, run_id: str) -> Substrate:
+def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrate:
+    """The substrate ``name`` for ``run_id``; a one-line ``UsageError`` when it is not ready here, or
+    when the environment of suite ``tasks`` needs what its sandboxes cannot do (checked before any
+    sandbox is made, never turned into invalid attempts)."""
     cls = registry.get(name)
     missing = cls.missing()
     if missing:
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
+    if tasks is not None:
+        kind = suites.KINDS.load(suites.suite_kind(tasks))
+        unmet = kind.environment_class().unmet(cls.sandbox_class)
+        if unmet:
+            raise UsageError(f"--substrate {name}: the {kind.name} environment needs sandboxes that are "
+                             f"{' and '.join(unmet)}; {name}'s are not (the process substrate's are)")
     return cls(run_id, state.state_dir())
 
 
@@ -118,7 +127,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
     suite = suites.load(cfg.tasks)
     faults = FaultPlan.parse(cfg.inject, seed=cfg.seed)
     make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)  # validate before anything starts
-    substrate = make_substrate(cfg.substrate, run_id)
+    substrate = make_substrate(cfg.substrate, run_id, cfg.tasks)
 
     windowed = bool(cfg.window)
     already = ledger.count(run_id) if resume and not windowed else 0

@@ -165,7 +165,7 @@ class Hub:
         from drumsbench.experiments.run import make_substrate, open_ledger
         from drumsbench.machine import commit, machine_info
 
-        self.substrate = make_substrate(self.cfg.substrate, self.run_id)
+        self.substrate = make_substrate(self.cfg.substrate, self.run_id, self.cfg.tasks)
         self.ledger = open_ledger(self.out)
         cfg = self.cfg.model_copy(update={"concurrency": self.cfg.max_sessions})
         self.ledger.create_run(self.run_id, self.kind, cfg.model_dump(mode="json"), machine_info(), commit())

@@ -233,6 +233,27 @@ class HostFolders(ABC):
         sandbox or a destroyed sandbox."""
 
 
+class HostLaunching(ABC):
+    """Capability of a sandbox whose processes are host processes: an environment may build its own
+    isolation around it (the desktop's namespaces) by running a *harness-made* launcher with the
+    harness's privileges. ``uid`` is the host user the sandbox's own commands run as (None: the
+    harness's)."""
+
+    RUN_VAR: ClassVar[str] = "DRUMSBENCH_RUN"  # labels of every process a sandbox starts
+    SANDBOX_VAR: ClassVar[str] = "DRUMSBENCH_SANDBOX"
+
+    @property
+    @abstractmethod
+    def uid(self) -> int | None: ...
+
+    @abstractmethod
+    def exec_launcher(self, argv: Sequence[str], *, timeout: float, cwd: str | None = None,
+                      env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                      output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        """Run the launcher as the harness (root), in the sandbox's cgroup, labelled, bounded, killed on
+        timeout and by ``end_processes``/``destroy``; never a policy's command line as such."""
+
+
 class Snapshotting(ABC):
     """Capability of a sandbox: capture its live state; the substrate (a ``Forking`` one) makes new
     sandboxes from the returned id."""
@@ -263,10 +284,15 @@ class Forking(ABC):
 
 
 class Substrate(ABC):
-    """A kind of place to run sandboxes. One instance serves one run."""
+    """A kind of place to run sandboxes. One instance serves one run.
+
+    ``sandbox_class``: the class of the sandboxes ``create`` returns, so what they can do (their
+    capability interfaces) is known before one is made (an environment's requirements are checked
+    up front; the conformance suite checks that ``create`` keeps to it)."""
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    sandbox_class: ClassVar[type[Sandbox] | None] = None  # None: not declared (a plugin may leave it)
 
     def __init__(self, run_id: str, state_dir: Path) -> None:
         self.run_id = run_id

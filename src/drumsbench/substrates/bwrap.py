@@ -234,6 +234,7 @@ class FreezableBwrapSandbox(CgroupFreezable, BwrapSandbox):
 
 class BwrapSubstrate(Substrate):
     name = "bwrap"
+    sandbox_class = BwrapSandbox
     capabilities = Capabilities(
         isolation=Isolation.NAMESPACES,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),

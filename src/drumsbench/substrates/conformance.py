@@ -170,6 +170,10 @@ def check_reset_in_place(sub: Substrate) -> None:
 
 def check_capabilities_declared(sub: Substrate) -> None:
     """What a substrate declares matches the interfaces it implements (never found by ``hasattr``)."""
+    with sandbox(sub) as made:
+        declared = type(sub).sandbox_class
+        expect(declared is None or isinstance(made, declared),
+               f"create() made a {type(made).__name__}, not the declared sandbox_class {declared}")
     forking = isinstance(sub, Forking)
     expect(sub.capabilities.snapshot == forking,
            f"capabilities.snapshot is {sub.capabilities.snapshot} but the substrate is {'' if forking else 'not '}"

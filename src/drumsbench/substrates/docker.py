@@ -475,6 +475,7 @@ def _read_frames(
 
 class DockerSubstrate(Substrate):
     name = "docker"
+    sandbox_class = DockerSandbox
     capabilities = Capabilities(
         isolation=Isolation.CONTAINER,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),

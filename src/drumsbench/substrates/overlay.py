@@ -549,6 +549,7 @@ class FreezableOverlaySandbox(Freezable, OverlaySandbox):
 
 class OverlaySubstrate(Substrate, Forking):
     name = "overlay"
+    sandbox_class = OverlaySandbox
     capabilities = Capabilities(
         isolation=Isolation.NAMESPACES,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),

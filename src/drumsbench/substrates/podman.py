@@ -419,6 +419,7 @@ class PodmanSandbox(Sandbox, Freezable):
 
 class PodmanSubstrate(Substrate):
     name = "podman"
+    sandbox_class = PodmanSandbox
     capabilities = Capabilities(
         isolation=Isolation.CONTAINER,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),

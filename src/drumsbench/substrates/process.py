@@ -42,6 +42,7 @@ from drumsbench.substrates.base import (
     ExecResult,
     Freezable,
     HostFolders,
+    HostLaunching,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -60,8 +61,8 @@ from drumsbench.substrates.hostproc import (
     uid_separation_available,
 )
 
-RUN_VAR = "DRUMSBENCH_RUN"
-SANDBOX_VAR = "DRUMSBENCH_SANDBOX"
+RUN_VAR = HostLaunching.RUN_VAR
+SANDBOX_VAR = HostLaunching.SANDBOX_VAR
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -445,7 +446,7 @@ class CgroupFreezable(Freezable):
             self.cgroup.write_state("THAWED")
 
 
-class ProcessSandbox(HostFolderSandbox):
+class ProcessSandbox(HostFolderSandbox, HostLaunching):
     """In-sandbox paths are the host paths."""
 
     def exec_launcher(
@@ -475,6 +476,7 @@ class FreezableProcessSandbox(CgroupFreezable, ProcessSandbox):
 
 class ProcessSubstrate(Substrate):
     name = "process"
+    sandbox_class = ProcessSandbox
     capabilities = Capabilities(
         isolation=Isolation.NONE,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),

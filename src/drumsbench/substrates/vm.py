@@ -889,6 +889,7 @@ class VmSandbox(Sandbox, Freezable, Snapshotting):
 
 class VmSubstrate(Substrate, Forking):
     name = "vm"
+    sandbox_class = VmSandbox
     capabilities = Capabilities(
         isolation=Isolation.VM,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),

@@ -77,7 +77,7 @@ from drumsbench.envs.desktop.instance import (
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
 from drumsbench.errors import InvalidAttempt, PolicyFault, SubstrateError
 from drumsbench.outcome import InvalidCause
-from drumsbench.substrates.base import HostFolders
+from drumsbench.substrates.base import HostFolders, HostLaunching
 from drumsbench.verdict_channel import authentic_verdict, new_secret, saw_ready
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
@@ -114,6 +114,7 @@ class ArtifactSink:
 
 
 class DesktopEnv(Environment, BreakableObservation, Resumable):
+    requires = (HostFolders, HostLaunching)  # the X server and LibreOffice start around the sandbox
     kind = "desktop"
 
     def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:

@@ -43,8 +43,9 @@ import numpy as np
 from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox
-from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, ProcessSandbox
+from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostFolders, HostLaunching, Sandbox
+
+RUN_VAR, SANDBOX_VAR = HostLaunching.RUN_VAR, HostLaunching.SANDBOX_VAR
 
 HOLDER = Path(__file__).with_name("holder.py")
 HOSTNAME = "drumsbench-desktop"
@@ -126,11 +127,12 @@ class DesktopInstance:
     """A running desktop for one sandbox (a host-folder sandbox: the ``process`` substrate)."""
 
     def __init__(self, box: Sandbox, settings: Settings | None = None) -> None:
-        if not isinstance(box, ProcessSandbox):
+        if not isinstance(box, HostFolders) or not isinstance(box, HostLaunching):
             # Other substrates run commands in their own namespaces or containers, where the holder
             # (started on the host) and its pid are out of reach: refuse rather than half-work.
-            raise SubstrateError(f"the desktop environment runs on the process substrate; "
-                                 f"{box.substrate} is not supported yet (docs/desktop.md)")
+            raise SubstrateError(f"the desktop environment needs sandboxes with host folders and a host "
+                                 f"launcher (the process substrate); {box.substrate} is not supported yet "
+                                 "(docs/desktop.md)")
         host_path = box.host_path
         self.box = box
         self.settings = settings or Settings()
