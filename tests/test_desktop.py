@@ -322,12 +322,17 @@ def drumsbench(*args: str, state: Path) -> subprocess.Popen:
 
 
 def test_no_desktop_processes_after_a_run(desktop_ready, tmp_path):
+    """Nothing of a desktop run stays: no process, and nothing in the host's /tmp (LibreOffice's IPC
+    sockets, X sockets and locks live in the sandbox's own tmp, seen as /tmp in its namespace)."""
     state, out = tmp_path / "state", tmp_path / "out"
+    host_tmp = {p.name for p in Path("/tmp").iterdir()}
     proc = drumsbench("run", "--tasks", "desktop", "--attempts", "3", "--concurrency", "2", "--duration", "5m",
                       "--no-progress", "--out", str(out), state=state)
     text, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, text
     assert desktop_processes(str(state)) == []
+    new = sorted({p.name for p in Path("/tmp").iterdir()} - host_tmp)
+    assert not [n for n in new if n.startswith(("OSL_PIPE", ".X", "lu"))], new
     shots = sorted(p.relative_to(out).as_posix() for p in out.glob("screenshots/*/*/*.png"))
     assert len(shots) == 9 and all(s.endswith(("start.png", "middle.png", "end.png")) for s in shots), shots
 

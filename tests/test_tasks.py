@@ -31,7 +31,7 @@ def _copy(tmp_path):
     (lambda s: s.replace('id = "add-sign"', 'id = "Add Sign"'), "field 'id'"),
     (lambda s: s + "\nunknown_field = 1\n", "unknown_field"),
     (lambda s: s.replace('project = "calc"', 'project = "nope"'), "field 'project'"),
-    (lambda s: s.replace("sha256:3", "sha256:4"), "start_fingerprint"),
+    (lambda s: s.replace("sha256:4", "sha256:5"), "start_fingerprint"),
     (lambda s: s.replace('hidden_tests = ["hidden/test_add.py"]', 'hidden_tests = ["hidden/missing.py"]'),
      "hidden_tests"),
     (lambda s: s.replace("=", "", 1), "not valid TOML"),

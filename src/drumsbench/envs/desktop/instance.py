@@ -196,6 +196,17 @@ class DesktopInstance:
             if not os.path.isdir(shared):
                 os.makedirs(shared, mode=0o1777, exist_ok=True)
 
+    def _binds(self) -> list[list[str]]:
+        """What the instance's own mount namespace sees instead of the host's: the sandbox's tmp as
+        ``/tmp`` (so the X socket, Xvfb's lock and LibreOffice's ``OSL_PIPE_*`` IPC sockets are the
+        sandbox's and go with it, never left in the host's /tmp) and its xkb folder as Xvfb's
+        keymap cache. A sandbox whose own folder lies below the host's /tmp cannot have /tmp
+        replaced (its paths would vanish inside): then only ``/tmp/.X11-unix`` is bound."""
+        xkb = [str(self.tmp / "xkb"), "/var/lib/xkb"]
+        if Path("/tmp") in self.work.resolve().parents:
+            return [[str(self.x_dir), "/tmp/.X11-unix"], xkb]
+        return [[str(self.tmp), "/tmp"], xkb]
+
     def launch(self, document: str) -> None:
         """Start the namespaces, Xvfb, openbox and soffice on ``document`` (a host path in work)."""
         s = self.settings
@@ -217,7 +228,7 @@ class DesktopInstance:
         ckpt = s.checkpointable
         cfg = {
             "hostname": HOSTNAME,
-            "binds": [] if ckpt else [[str(self.x_dir), "/tmp/.X11-unix"], [str(self.tmp / "xkb"), "/var/lib/xkb"]],
+            "binds": [] if ckpt else self._binds(),
             "display": self.display,
             "screen": f"{s.width}x{s.height}x24",
             "env": env,
