@@ -306,8 +306,8 @@ def test_isolation_cli_prints_ran_contained_control(tmp_path):
     for n in names:
         require(registry.get(n).missing())
     proc = cli("isolation", "--substrates", ",".join(names), "--disk-mb", "8", "--procs", "40",
-               "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "i.json"), env={"DRUMSBENCH_STATE": str(tmp_path / "state"),
-                                                         "COLUMNS": "400"}, check=True)
+               "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "i.json"),
+               env={"DRUMSBENCH_STATE": str(tmp_path / "state"), "COLUMNS": "400"}, check=True)
     data = json.loads((tmp_path / "i.json").read_text())
     assert data["schema"] == "drumsbench.isolation/3"
     assert all(c["ran"] and not c["contained"] for c in data["control"])
