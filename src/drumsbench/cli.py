@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Run and judge the infrastructure under RL agents' rollouts.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Task suites.")
 app.add_typer(tasks_app, name="tasks")
-console = Console()
+console = cs.console  # files and pipes get a wide console (no cut cells)
 err = Console(stderr=True)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
