@@ -65,7 +65,7 @@ IMPORTS = _imports()
 
 def test_the_walk_sees_the_package():
     assert len(IMPORTS) > 80 and "drumsbench.report.html" in IMPORTS
-    assert "drumsbench.measure.artifacts" in IMPORTS["drumsbench.report.html"]
+    assert "drumsbench.measure.artifacts" in IMPORTS["drumsbench.report.html.data"]
 
 
 @pytest.mark.parametrize("layer", sorted(UPWARD))

@@ -1,0 +1,86 @@
+"""Branch from a prepared state: creation time and faithfulness per fork method."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+import numpy as np
+
+from drumsbench.measure.artifacts import BranchMethodArtifact
+from drumsbench.report import svg
+from drumsbench.report.html.cells import Keyed, Palette, Raw, fmt_est, fmt_ms, legend, plot_row, table
+from drumsbench.report.html.data import RunData
+from drumsbench.report.svg import RangeRow, Series
+
+FAITHFUL_DIMS = ("pixels", "text", "cursor", "selection", "undo", "modified", "dialogs", "locks")
+
+
+def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
+    if not any(rd.art.branch for rd in runs):
+        return None
+    dims: list[str] = [d for d in FAITHFUL_DIMS if any(d in b.faithful for rd in runs for b in rd.art.branch.values())]
+    for rd in runs:
+        for b in rd.art.branch.values():
+            dims += [d for d in b.faithful if d not in dims]
+    boxes: list[RangeRow] = []
+    rows: list[list[object]] = []
+    growth: list[Series] = []
+    for rd in runs:
+        items: list[tuple[str, BranchMethodArtifact]] = sorted(rd.art.branch.items(),
+                                                               key=lambda kv: (kv[1].method, kv[1].k))
+        for name, b in items:
+            key = f"{rd.label}/branch/{name}"
+            label = legend(rd, runs, f"{b.method}, k={b.k}")
+            col = pal(f"method/{b.method}")
+            cs = np.asarray(b.creation_sequential.samples_s, dtype=float)
+            if len(cs):
+                q = np.quantile(cs, [0.05, 0.25, 0.5, 0.75, 0.95]) * 1000
+                boxes.append(RangeRow(label, q[2], q[0], q[4], q[1], q[3], color=col,
+                                      tip=f"{label}: median {q[2]:.3g} ms, IQR {q[1]:.3g}–{q[3]:.3g}, "
+                                          f"p5–p95 {q[0]:.3g}–{q[4]:.3g} ms, n={len(cs)}"))
+            pts = sorted((int(k), e.value * 1000) for k, e in b.creation_by_k.items() if e.value is not None)
+            if len(pts) > 1:
+                growth.append(Series(legend(rd, runs, b.method), [float(k) for k, _ in pts], [v for _, v in pts],
+                                     color=col, mode="lines+markers"))
+            cells: list[object] = []
+            for d in dims:
+                sh = b.faithful.get(d)
+                if sh is None:
+                    cells.append("–")
+                    continue
+                w = sh.estimate
+                tip = f"{sh.faithful} of {sh.total} faithful" + (
+                    f", Wilson 95% [{w.low:.2f}, {w.high:.2f}]" if sh.total and w.low is not None and w.high is not None
+                    else "")
+                cells.append(Keyed(f"{key}/faithful/{d}",
+                                   Raw(f'<span class="{"ok" if sh.complete else "bad"}" title="{escape(tip)}">'
+                                       f'{sh.faithful}/{sh.total}</span>')))
+            rows.append([rd.label, b.method, b.env, b.k, b.continuations,
+                         Keyed(f"{key}/creation_p50_ms", fmt_ms(b.creation_sequential.p50)),
+                         Keyed(f"{key}/creation_p95_ms", fmt_ms(b.creation_sequential.p95)),
+                         Keyed(f"{key}/creation_parallel_p50_ms", fmt_ms(b.creation_parallel.p50)), *cells,
+                         Keyed(f"{key}/valid", f"{b.valid} of {b.continuations}"),
+                         Keyed(f"{key}/valid_per_host_hour", fmt_est(b.valid_per_host_hour, ".4g")),
+                         Keyed(f"{key}/usd_per_valid", fmt_est(b.usd_per_valid_continuation, ".3g"))])
+    plots = []
+    if boxes:
+        vals = [v for r in boxes for v in (r.lo, r.hi) if v]
+        log = bool(vals) and max(vals) / max(min(vals), 1e-9) > 20
+        plots.append(svg.range_plot(boxes, "creation time per continuation, ms" + (" (log)" if log else ""),
+                                    log_x=log, title="creation time per fork method (box: IQR, whiskers: p5–p95)"))
+    if growth:
+        plots.append(svg.xy_plot(growth, "k (steps before the fork)", "median creation, ms", log_y=True,
+                                 title="creation time against k"))
+    head = ["run", "method", "env", "k", "M", "creation p50 ms", "creation p95 ms", "all at once p50 ms",
+            *[f"faithful: {d}" for d in dims], "valid", "valid per host-hour", "USD per valid continuation"]
+    notes = []
+    for rd in runs:
+        bs = rd.art.branch_summary
+        if bs is not None:
+            notes.append(f"<li>{escape(rd.label)}: task {escape(bs.task)} on {escape(bs.substrate)}, k={bs.k}; the "
+                         f"prepared state unchanged afterwards: <b data-key=\"{escape(rd.label)}/branch/unchanged\">"
+                         f"{bs.prepared_unchanged}</b>; isolation positive control "
+                         f"{'fired' if bs.isolation_control_fired else 'DID NOT FIRE'}</li>")
+    return (plot_row(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") +
+            table(head, rows, "num small", left=3))
