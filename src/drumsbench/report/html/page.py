@@ -23,9 +23,11 @@ from drumsbench.report.html.screenshots import sec_screenshots
 from drumsbench.report.html.sweep import sec_sweep
 from drumsbench.report.html.training import sec_training
 
+# the artifact kinds behind each section (an unreadable one is reported in its section)
 SECTION_KINDS = {"cost": ("price", "prices"), "coldstart": ("coldstart",), "isolation": ("isolation",),
                  "sweep": ("window", "sweep", "segment"), "branch": ("branch", "branch-summary"),
                  "projection": ("projection",), "screenshots": ("screenshot",), "training": ("train-summary",)}
+
 CSS = """
 :root{--fg:#1d232b;--mut:#5b6673;--line:#d8dde3;--bg:#fff;--soft:#f4f6f8;--ok:#1a7f37;--bad:#b42318}
 *{box-sizing:border-box}
