@@ -5,11 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-import numpy as np
-
 from drumsbench.measure.artifacts import BranchMethodArtifact
 from drumsbench.report import svg
-from drumsbench.report.html.cells import Keyed, Palette, Raw, fmt_est, fmt_ms, legend, plot_row, table
+from drumsbench.report.html.cells import (
+    Keyed,
+    Palette,
+    Raw,
+    box_ms,
+    fmt_est,
+    fmt_ms,
+    legend,
+    log_scale,
+    plot_row,
+    table,
+)
 from drumsbench.report.html.data import RunData
 from drumsbench.report.svg import RangeRow, Series
 
@@ -33,12 +42,11 @@ def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
             key = f"{rd.label}/branch/{name}"
             label = legend(rd, runs, f"{b.method}, k={b.k}")
             col = pal(f"method/{b.method}")
-            cs = np.asarray(b.creation_sequential.samples_s, dtype=float)
-            if len(cs):
-                q = np.quantile(cs, [0.05, 0.25, 0.5, 0.75, 0.95]) * 1000
-                boxes.append(RangeRow(label, q[2], q[0], q[4], q[1], q[3], color=col,
-                                      tip=f"{label}: median {q[2]:.3g} ms, IQR {q[1]:.3g}–{q[3]:.3g}, "
-                                          f"p5–p95 {q[0]:.3g}–{q[4]:.3g} ms, n={len(cs)}"))
+            box = box_ms(label, b.creation_sequential.samples_s, col)
+            if box is not None:
+                box.tip = (f"{label}: median {box.value:.3g} ms, IQR {box.q1:.3g}–{box.q3:.3g}, "
+                           f"p5–p95 {box.lo:.3g}–{box.hi:.3g} ms, n={len(b.creation_sequential.samples_s)}")
+                boxes.append(box)
             pts = sorted((int(k), e.value * 1000) for k, e in b.creation_by_k.items() if e.value is not None)
             if len(pts) > 1:
                 growth.append(Series(legend(rd, runs, b.method), [float(k) for k, _ in pts], [v for _, v in pts],
@@ -65,8 +73,7 @@ def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
                          Keyed(f"{key}/usd_per_valid", fmt_est(b.usd_per_valid_continuation, ".3g"))])
     plots = []
     if boxes:
-        vals = [v for r in boxes for v in (r.lo, r.hi) if v]
-        log = bool(vals) and max(vals) / max(min(vals), 1e-9) > 20
+        log = log_scale([v for r in boxes for v in (r.lo, r.hi) if v])
         plots.append(svg.range_plot(boxes, "creation time per continuation, ms" + (" (log)" if log else ""),
                                     log_x=log, title="creation time per fork method (box: IQR, whiskers: p5–p95)"))
     if growth:

@@ -12,7 +12,7 @@ import numpy as np
 from drumsbench.measure.stats import Estimate
 from drumsbench.report import svg
 from drumsbench.report.html.data import RunData
-from drumsbench.report.svg import Series
+from drumsbench.report.svg import RangeRow, Series
 
 CDF_POINTS = 200
 
@@ -127,9 +127,22 @@ def cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.quantile(x, p), p
 
 
+def log_scale(values: Sequence[float], floor: float = 1e-9) -> bool:
+    """Whether values (positive) spread over more than a factor of 20: then they are plotted on a log axis."""
+    return bool(values) and max(values) / max(min(values), floor) > 20
+
+
+def box_ms(label: str, samples_s: Sequence[float], color: str) -> RangeRow | None:
+    """A box plot row of samples in seconds, drawn in ms (box: IQR, whiskers: p5–p95); None without samples."""
+    if not len(samples_s):
+        return None
+    q = np.quantile(samples_s, [0.05, 0.25, 0.5, 0.75, 0.95]) * 1000
+    return RangeRow(label, q[2], q[0], q[4], q[1], q[3], color=color)
+
+
 def cdf_plot(series: list[Series], title: str) -> str:
     xs = [v for s in series for v in s.x if v is not None and v > 0]
-    log = bool(xs) and max(xs) / max(min(xs), 1e-9) > 20
+    log = log_scale(xs)
     return svg.xy_plot(series, "milliseconds" + (" (log scale)" if log else ""), "% of samples ≤ x", title=title,
                        log_x=log, y_min=0, y_max=100, width=520, height=260)
 

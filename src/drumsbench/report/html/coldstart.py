@@ -12,6 +12,7 @@ from drumsbench.report import svg
 from drumsbench.report.html.cells import (
     Keyed,
     Palette,
+    box_ms,
     cdf,
     cdf_plot,
     color_key,
@@ -98,10 +99,9 @@ def sec_coldstart(runs: Sequence[RunData], pal: Palette) -> str | None:
                            fmt_ms(a.reset["recreate"].p50) if "recreate" in a.reset else "n/a"),
                      fmt_est(a.success, ".3f")])
         for strategy, lat in a.reset.items():
-            q = np.quantile(lat.samples_s, [0.05, 0.25, 0.5, 0.75, 0.95]) * 1000 if lat.samples_s else None
-            if q is not None:
-                resets.append(RangeRow(legend(rd, runs, f"{a.substrate} {strategy}"), q[2], q[0], q[4], q[1], q[3],
-                                       color=pal(color_key(rd, a.substrate))))
+            box = box_ms(legend(rd, runs, f"{a.substrate} {strategy}"), lat.samples_s, pal(color_key(rd, a.substrate)))
+            if box is not None:
+                resets.append(box)
     plots = []
     floors = [Series(legend(rd, runs, f"{a.substrate} raw floor"), *_xy_cdf(a.floor.samples_s),
                      color=pal(color_key(rd, a.substrate)), dash=True)

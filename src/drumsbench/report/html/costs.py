@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from drumsbench.measure.stats import inverse
 from drumsbench.report import svg
-from drumsbench.report.html.cells import Keyed, Palette, Raw, fmt_est, legend, plot_row, table, time_bins
+from drumsbench.report.html.cells import Keyed, Palette, Raw, fmt_est, legend, log_scale, plot_row, table, time_bins
 from drumsbench.report.html.data import RunData, throughput_basis
 from drumsbench.report.svg import RangeRow, Series
 
@@ -62,8 +62,7 @@ def sec_cost(runs: Sequence[RunData], pal: Palette) -> str | None:
     out = table(head, rows, "num")
     plots = []
     if ranges:
-        vals = [r.value for r in ranges if r.value]
-        log = bool(vals) and max(vals) / max(min(vals), 1e-12) > 20
+        log = log_scale([r.value for r in ranges if r.value], floor=1e-12)
         plots.append(svg.range_plot(ranges, "USD per valid rollout (95% interval)", log_x=log,
                                     title="USD per valid rollout per price input", x_min=None if log else 0))
     for rd in runs:  # one small plot per run: runs of different lengths do not share a time axis
