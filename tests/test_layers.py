@@ -13,9 +13,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "drumsbench"
 # layer -> layers it must never import (directly or lazily)
 UPWARD = {
     "report": {"experiments", "executors", "rollout", "envs", "substrates", "policies", "branching", "train",
-               "serve", "cli", "commands_sweep", "faults", "gates"},
+               "serve", "cli", "faults", "gates"},
     "measure": {"experiments", "executors", "rollout", "envs", "substrates", "policies", "branching", "train",
-                "serve", "report", "cli", "commands_sweep", "faults", "gates"},
+                "serve", "report", "cli", "faults", "gates"},
     "ledger": {"measure", "report", "experiments", "executors", "rollout", "envs", "substrates", "policies"},
     "substrates": {"envs", "rollout", "policies", "branching", "experiments", "executors", "measure", "report",
                    "train", "serve", "faults", "gates"},
@@ -25,7 +25,7 @@ UPWARD = {
     "rollout": {"experiments", "executors", "report", "branching", "train", "serve", "cli"},
     "branching": {"experiments", "executors", "report", "train", "serve", "cli"},
     "executors": {"experiments", "report", "train", "serve", "cli"},
-    "experiments": {"report", "cli", "commands_sweep"},
+    "experiments": {"report", "cli"},
 }
 # an environment reaches substrates only through their interface
 ENV_MAY_IMPORT_FROM_SUBSTRATES = {"drumsbench.substrates.base"}

@@ -196,7 +196,6 @@ def test_the_worked_example_drops_invalid_episodes(server):
 
 
 def test_bind_and_token_rules(tmp_path):
-    import drumsbench.cli_serve  # noqa: F401 - registers serve
     from drumsbench.cli import app
 
     runner = CliRunner()

@@ -1,9 +1,11 @@
-"""Terminal tables of the experiment commands (branch, coldstart, isolation), built from their typed
-artifacts (``measure/artifacts.py``) — the same objects the ledger keeps and the HTML report reads."""
+"""Terminal tables of the commands: the experiments (branch, coldstart, isolation) built from their
+typed artifacts (``measure/artifacts.py``) — the same objects the ledger keeps and the HTML report
+reads — the train report, and ``doctor``'s substrates. The CLI only prints them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -20,6 +22,28 @@ def ms(e: Estimate | None) -> str:
     if e.low is None or e.high is None:
         return f"{e.value * 1000:.1f}"
     return f"{e.value * 1000:.1f} [{e.low * 1000:.1f}, {e.high * 1000:.1f}]"
+
+
+def pct(e: Estimate | None) -> str:
+    """A rate as 'p% [low%, high%]'; 'n/a' when there is no value."""
+    if e is None or e.value is None:
+        return "n/a"
+    if e.low is None or e.high is None:
+        return f"{e.value:.0%}"
+    return f"{e.value:.0%} [{e.low:.0%}, {e.high:.0%}]"
+
+
+def pp(e: Estimate | None) -> str:
+    """A difference of rates in percentage points, '+d pp [low, high]'; 'n/a' when there is no value."""
+    if e is None or e.value is None:
+        return "n/a"
+    if e.low is None or e.high is None:
+        return f"{e.value * 100:+.0f} pp"
+    return f"{e.value * 100:+.0f} pp [{e.low * 100:+.0f}, {e.high * 100:+.0f}]"
+
+
+def p_value(p: float | None) -> str:
+    return "n/a" if p is None else f"{p:.3g}"
 
 
 def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
@@ -107,3 +131,61 @@ def isolation_group(results: Sequence[IsolationArtifact]) -> Group:
         t.add_row(probe, *cells)
     t.add_row("canary positive control", *("fired" if r.canary_control_fired else "DID NOT FIRE" for r in results))
     return Group(t)
+
+
+def train_parts(report: Any) -> list[RenderableType]:
+    """A ``train`` report (``train.artifact.TrainReport``, read by its fields: the report layer does not
+    import ``train``) as rich tables and lines: learning curves, final eval with tests, training cost."""
+    curves = Table(title=f"eval success on {len(report.eval_tasks)} clean tasks, mean of {len(report.seeds)} seeds "
+                         "[95% t]")
+    curves.add_column("iteration", justify="right")
+    for c in report.curves:
+        curves.add_column(c.treatment)
+    for i, pt in enumerate(report.curves[0].points if report.curves else []):
+        curves.add_row(str(pt.iteration), *(pct(c.points[i].success) if i < len(c.points) else "n/a"
+                                             for c in report.curves))
+
+    final = Table(title="final eval; first-step policy mass")
+    for col in ("treatment", "success [t]", "pooled", "P(golden)", "P(sabotage)", "P(tests)"):
+        final.add_column(col)
+    for f, c in zip(report.finals, report.curves, strict=True):
+        last = c.points[-1] if c.points else None
+        final.add_row(f.treatment, pct(f.success), f"{f.successes}/{f.valid}",
+                      f"{last.mass_golden:.2f}" if last else "n/a", f"{last.mass_sabotage:.2f}" if last else "n/a",
+                      f"{last.mass_test:.2f}" if last else "n/a")
+
+    comp = Table(title="final eval difference, paired by seed")
+    for col in ("contrast", "difference [95% t]", "p sign-flip", "p Fisher"):
+        comp.add_column(col)
+    for c in report.comparisons:
+        comp.add_row(f"{c.a} - {c.b}", pp(c.difference), p_value(c.p_paired_permutation), p_value(c.p_fisher))
+
+    cost = Table(title=f"training rollouts, {report.fault_mode} faults")
+    for col in ("treatment", "attempts", "invalid", "retries", "inv. in loss", "s/valid", "USD/valid",
+                "to 90%: seeds, host s"):
+        cost.add_column(col)
+    for c in report.costs:
+        h = c.host_s_to_90
+        to90 = f"{c.reached_90}/{len(report.seeds)}" + ("" if h is None or h.value is None else
+                                                        f", {h.value:.0f}" + ("" if h.low is None else
+                                                                             f" [{h.low:.0f}, {h.high:.0f}]"))
+        cost.add_row(c.treatment, str(c.attempts), pct(c.invalid_rate), str(c.retries), str(c.invalid_in_loss),
+                     "n/a" if c.s_per_valid_rollout is None else f"{c.s_per_valid_rollout:.3f}",
+                     "n/a" if c.usd_per_valid_rollout is None else f"{c.usd_per_valid_rollout:.2e}", to90)
+    lines: list[RenderableType] = [f"faults: {report.faults}"]
+    lines += [f"{c.treatment}: invalid by cause: " + (", ".join(f"{k} {v}" for k, v in c.invalid.items()) or "none")
+              for c in report.costs]
+    lines += [f"{c.a} - {c.b}: {c.note}" for c in report.comparisons[:1]]
+    lines.append(f"USD at {report.price.usd_per_host_hour:g} per host-hour ({report.price.name}); "
+                 "s/valid = host seconds of the treatment's runs per valid training rollout")
+    return [curves, final, comp, cost, *lines]
+
+
+def doctor_table(rows: Sequence[tuple[str, str, str, str, str]]) -> Table:
+    """``drumsbench doctor``: per substrate its status, isolation, reset strategies and what to do."""
+    t = Table(title="substrates")
+    for col in ("substrate", "status", "isolation", "reset", "what to do"):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row)
+    return t

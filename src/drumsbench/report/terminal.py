@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from drumsbench.measure.summary import RunReport
-
-
-def _ms(e) -> str:
-    return "n/a" if e.value is None else f"{e.value * 1000:.1f} [{e.low * 1000:.1f}, {e.high * 1000:.1f}]"
+from drumsbench.report.tables import ms
 
 
 def render(r: RunReport) -> Group:
@@ -54,7 +53,7 @@ def render(r: RunReport) -> Group:
         lat.add_column(col, justify="right" if col != "phase" else "left")
     for name, p in r.phases.items():
         if p.n:
-            lat.add_row(name, str(p.n), _ms(p.p50), _ms(p.p95), _ms(p.p99))
+            lat.add_row(name, str(p.n), ms(p.p50), ms(p.p95), ms(p.p99))
 
     tasks = Table(title="per task", show_edge=False)
     for col in ("task", "attempts", "success", "failed", "invalid"):
@@ -85,3 +84,12 @@ def render(r: RunReport) -> Group:
 
 def print_report(r: RunReport, console: Console | None = None) -> None:
     (console or Console()).print(render(r))
+
+
+def progress_grid(elapsed: float, counts: Mapping[str, int]) -> Table:
+    """The live line of a running ``drumsbench run``: elapsed time, attempts, rate and outcomes so far."""
+    done = sum(counts[k] for k in ("success", "failed", "invalid"))
+    t = Table.grid(padding=(0, 2))
+    t.add_row(f"elapsed {elapsed:5.1f} s", f"attempts {done}", f"rate {done / max(elapsed, 1e-9):.1f}/s",
+              f"success {counts['success']}", f"failed {counts['failed']}", f"invalid {counts['invalid']}")
+    return t

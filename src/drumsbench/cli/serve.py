@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
-from drumsbench.cli import app, console, err, parse_duration, usage_error
+from drumsbench.cli import options as o
+from drumsbench.cli.common import console, err, parse_duration, rollout_config, usage_error
 from drumsbench.errors import UsageError
 
 
@@ -23,21 +23,20 @@ def _stop(_sig: int, _frame: object) -> None:
     raise _Stopped()
 
 
-@app.command()
 def serve(
-    substrate: Annotated[str, typer.Option(help="Where sandboxes run (see `drumsbench doctor`).")] = "process",
-    tasks: Annotated[str, typer.Option(help="Task suite: coding, desktop or a folder.")] = "coding",
+    substrate: o.Substrate = "process",
+    tasks: o.Tasks = "coding",
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs --token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: a free one, printed at start).")] = 8000,
     token: Annotated[str | None, typer.Option(help="Required of clients (Bearer header or /t/TOKEN path); "
                                               "default $DRUMSBENCH_TOKEN.")] = None,
     max_sessions: Annotated[int, typer.Option(help="Live sessions (each holds one sandbox) at most.")] = 8,
     idle: Annotated[str, typer.Option(help="A session waiting this long for its client is reaped.")] = "60s",
-    step_timeout: Annotated[str, typer.Option(help="Per-step timeout.")] = "30s",
-    episode_timeout: Annotated[str, typer.Option(help="Per-episode timeout.")] = "300s",
-    verify_timeout: Annotated[str, typer.Option(help="Verifier time limit (default: each task's own).")] = "task",
-    seed: Annotated[int, typer.Option(help="Seed of attempts whose reset gives none.")] = 0,
-    out: Annotated[Path, typer.Option(help="Folder of the ledger (shared with `run` and `report`).")] = Path("runs"),
+    step_timeout: o.StepTimeout = "30s",
+    episode_timeout: o.EpisodeTimeout = "300s",
+    verify_timeout: o.VerifyTimeout = "task",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of attempts whose reset gives none.")] = 0,
+    out: o.Out = o.RUNS,
 ) -> None:
     """Serve the environments over HTTP and WebSocket (OpenEnv); every attempt goes to the ledger."""
     try:
@@ -47,8 +46,6 @@ def serve(
         from drumsbench.serve.hub import Hub, ServeConfig
     except ImportError as e:
         raise UsageError(f"serve: needs the serve extra (pip install 'drumsbench[serve]'): {e}") from None
-    from drumsbench.rollout import RolloutConfig
-
     token = token or os.environ.get("DRUMSBENCH_TOKEN") or None
     if host not in LOOPBACK and not token:
         raise UsageError(f"--host: binding {host} exposes sandboxes beyond this machine; give --token "
@@ -62,10 +59,7 @@ def serve(
     try:
         cfg = ServeConfig(substrate=substrate, tasks=tasks, max_sessions=max_sessions, seed=seed,
                           idle_s=parse_duration(idle, "--idle"),
-                          rollout=RolloutConfig(step_timeout_s=parse_duration(step_timeout, "--step-timeout"),
-                                                episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
-                                                verify_timeout_s=None if verify_timeout == "task" else
-                                                parse_duration(verify_timeout, "--verify-timeout")))
+                          rollout=rollout_config(step_timeout, episode_timeout, verify_timeout=verify_timeout))
     except ValidationError as e:
         raise usage_error(e) from None
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

@@ -1,0 +1,50 @@
+"""``drumsbench``: the command line.
+
+One module per command (or tight group of commands); the options they share are in ``options.py``,
+the console, progress and usage-error plumbing in ``common.py``, and the tables they print in
+``drumsbench.report``. Every command is registered here, and only here.
+
+Every user error is one line on stderr naming the flag and the fix, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from drumsbench.cli import (
+    branch,
+    coldstart,
+    gc,
+    isolation,
+    project,
+    report,
+    run,
+    serve,
+    substrates,
+    sweep,
+    tasks,
+    train,
+)
+from drumsbench.errors import DrumsError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Run and judge the infrastructure under RL agents' rollouts.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Task suites.")
+
+for command in (run.run, report.report, gc.gc, substrates.doctor, substrates.conformance, sweep.sweep,
+                project.project, branch.branch, serve.serve, coldstart.coldstart, isolation.isolation, train.train):
+    app.command()(command)
+app.add_typer(tasks_app, name="tasks")
+for name, command in (("list", tasks.tasks_list), ("fingerprint", tasks.tasks_fingerprint),
+                      ("check", tasks.tasks_check)):
+    tasks_app.command(name)(command)
+
+
+def main() -> None:
+    try:
+        app()
+    except DrumsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

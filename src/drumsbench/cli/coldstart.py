@@ -1,0 +1,67 @@
+"""``drumsbench coldstart``: substrates side by side, each beside its raw floor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from drumsbench.cli import options as o
+from drumsbench.cli.common import console, progress_lines, substrate_names, usage_error, write_json
+
+if TYPE_CHECKING:
+    from drumsbench.measure.artifacts import ColdstartArtifact
+
+
+def coldstart_json(run_id: str, config: dict[str, Any], results: Sequence[ColdstartArtifact]) -> dict[str, Any]:
+    """``coldstart.json``."""
+    return {"schema": "drumsbench.coldstart/2", "run_id": run_id, "config": config,
+            "results": [r.model_dump(mode="json") for r in results]}
+
+
+def coldstart(
+    substrate: o.Substrates = None,
+    substrates: o.SubstratesAlias = None,
+    mode: Annotated[str, typer.Option(help="sequential, staggered or burst.")] = "sequential",
+    n: Annotated[int, typer.Option("-n", help="Sandboxes per substrate.")] = 100,
+    stagger: Annotated[float, typer.Option(help="staggered: seconds between starts.")] = 0.05,
+    idle: Annotated[int, typer.Option(help="Idle sandboxes for the memory figure.")] = 8,
+    reset_n: Annotated[int, typer.Option(help="Resets per strategy.")] = 10,
+    out: o.Out = o.RUNS,
+    json_path: o.Json = None,
+    progress: o.Progress = True,
+) -> None:
+    """Cold start, teardown, idle memory and reset per substrate, beside each one's raw floor."""
+    from drumsbench.envs.coding.task import load_suite
+    from drumsbench.experiments.coldstart import ColdstartConfig, measure
+    from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
+    from drumsbench.machine import commit, machine_info
+    from drumsbench.measure import artifacts
+    from drumsbench.report.tables import coldstart_group
+
+    chosen = substrate_names(substrate, substrates)
+    try:
+        cfg = ColdstartConfig(substrates=chosen, mode=mode, n=n, stagger_s=stagger, idle=idle, reset_n=reset_n)
+    except ValidationError as e:
+        raise usage_error(e, {"stagger_s": "--stagger", "substrates": "--substrate", "n": "-n"}) from None
+    run_id = new_run_id()
+    subs = [make_substrate(name, run_id) for name in chosen]
+    ledger = open_ledger(out)
+    ledger.create_run(run_id, "coldstart", cfg.model_dump(mode="json"), machine_info(), commit())
+    files = load_suite("coding")[0].files
+    results = []
+    try:
+        with progress_lines(progress) as say:
+            for sub in subs:
+                r = measure(sub, cfg, files, say=say)
+                artifacts.put(ledger, run_id, sub.name, r)
+                results.append(r)
+                sub.close()
+        ledger.set_status(run_id, "complete")
+    finally:
+        for sub in subs:
+            sub.close()
+    console.print(coldstart_group(results, cfg.mode, cfg.n, cfg.idle, run_id))
+    write_json(coldstart_json(run_id, cfg.model_dump(mode="json"), results), out / run_id, "coldstart.json", json_path)

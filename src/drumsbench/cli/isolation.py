@@ -1,0 +1,83 @@
+"""``drumsbench isolation``: escape attempts from inside real sandboxes, each beside its positive control."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from drumsbench.cli import options as o
+from drumsbench.cli.common import console, progress_lines, substrate_names, write_json
+from drumsbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from drumsbench.measure.artifacts import IsolationArtifact
+
+
+def isolation_json(run_id: str, results: Sequence[IsolationArtifact],
+                   control: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``isolation.json`` (the host's positive controls only from the run itself)."""
+    data: dict[str, Any] = {"schema": "drumsbench.isolation/3", "run_id": run_id,
+                            "substrates": {r.substrate: r.model_dump(mode="json") for r in results}}
+    if control is not None:
+        data["control"] = control
+    return data
+
+
+def isolation(
+    substrate: o.Substrates = None,
+    substrates: o.SubstratesAlias = None,
+    disk_mb: Annotated[int, typer.Option(help="fill_disk: MiB to write (bounded; refused when the host disk "
+                                              "is short).")] = 256,
+    procs: Annotated[int, typer.Option(help="fork_bomb: sleeping processes to start (bounded).")] = 300,
+    out: o.Out = o.RUNS,
+    json_path: o.Json = None,
+    progress: o.Progress = True,
+) -> None:
+    """Escape attempts from inside real sandboxes: what each substrate contains.
+
+    Per probe: whether it ran, whether the escape was contained, and whether its positive control
+    (the same probe where nothing isolates) fired; "contained" needs a control that fired, else
+    the probe is "unconfirmed"; a probe that could not run says "did not run"."""
+    from drumsbench.experiments.escape import probe_substrate, run_control
+    from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
+    from drumsbench.isolation import positive_control
+    from drumsbench.machine import commit, machine_info
+    from drumsbench.measure import artifacts
+    from drumsbench.report.tables import isolation_group
+
+    chosen = substrate_names(substrate, substrates)
+    if not 1 <= disk_mb <= 4096:
+        raise UsageError("--disk-mb: between 1 and 4096")
+    if not 1 <= procs <= 2000:
+        raise UsageError("--procs: between 1 and 2000")
+    run_id = new_run_id()
+    subs = [make_substrate(name, run_id) for name in chosen]
+    ledger = open_ledger(out)
+    ledger.create_run(run_id, "isolation", {"substrates": [s.name for s in subs], "disk_mb": disk_mb,
+                                            "procs": procs}, machine_info(), commit())
+    results: list[artifacts.IsolationArtifact] = []
+    try:
+        with progress_lines(progress) as say:
+            say("positive controls: every probe where nothing isolates")
+            control = run_control(disk_mb, procs)
+            for sub in subs:
+                say(f"{sub.name}: canary positive control and escape probes")
+                canary = positive_control(sub)
+                ledger.record_control(run_id, sub.name, "isolation", canary.fired, canary.detail)
+                probes = probe_substrate(sub, disk_mb, procs, control_results=control)
+                r = artifacts.IsolationArtifact(
+                    substrate=sub.name, declared=sub.capabilities.isolation.value,
+                    canary_control_fired=canary.fired,
+                    probes=[artifacts.ProbeArtifact.model_validate(p.as_dict()) for p in probes])
+                artifacts.put(ledger, run_id, sub.name, r)
+                results.append(r)
+                sub.close()
+        ledger.set_status(run_id, "complete")
+    finally:
+        for sub in subs:
+            sub.close()
+    console.print(isolation_group(results))
+    write_json(isolation_json(run_id, results, [c.as_dict() for c in control]), out / run_id, "isolation.json",
+               json_path)

@@ -1,0 +1,86 @@
+"""``drumsbench project``: worker-hours for N trajectories of S steps per substrate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from drumsbench.cli import options as o
+from drumsbench.cli.common import console, err, progress_lines, substrate_names, usage_error, write_json
+from drumsbench.errors import UsageError
+
+FLAGS = {"trajectories": "--trajectories", "steps": "--steps", "calibrate_attempts": "--calibrate-attempts",
+         "calibrate_steps": "--calibrate-steps", "check": "--check", "tolerance": "--tolerance",
+         "targets": "--substrate"}
+
+
+def project(
+    trajectories: Annotated[int, typer.Option(help="Trajectories to project.")] = 1_000_000,
+    steps: Annotated[int, typer.Option(help="Steps per trajectory.")] = 150,
+    from_runs: Annotated[list[str] | None, typer.Option(
+        "--from", help="Measure from these runs (in --out); repeatable. Without it, calibrate here.")] = None,
+    substrate: Annotated[list[str] | None, typer.Option(
+        "--substrate", help="Substrates to calibrate, each optionally with its reset (process, process:recreate): "
+                            "repeatable and/or comma-separated (default: process).")] = None,
+    substrates: o.SubstratesAlias = None,
+    tasks: Annotated[str, typer.Option("--tasks", help="Task suite for calibration and check.")] = "coding",
+    calibrate_attempts: Annotated[int, typer.Option(help="Calibration trajectories per substrate.")] = 12,
+    calibrate_steps: Annotated[int, typer.Option(help="Exploring steps of a calibration trajectory.")] = 30,
+    check: Annotated[int, typer.Option(help="Also run this many real trajectories of --steps steps and compare.")] = 0,
+    tolerance: Annotated[float, typer.Option(help="The check passes when projected is within this of measured.")] = 0.2,
+    seed: o.Seed = 0,
+    out: o.Out = o.RUNS,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON projection here.")] = None,
+    progress: o.Progress = True,
+) -> None:
+    """Worker-hours for N trajectories of S steps per substrate, from measured phase times."""
+    from drumsbench.experiments.project import ProjectConfig, Target, build, publish, run_projection
+    from drumsbench.experiments.run import ledger_path, make_substrate, new_run_id, open_ledger
+    from drumsbench.ledger import Ledger
+    from drumsbench.machine import commit, machine_info
+    from drumsbench.report.sweep import projection_group
+
+    calibrate = bool(substrate or substrates)
+    if from_runs and (calibrate or check):
+        raise UsageError("--from measures earlier runs; --substrate and --check calibrate here: give one or the other")
+    if from_runs:
+        if not ledger_path(out).exists():
+            raise UsageError(f"--out: no ledger at {ledger_path(out)}; give the folder the runs wrote to")
+        try:
+            ProjectConfig(trajectories=trajectories, steps=steps, tolerance=tolerance)
+        except ValidationError as e:
+            raise usage_error(e, FLAGS) from None
+        ledger = Ledger(ledger_path(out))
+        runs = list(from_runs)
+        name = f"projection-{'-'.join(runs)[:60]}.json"
+    else:
+        try:
+            targets = [Target.parse(s) for s in substrate_names(substrate, substrates)]
+            cfg = ProjectConfig(trajectories=trajectories, steps=steps, targets=targets, tasks=tasks,
+                                calibrate_attempts=calibrate_attempts, calibrate_steps=calibrate_steps, check=check,
+                                tolerance=tolerance, seed=seed)
+        except ValidationError as e:
+            raise usage_error(e, FLAGS) from None
+        from drumsbench.envs import suites
+
+        suites.load(tasks)
+        ledger = open_ledger(out)
+        run_id = new_run_id()
+        for t in targets:
+            make_substrate(t.substrate, run_id, tasks)
+        ledger.create_run(run_id, "project", cfg.model_dump(mode="json"), machine_info(), commit())
+        err.print(f"project {run_id}: calibrating {', '.join(t.label for t in targets)}; ledger {ledger.path}")
+        with progress_lines(progress) as say:
+            status = run_projection(ledger, run_id, cfg, on_window=lambda s: say(f"  {s}"))
+        if status == "interrupted":
+            raise typer.Exit(130)
+        runs = [run_id]
+        name = "projection.json"
+    report = build(ledger, runs, trajectories, steps, tolerance, seed)
+    if not from_runs:
+        publish(ledger, runs[0], report)
+    console.print(projection_group(report))
+    write_json(report.dump(), out / runs[0], name, json_path)

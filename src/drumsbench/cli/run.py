@@ -1,0 +1,133 @@
+"""``drumsbench run``: attempts on one substrate, then the run's report."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from drumsbench.cli import options as o
+from drumsbench.cli.common import err, live, parse_duration, parse_reset, rollout_config, usage_error
+from drumsbench.cli.prices import remember_prices, run_price
+from drumsbench.cli.report import show_report
+from drumsbench.errors import UsageError
+
+FLAGS = {"concurrency": "--concurrency", "noisy_p": "--noisy-p", "explorer_steps": "--explorer-steps",
+         "max_attempts": "--attempts", "usd_per_host_hour": "--usd-per-host-hour",
+         "think_time_s": "--think-time", "step_timeout_s": "--step-timeout",
+         "episode_timeout_s": "--episode-timeout", "duration_s": "--duration",
+         "verify_timeout_s": "--verify-timeout"}
+
+
+def run(
+    substrate: o.Substrate = "process",
+    tasks: o.Tasks = "coding",
+    policy: o.Policy = "oracle",
+    noisy_p: o.NoisyP = 0.5,
+    explorer_steps: o.ExplorerSteps = 20,
+    endpoint: Annotated[str | None, typer.Option(help="endpoint: OpenAI-compatible base URL, e.g. "
+                                                 "http://127.0.0.1:8001/v1.")] = None,
+    model: Annotated[str | None, typer.Option(help="endpoint: the model name the endpoint serves.")] = None,
+    think_time: o.ThinkTime = "0s",
+    concurrency: o.Concurrency = None,
+    duration: o.Duration = "30s",
+    attempts: Annotated[int | None, typer.Option(help="Stop after this many attempts.")] = None,
+    inject: o.Inject = "",
+    step_timeout: o.StepTimeout = "30s",
+    episode_timeout: o.EpisodeTimeout = "300s",
+    verify_timeout: o.VerifyTimeout = "task",
+    reset: o.Reset = "auto",
+    seed: o.Seed = 0,
+    usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
+    price: o.Price = None,
+    out: o.Out = o.RUNS,
+    json_path: o.Json = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this run id from the ledger in --out.")] = None,
+    progress: o.Progress = True,
+    executor: Annotated[str, typer.Option(help="local (in process) or ray (--concurrency per node).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
+) -> None:
+    """Run attempts and print the report."""
+    from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
+    from drumsbench.machine import commit, machine_info
+    from drumsbench.measure.cost import HostPrice
+
+    ledger = open_ledger(out)
+    if resume:
+        meta = ledger.run(resume)
+        if meta["status"] == "complete":
+            raise UsageError(f"--resume: run {resume} is already complete; `drumsbench report {resume}` shows it")
+        cfg = RunConfig.model_validate(meta["config"])
+        run_id = resume
+    else:
+        from drumsbench.policies.endpoint import policy_name
+
+        policy = policy_name(policy, endpoint, model)  # --policy endpoint --endpoint URL --model NAME
+        reset_to = parse_reset(reset)
+        try:
+            rollout = rollout_config(step_timeout, episode_timeout, think_time, reset_to, verify_timeout)
+            extra: dict[str, Any] = {}
+            if concurrency is not None:
+                extra["concurrency"] = concurrency
+            if price:
+                extra["price"] = run_price(price)
+            if executor not in ("local", "ray"):
+                raise UsageError(f"--executor: {executor!r} is not one of local, ray")
+            if ray_address is not None and executor != "ray":
+                raise UsageError("--ray-address: only with --executor ray")
+            if executor == "ray":
+                from drumsbench.executors.ray import check_address
+                from drumsbench.executors.ray import missing as ray_missing
+
+                if ray_missing():
+                    raise UsageError(f"--executor ray: {ray_missing()}")
+                check_address(ray_address)
+                extra["executor"] = executor
+                extra["ray_address"] = ray_address
+            if usd_per_host_hour is not None:
+                extra["price"] = HostPrice(name="given", usd_per_host_hour=usd_per_host_hour,
+                                           note="given with --usd-per-host-hour")
+            cfg = RunConfig(substrate=substrate, tasks=tasks, policy=policy, noisy_p=noisy_p,
+                            explorer_steps=explorer_steps, duration_s=parse_duration(duration, "--duration"),
+                            max_attempts=attempts, inject=inject, seed=seed, rollout=rollout, **extra)
+        except ValidationError as e:
+            raise usage_error(e, FLAGS) from None
+        run_id = new_run_id()
+        # Validate everything that can be wrong before the ledger records a run.
+        from drumsbench.envs import suites
+        from drumsbench.experiments.run import make_substrate
+        from drumsbench.faults import FaultPlan
+        from drumsbench.policies.scripted import make_policy
+
+        FaultPlan.parse(cfg.inject)
+        make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)
+        suites.load(cfg.tasks)
+        make_substrate(cfg.substrate, run_id, cfg.tasks)
+        ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+        remember_prices(ledger, run_id, price)
+
+    err.print(f"run {run_id}: {cfg.substrate}, {cfg.tasks}, policy {cfg.policy}, concurrency {cfg.concurrency}, "
+              f"ledger {ledger.path}")
+    display = live(progress)
+
+    def show(p: Any) -> None:
+        import time
+
+        from drumsbench.report.terminal import progress_grid
+
+        if display is not None:
+            display.update(progress_grid(time.monotonic() - p.started, p.counts))
+
+    if display is not None:
+        display.start()
+    try:
+        status, _ = execute(ledger, run_id, cfg, resume=bool(resume), on_progress=show if display else None)
+    finally:
+        if display is not None:
+            display.stop()
+    show_report(ledger, run_id, out, json_path, price, publish=True)
+    if status == "interrupted":
+        err.print(f"interrupted: continue with `drumsbench run --resume {run_id} --out {out}`")
+        raise typer.Exit(130)
+

@@ -1,0 +1,86 @@
+"""``drumsbench tasks list|fingerprint|check``: task suites."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, cast
+
+import typer
+
+from drumsbench.cli import options as o
+from drumsbench.cli.common import console, substrate_names
+from drumsbench.errors import UsageError
+
+
+def tasks_list(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
+    """List a suite's tasks."""
+    from drumsbench.envs import suites
+
+    for t in suites.load(suite).tasks:
+        console.print(f"{t.id:36} {t.description.splitlines()[0][:80]}")
+
+
+def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
+    """Print every task's start fingerprint (to update task.toml)."""
+    from drumsbench.envs.suites import fingerprints
+
+    for task_id, fp in fingerprints(suite).items():
+        console.print(f"{task_id} {fp}")
+
+
+def tasks_check(
+    suite: Annotated[str, typer.Argument(help="Suite name or folder (any environment kind).")] = "coding",
+    substrate: o.Substrates = None,
+    substrates: o.SubstratesAlias = None,
+    task: Annotated[str | None, typer.Option(help="Task for the environment checker (default: the first).")] = None,
+) -> None:
+    """The environment checker on each substrate (reset and fingerprint, stale actions refused, capture
+    round trip, oracle succeeds and null fails, broken observation and verifier classified), then the
+    kind's own task checks (coding: every task fails at its start and passes with its golden patch on
+    each substrate's image). Exit 1 on a problem."""
+    import tempfile
+
+    from drumsbench.envs import suites
+    from drumsbench.experiments.envcheck import check_environment
+    from drumsbench.experiments.taskcheck import TaskCheck
+    from drumsbench.plugins import load_spec
+    from drumsbench.substrates import registry
+
+    kind = suites.KINDS.load(suites.suite_kind(suite))
+    loaded = suites.load(suite)
+    names = substrate_names(substrate, substrates)
+    for n in names:
+        missing = registry.get(n).missing()
+        if missing:
+            raise UsageError(f"--substrate: {n} is not usable here: {missing}")
+    chosen = next((t for t in loaded.tasks if t.id == task), None) if task else loaded.tasks[0]
+    if chosen is None:
+        raise UsageError(f"--task: no task {task!r} in {suite}; `drumsbench tasks list {suite}` shows them")
+
+    def show(c: TaskCheck) -> None:
+        what = "data checks" if c.substrate == "host" else "fails on the start state, passes with the golden patch"
+        if c.ok:
+            console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)
+        else:
+            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False)
+
+    failures = total = 0
+    with tempfile.TemporaryDirectory(prefix="drumsbench-taskcheck-") as tmp:
+        for n in names:
+            sub = registry.get(n)(f"envcheck-{n}", Path(tmp) / "state")
+            try:
+                for c in check_environment(loaded.make_env, chosen, sub):
+                    total += 1
+                    failures += not c.ok
+                    console.print(f"{'ok  ' if c.ok else 'FAIL'} {n:8} env {c.check}: {c.detail}", highlight=False)
+            finally:
+                sub.close()
+        if kind.task_checks is not None:
+            task_checks = cast(Callable[..., list[TaskCheck]], load_spec(kind.task_checks))
+            results = task_checks(suite, names, Path(tmp), progress=show)
+            total += len(results)
+            failures += sum(not c.ok for c in results)
+    console.print(f"{total - failures} of {total} checks passed ({kind.name} environment, {', '.join(names)})")
+    if failures:
+        raise typer.Exit(1)
