@@ -27,10 +27,12 @@ Process tree (host view)::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -148,6 +150,9 @@ class DesktopInstance:
         self.display = DISPLAY
         self.inside_root: str | None = None  # a restored continuation: the parent's root, where its folders show
         self.restored = False
+        self._x11_claimed = False
+        self._host_left: set[str] = set()  # host paths of sockets seen in the instance's network namespace
+        self._released = threading.Lock()
         if self.settings.checkpointable:
             self.display = _free_display()
             self.x_dir = Path("/tmp/.X11-unix")
@@ -185,16 +190,24 @@ class DesktopInstance:
     # -- life cycle ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Private folders and a fresh profile copy (the profile's lock is never copied)."""
-        for d in (self.x_dir, self.tmp / "xkb"):
-            d.mkdir(parents=True, exist_ok=True)
-        self.x_dir.chmod(0o1777)
+        if self._needs_host_x11() and not self._x11_claimed:
+            _HOST_X11.claim()  # the shared X socket folder, or the mount point of a bind over it
+            self._x11_claimed = True
+        if self.x_dir != _HOST_X11.path:
+            self.x_dir.mkdir(parents=True, exist_ok=True)
+            self.x_dir.chmod(0o1777)
+        (self.tmp / "xkb").mkdir(parents=True, exist_ok=True)
         self.app_exit_file.unlink(missing_ok=True)
         if self.profile.exists():
             shutil.rmtree(self.profile)
         copy_profile(self.profile)
-        for shared in ("/tmp/.X11-unix", "/var/lib/xkb"):  # mount points of the binds
-            if not os.path.isdir(shared):
-                os.makedirs(shared, mode=0o1777, exist_ok=True)
+        if not os.path.isdir("/var/lib/xkb"):  # mount point of the keymap bind
+            os.makedirs("/var/lib/xkb", mode=0o1777, exist_ok=True)
+
+    def _needs_host_x11(self) -> bool:
+        """Does this instance use the host's ``/tmp/.X11-unix`` (a checkpointable one keeps its X
+        socket there; one whose sandbox lies below /tmp binds its own folder over it)?"""
+        return self.settings.checkpointable or any(dst == str(_HOST_X11.path) for _, dst in self._binds())
 
     def _binds(self) -> list[list[str]]:
         """What the instance's own mount namespace sees instead of the host's: the sandbox's tmp as
@@ -256,14 +269,44 @@ class DesktopInstance:
 
     def _reap(self, proc: subprocess.Popen) -> None:
         proc.wait()
-        if self.settings.checkpointable:  # the host sockets a killed instance leaves behind
-            for path in self.host_sockets():
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+        self._release_host()
 
     def host_sockets(self) -> list[str]:
-        """Sockets a checkpointable instance makes in the host's /tmp (X, LibreOffice's UNO pipe)."""
-        return [f"/tmp/.X11-unix/X{self.display}", f"/tmp/OSL_PIPE_{os.getuid()}_drumsbench-{self.display}"]
+        """Sockets a checkpointable instance makes in the host's /tmp: X's, LibreOffice's UNO pipe
+        and its single-instance pipe (``single_office_pipe``)."""
+        uid = os.getuid()
+        return [f"/tmp/.X11-unix/X{self.display}", f"/tmp/OSL_PIPE_{uid}_drumsbench-{self.display}",
+                f"/tmp/{single_office_pipe(uid, self.profile.as_uri())}"]
+
+    def _note_host_sockets(self) -> None:
+        """Remember the path sockets bound in the instance's own network namespace (only its
+        processes are there) that lie in the host's /tmp: whatever LibreOffice names them, they are
+        removed with the instance. Read while the instance lives (a dead namespace lists nothing)."""
+        if not self.settings.checkpointable or self.restored or self.holder_pid is None:
+            return
+        try:
+            lines = Path(f"/proc/{self.holder_pid}/net/unix").read_text().splitlines()[1:]
+        except OSError:
+            return
+        for line in lines:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7].startswith("/tmp/"):
+                self._host_left.add(fields[7])
+
+    def _release_host(self) -> None:
+        """Once the instance is dead: remove the sockets a checkpointable instance left in the host's
+        /tmp and give back the host's /tmp/.X11-unix (removed when this process made it and no
+        instance uses it any more). Idempotent (``stop`` and the reaper thread both call it)."""
+        if not self._released.acquire(blocking=False):
+            return
+        if self.settings.checkpointable and not self.restored:
+            for path in sorted(set(self.host_sockets()) | self._host_left):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)
+        if self._x11_claimed:
+            self._x11_claimed = False
+            _HOST_X11.release()
 
     def _find_holder(self, parent: int, deadline: float) -> int:
         while time.monotonic() < deadline:
@@ -315,6 +358,7 @@ class DesktopInstance:
 
     def stop(self) -> None:
         """Kill the whole instance (SIGKILL to the namespace's pid 1) and reap it. Idempotent."""
+        self._note_host_sockets()
         proc, pid = self.proc, self.holder_pid
         self.proc = self.holder_pid = None
         if self.restored:
@@ -336,6 +380,9 @@ class DesktopInstance:
                     proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=5)
+            if proc.poll() is None:
+                return  # still alive: the reaper thread releases the host's paths when it dies
+        self._release_host()
 
     def xvfb_pid(self) -> int | None:
         """Host pid of the instance's Xvfb (a child of the holder)."""
@@ -422,6 +469,45 @@ class DesktopInstance:
 
     def xdotool(self, args: list[str], timeout: float) -> ExecResult:
         return self.exec_inside(["xdotool", *args], timeout)
+
+
+def single_office_pipe(uid: int, user_installation: str) -> str:
+    """The name of LibreOffice's single-instance IPC pipe for a user installation URL:
+    ``OSL_PIPE_<uid>_SingleOfficeIPC_`` + the MD5 of the URL's UTF-16LE code units, each byte in hex
+    without a leading zero (``CreateMD5FromString`` in LibreOffice's desktop/source/app/officeipcthread.cxx;
+    checked against the pipe LibreOffice 7 makes)."""
+    digest = hashlib.md5(user_installation.encode("utf-16-le")).digest()
+    return f"OSL_PIPE_{uid}_SingleOfficeIPC_" + "".join(format(b, "x") for b in digest)
+
+
+class _SharedFolder:
+    """A host folder some instances of this process need while they run (``/tmp/.X11-unix``): made
+    when missing, removed when the last of them is done if this process made it (and it is empty)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._made = False
+
+    def claim(self) -> None:
+        with self._lock:
+            if not self.path.is_dir():
+                self.path.mkdir(parents=True, exist_ok=True)
+                self.path.chmod(0o1777)
+                self._made = True
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users = max(0, self._users - 1)
+            if self._users == 0 and self._made:
+                self._made = False
+                with contextlib.suppress(OSError):  # not empty: another process's X server uses it
+                    self.path.rmdir()
+
+
+_HOST_X11 = _SharedFolder("/tmp/.X11-unix")
 
 
 def _free_display() -> int:
