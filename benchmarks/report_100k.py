@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,7 +82,11 @@ def main() -> int:
     print(f"  CPU time (user + sys) of the process: {cpus[len(cpus) // 2]:.2f} s median; machine load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"  summary.build alone (warm, same process): {builds[len(builds) // 2]:.2f} s per page")
-    print(f"  page: {page} ({page.stat().st_size / 1024:.0f} KiB)")
+    if args.keep:
+        print(f"  page: {page} ({page.stat().st_size / 1024:.0f} KiB)")
+    else:
+        print(f"  page: {page.stat().st_size / 1024:.0f} KiB (removed with its ledger; --keep FOLDER keeps them)")
+        shutil.rmtree(folder, ignore_errors=True)  # nothing of the benchmark stays in /tmp
     return 0 if median < 10 else 1
 
 
