@@ -61,7 +61,7 @@ def train(
     final_eval_episodes: Annotated[int, typer.Option(help="Eval episodes per eval task at the end.")] = 3,
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 0.05,
     concurrency: o.Concurrency = None,
-    step_timeout: Annotated[str, typer.Option(help="Per-step timeout (a frozen step waits this long).")] = "1s",
+    step_timeout: o.StepTimeout = "1s",  # a frozen step waits this long
     out: o.Out = o.RUNS,
     json_path: o.Json = None,
     progress: o.Progress = True,
