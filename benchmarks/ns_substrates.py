@@ -25,7 +25,7 @@ import numpy as np
 
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Sandbox, Substrate
-from drumsbench.substrates.overlay import OverlaySubstrate
+from drumsbench.substrates.overlay.sandbox import OverlaySubstrate
 
 SUBSTRATES = ("process", "bwrap", "overlay")
 

@@ -34,13 +34,10 @@ from pathlib import Path
 
 from drumsbench import images
 from drumsbench.machine import commit, machine_info
-from drumsbench.substrates.vm import (
-    GUEST_PATH,
-    VmSubstrate,
-    boot,
-    qemu_version,
-    run_folder,
-)
+from drumsbench.substrates.exec_core import SANDBOX_PATH
+from drumsbench.substrates.vm.qemu import qemu_version
+from drumsbench.substrates.vm.sandbox import VmSubstrate, run_folder
+from drumsbench.substrates.vm.snapshot import boot
 
 TIMER = r'''
 import json, os, statistics, subprocess, sys, tempfile, time
@@ -120,7 +117,7 @@ def host_timer(reps: int) -> tuple[dict[str, float], str]:
         tmp = tempfile.mkdtemp()
         argv = ["python3", "-c", TIMER, str(reps), tmp]
         where = "host binaries (not root: no chroot into the rootfs)"
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={"PATH": GUEST_PATH})
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={"PATH": SANDBOX_PATH})
     if proc.returncode != 0:
         raise SystemExit(f"host timer failed: {proc.stderr[-500:]}")
     return json.loads(proc.stdout), where
@@ -157,7 +154,7 @@ def main() -> None:
                             str(disk)], check=True)
             t0 = time.monotonic()
             vm = boot(snap.image, snap.accel, folder, run_id, f"boot{i}", ram=folder / "ram", share=False, disk=disk)
-            vm.agent.call("exec", 60, argv=["true"], cwd="/", env={"PATH": GUEST_PATH}, timeout=30, limit=1024)
+            vm.agent.call("exec", 60, argv=["true"], cwd="/", env={"PATH": SANDBOX_PATH}, timeout=30, limit=1024)
             boots.append(time.monotonic() - t0)
             vm.kill()
             shutil.rmtree(folder)

@@ -18,6 +18,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 echo "setup-vm: $(qemu-system-x86_64 --version | head -1)"
 if [ -n "${PYTHON:-}" ]; then
-  "$PYTHON" -m drumsbench.substrates.vm_image
+  "$PYTHON" -m drumsbench.substrates.vm.image
 fi
 echo "setup-vm: ready"

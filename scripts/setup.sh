@@ -108,10 +108,10 @@ if ! docker_ok; then
 fi
 
 # -- 4 and 5. podman configuration and the images (Python, shared with the substrates) ----------
-"$VENV/bin/python" -m drumsbench.substrates.podman configure
+"$VENV/bin/python" -m drumsbench.substrates.containers.podman configure
 if [ "${DRUMSBENCH_SKIP_IMAGES:-0}" != 1 ]; then
-  "$VENV/bin/python" -m drumsbench.substrates.docker ensure-image
-  "$VENV/bin/python" -m drumsbench.substrates.podman ensure-image
+  "$VENV/bin/python" -m drumsbench.substrates.containers.docker ensure-image
+  "$VENV/bin/python" -m drumsbench.substrates.containers.podman ensure-image
 fi
 # -- 6. Components of other parts, each with its own idempotent script ---------------------------
 for part in "$ROOT"/scripts/setup-*.sh; do

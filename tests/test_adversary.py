@@ -142,7 +142,7 @@ def test_container_records_that_count_as_evidence():
     """The engines' State as docker and podman report it: a pause or a death is evidence; a death by
     the container's own memory limit is the policy's (it fills that cgroup, and can make the kernel
     pick the reaper by raising /proc/1/oom_score_adj)."""
-    from drumsbench.substrates.containers import state_evidence
+    from drumsbench.substrates.containers.common import state_evidence
 
     running = {"Running": True, "Status": "running", "Paused": False, "OOMKilled": False}
     assert state_evidence("docker", running) is None

@@ -99,7 +99,7 @@ def test_desktop_branch_reports_file_losses(ledger, state_dir):
 
 def test_overlay_snapshot_continuations(ledger, state_dir):
     """The substrate's own O(1) snapshot/fork as a fork method: faithful, and forks never touch the parent."""
-    from drumsbench.substrates.overlay import OverlaySubstrate
+    from drumsbench.substrates.overlay.sandbox import OverlaySubstrate
 
     from conftest import require
 

@@ -19,7 +19,7 @@ from drumsbench.errors import SubstrateError
 from drumsbench.substrates.base import Freezable, Sandbox, Substrate
 from drumsbench.substrates.bwrap import BwrapSubstrate
 from drumsbench.substrates.hostproc import FreezerCgroup, UidLease
-from drumsbench.substrates.overlay import OverlaySubstrate
+from drumsbench.substrates.overlay.sandbox import OverlaySubstrate
 from drumsbench.substrates.process import ProcessSandbox, ProcessSubstrate
 
 from conftest import require

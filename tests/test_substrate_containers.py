@@ -9,8 +9,8 @@ import time
 import pytest
 
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates import containers as C
 from drumsbench.substrates import registry
+from drumsbench.substrates.containers import common as C
 
 from conftest import require
 
@@ -30,7 +30,7 @@ def sub(request, run_id, state_dir):
 def labels_of(sub, box) -> dict[str, str]:
     if sub.name == "docker":
         return sub.client.api.inspect_container(box.container_id)["Config"]["Labels"]
-    from drumsbench.substrates.podman import podman
+    from drumsbench.substrates.containers.podman import podman
 
     info = json.loads(podman(["container", "inspect", box.container_id]).stdout)
     return info[0]["Config"]["Labels"]
@@ -40,7 +40,7 @@ def remove_behind_its_back(sub, cid: str) -> None:
     if sub.name == "docker":
         sub.client.api.remove_container(cid, force=True)
     else:
-        from drumsbench.substrates.podman import podman
+        from drumsbench.substrates.containers.podman import podman
 
         podman(["rm", "--force", "--time", "0", cid])
 
@@ -146,12 +146,12 @@ def test_container_removed_behind_its_back_is_a_substrate_error(sub):
 def test_image_is_cached(sub, monkeypatch):
     """A second ensure_image neither rebuilds nor imports: same image, no progress, fast."""
     if sub.name == "docker":
-        from drumsbench.substrates.docker import ensure_image
+        from drumsbench.substrates.containers.docker import ensure_image
 
         def image_id(tag):
             return sub.client.api.inspect_image(tag)["Id"]
     else:
-        from drumsbench.substrates.podman import ensure_image, podman
+        from drumsbench.substrates.containers.podman import ensure_image, podman
 
         def image_id(tag):
             return json.loads(podman(["image", "inspect", tag]).stdout)[0]["Id"]
@@ -185,7 +185,7 @@ def test_gc_removes_a_crashed_builds_container(sub, run_id, state_dir):
             host_config=sub.client.api.create_host_config(network_mode="none"),
         )
     else:
-        from drumsbench.substrates.podman import podman
+        from drumsbench.substrates.containers.podman import podman
 
         podman(["create", "--network", "none", "--name", name, images.rootfs_tag(), "true"])
     removed = type(sub).gc(state_dir, {run_id})

@@ -44,7 +44,7 @@ def host_kill(sub, box) -> None:
     if sub.name == "docker":
         sub.client.api.kill(box.container_id, signal="KILL")
     else:
-        from drumsbench.substrates.podman import podman
+        from drumsbench.substrates.containers.podman import podman
 
         podman(["kill", "--signal", "KILL", box.container_id])
 
@@ -229,7 +229,7 @@ def test_scan_tokens_never_reach_the_host(sub):
 # -- vm (few: each is a fork of the booted snapshot) ----------------------------------------------
 @pytest.fixture
 def vm(run_id: str, state_dir: Path):
-    from drumsbench.substrates.vm import VmSubstrate
+    from drumsbench.substrates.vm.sandbox import VmSubstrate
 
     require(VmSubstrate.missing())
     s = VmSubstrate(run_id, state_dir)

@@ -19,7 +19,8 @@ import pytest
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates import registry
 from drumsbench.substrates.hostproc import pids_with_env
-from drumsbench.substrates.overlay import OverlaySubstrate, host_mounts_below, run_folder
+from drumsbench.substrates.overlay.forkserver import host_mounts_below
+from drumsbench.substrates.overlay.sandbox import OverlaySubstrate, run_folder
 from drumsbench.substrates.process import RUN_VAR
 
 from conftest import require
@@ -257,7 +258,7 @@ def test_overlay_harness_killed_leaves_nothing(run_id, state_dir):
         f"""
         import sys, time
         from pathlib import Path
-        from drumsbench.substrates.overlay import OverlaySubstrate
+        from drumsbench.substrates.overlay.sandbox import OverlaySubstrate
         sub = OverlaySubstrate({run_id!r}, Path({str(state_dir)!r}))
         boxes = [sub.create(), sub.create()]
         boxes[0].exec("(sleep 60 >/dev/null 2>&1 &)", timeout=10)

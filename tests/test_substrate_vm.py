@@ -14,8 +14,9 @@ import pytest
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates import registry
 from drumsbench.substrates.hostproc import pids_with_env
-from drumsbench.substrates.vm import RUN_VAR, VmSubstrate
-from drumsbench.substrates.vm_image import is_static, module_order, newc
+from drumsbench.substrates.vm.image import is_static, module_order, newc
+from drumsbench.substrates.vm.qemu import RUN_VAR
+from drumsbench.substrates.vm.sandbox import VmSubstrate
 
 from conftest import require
 

@@ -56,7 +56,8 @@ from drumsbench.substrates.base import (
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.hostproc import kill_group, kill_pids, pids_with_env, run_bounded
+from drumsbench.substrates.exec_core import kill_group, run_bounded
+from drumsbench.substrates.hostproc import kill_pids, pids_with_env
 
 PROBES = ("write_outside", "read_neighbour", "host_loopback", "network", "fill_disk", "fork_bomb")
 

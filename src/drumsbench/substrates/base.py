@@ -10,7 +10,7 @@ Contracts every substrate keeps (checked by ``drumsbench.substrates.conformance`
   fails (the sandbox is gone, the daemon does not answer).
 - On timeout every process the command started is killed, and the result has ``timed_out``.
 - Output is bounded: at most ``output_limit`` bytes of each stream are kept — when more was
-  produced, the first half and the **last** half of the limit (``hostproc.HeadTail``), so a
+  produced, the first half and the **last** half of the limit (``exec_core.HeadTail``), so a
   command's final lines survive; the totals say how much was produced.
 - Paths given to file methods are absolute paths *as seen inside the sandbox*; ``paths`` says
   where the work, home, tmp and verify folders are.
@@ -76,6 +76,19 @@ class ExecResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """One command for a sandbox: ``argv`` (a string command already under ``/bin/sh -c``) and
+    the in-sandbox working folder ``cwd``; ``env`` is the caller's additions only."""
+
+    argv: list[str]
+    timeout: float
+    cwd: str
+    env: Mapping[str, str] | None = None
+    stdin: bytes | None = None
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxPaths:
     """Folders of a sandbox as commands inside it see them."""
 
@@ -94,7 +107,6 @@ class Sandbox(ABC):
     id: str
     paths: SandboxPaths
 
-    @abstractmethod
     def exec(
         self,
         command: str | Sequence[str],
@@ -105,7 +117,16 @@ class Sandbox(ABC):
         stdin: bytes | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
-        """Run ``command`` (a string runs under ``/bin/sh -c``) in the sandbox; cwd defaults to work."""
+        """Run ``command`` (a string runs under ``/bin/sh -c``) in the sandbox; cwd defaults to work.
+
+        The built-in substrates implement ``_run`` (the request made here, cwd resolved); a
+        substrate may override ``exec`` itself instead."""
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        return self._run(ExecRequest(argv, timeout, cwd or self.paths.work, env, stdin, output_limit))
+
+    def _run(self, req: ExecRequest) -> ExecResult:
+        """Run one command for ``exec``: the substrate's own part."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither exec nor _run")
 
     @abstractmethod
     def write_file(self, path: str, data: bytes) -> None:
@@ -291,7 +312,8 @@ class Substrate(ABC):
     up front; the conformance suite checks that ``create`` keeps to it)."""
 
     name: ClassVar[str]
-    capabilities: ClassVar[Capabilities]
+    # declared by each class; an instance may refine it once it knows more (the vm: its accelerator)
+    capabilities: Capabilities
     sandbox_class: ClassVar[type[Sandbox] | None] = None  # None: not declared (a plugin may leave it)
 
     def __init__(self, run_id: str, state_dir: Path) -> None:

@@ -39,7 +39,6 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
@@ -48,6 +47,7 @@ from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     Capabilities,
+    ExecRequest,
     ExecResult,
     Isolation,
     ResetStrategy,
@@ -55,10 +55,9 @@ from drumsbench.substrates.base import (
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.hostproc import FreezerCgroup
+from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup
 from drumsbench.substrates.process import (
     SHARED_BASE,
-    CgroupFreezable,
     HostFolderSandbox,
     gc_host_runs,
     host_leftovers,
@@ -182,18 +181,11 @@ class BwrapSandbox(HostFolderSandbox):
             host_cwd = str(self.host_path(norm))
         return [*self._prefix, "--chdir", norm, "--", *argv], host_cwd, env
 
-    def exec(self, command: str | Sequence[str], **kwargs: Any) -> ExecResult:
-        res = super().exec(command, **kwargs)
+    def _run(self, req: ExecRequest) -> ExecResult:
+        res = super()._run(req)
         # When bwrap has exited, its pid namespace is gone with every process of the command:
         # forget process groups that have no member left, before the kernel reuses their ids.
-        with self._lock:
-            for pgid in list(self._groups):
-                try:
-                    os.killpg(pgid, 0)
-                except ProcessLookupError:
-                    self._groups.discard(pgid)
-                except PermissionError:
-                    pass
+        self.groups.forget_empty()
         return res
 
     # -- files ---------------------------------------------------------------------------------

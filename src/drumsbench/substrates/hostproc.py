@@ -1,6 +1,7 @@
-"""Run a host process with a timeout and bounded output; kill its whole process group on timeout.
+"""Host-side machinery of the substrates whose sandboxes are host processes (process, bwrap,
+overlay): finding and killing labelled processes, per-sandbox uids and freezer cgroups.
 
-Shared by the substrates whose sandboxes are host processes (process, bwrap, overlay, ...).
+Running one command (timeout, bounded output, killing its tree) is ``exec_core``'s.
 """
 
 from __future__ import annotations
@@ -9,164 +10,14 @@ import contextlib
 import errno
 import os
 import secrets
-import selectors
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates.base import ExecResult, sh_quote
-
-# After the main process exits, wait this long for background children to release stdout/stderr.
-_DRAIN_GRACE_S = 0.2
-
-
-def run_bounded(
-    argv: Sequence[str],
-    *,
-    timeout: float,
-    cwd: str | None,
-    env: Mapping[str, str] | None,
-    stdin: bytes | None,
-    output_limit: int,
-    on_start: Callable[[int], None] | None = None,
-    uid: int | None = None,
-) -> ExecResult:
-    """Run ``argv`` in a new session; return its exit code and at most ``output_limit`` bytes per stream.
-
-    ``uid``: run as that uid, with the gid of the same number and no supplementary groups.
-    On timeout the process group is killed; a command that still does not die (its cgroup is
-    frozen) is left to ``subprocess``'s reaping after ``_REAP_WAIT_S``: the harness never blocks
-    on it. Raises ``SubstrateError`` only when the process cannot be started at all.
-    """
-    t0 = time.monotonic()
-    creds: dict = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            **creds,
-        )
-    except OSError as e:
-        raise SubstrateError(f"cannot start {argv[0]!r} in {cwd!r}: {e}") from e
-    if on_start is not None:
-        on_start(proc.pid)
-    if stdin is not None:
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(stdin)
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
-
-    keepers = {"out": HeadTail(output_limit), "err": HeadTail(output_limit)}
-    sel = selectors.DefaultSelector()
-    assert proc.stdout is not None and proc.stderr is not None
-    sel.register(proc.stdout, selectors.EVENT_READ, "out")
-    sel.register(proc.stderr, selectors.EVENT_READ, "err")
-    # The process's exit wakes the loop through a pidfd: no polling, no sleeps.
-    pidfd = os.pidfd_open(proc.pid)
-    sel.register(pidfd, selectors.EVENT_READ, "exit")
-    deadline = t0 + timeout
-    timed_out = False
-    exited_at: float | None = None
-    streams = 2
-    try:
-        while streams or exited_at is None:
-            now = time.monotonic()
-            if now >= deadline:
-                timed_out = exited_at is None
-                break
-            if exited_at is not None and now - exited_at > _DRAIN_GRACE_S:
-                break  # a background child still holds the output open: do not wait for it
-            wait = deadline - now if exited_at is None else min(deadline - now, _DRAIN_GRACE_S)
-            for key, _ in sel.select(wait):
-                if key.data == "exit":
-                    sel.unregister(pidfd)
-                    proc.wait()
-                    exited_at = time.monotonic()
-                    continue
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    streams -= 1
-                    continue
-                keepers[key.data].add(chunk)
-        if timed_out:
-            kill_group(proc.pid)
-            # A frozen process cannot die: wait for it only a bounded time.
-            if exited_at is None and not _pidfd_ready(pidfd, _REAP_WAIT_S):
-                code = proc.poll()
-                if code is None:
-                    code = -signal.SIGKILL
-            else:
-                code = proc.wait()
-        else:
-            code = proc.wait()
-    finally:
-        sel.close()
-        os.close(pidfd)
-        proc.stdout.close()
-        proc.stderr.close()
-    return ExecResult(
-        exit_code=code,
-        stdout=keepers["out"].value(),
-        stderr=keepers["err"].value(),
-        stdout_total=keepers["out"].total,
-        stderr_total=keepers["err"].total,
-        timed_out=timed_out,
-        duration_s=time.monotonic() - t0,
-    )
-
-
-def _pidfd_ready(pidfd: int, timeout: float) -> bool:
-    sel = selectors.DefaultSelector()
-    try:
-        sel.register(pidfd, selectors.EVENT_READ)
-        return bool(sel.select(timeout))
-    finally:
-        sel.close()
-
-
-class HeadTail:
-    """Keeps the first and the last ``limit // 2`` bytes of a stream and counts all of it.
-
-    The tail matters: a command's last lines (its error, a harness's end marker) are the ones
-    that must survive truncation.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.head_room = limit - limit // 2
-        self.tail_room = limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        take = min(len(chunk), self.head_room - len(self.head))
-        if take > 0:
-            self.head += chunk[:take]
-            chunk = chunk[take:]
-        if chunk and self.tail_room > 0:
-            self.tail += chunk
-            if len(self.tail) > self.tail_room:
-                del self.tail[: len(self.tail) - self.tail_room]
-
-    def value(self) -> bytes:
-        return bytes(self.head + self.tail)
-
-
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+from drumsbench.substrates.base import Freezable, sh_quote
 
 
 def pids_with_env(var: str, value: str | None = None) -> dict[int, str]:
@@ -223,9 +74,6 @@ UID_SPAN = 1_000_000
 UID_LEASES = Path("/run/drumsbench/uids")
 # How long destroy/reset wait for a cgroup's tasks to go after SIGKILL (thawed first).
 _CGROUP_KILL_WAIT_S = 5.0
-# How long run_bounded waits for a SIGKILLed command to be reaped before it gives up on it (a
-# command in a frozen cgroup cannot die until the cgroup is thawed).
-_REAP_WAIT_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,6 +236,11 @@ class FreezerCgroup:
         except OSError as e:
             raise SubstrateError(f"cannot set {self.path} to {state}: {e}") from e
 
+    def thaw_for_kill(self) -> None:
+        """Thaw a frozen or freezing group: its tasks die only once thawed."""
+        if self.state() not in (None, "THAWED"):
+            self.write_state("THAWED")
+
     def procs(self) -> list[int]:
         try:
             with open(self.procs_file) as f:
@@ -455,3 +308,18 @@ class FreezerCgroup:
             with contextlib.suppress(OSError):
                 cls.run_dir(run).rmdir()
         return removed
+
+
+class CgroupFreezable(Freezable):
+    """``Freezable`` through the sandbox's freezer cgroup (writes ``freezer.state``)."""
+
+    cgroup: FreezerCgroup | None
+
+    def freeze(self) -> None:
+        assert self.cgroup is not None
+        self.cgroup.write_state("FROZEN")
+
+    def thaw(self) -> None:
+        assert self.cgroup is not None
+        if self.cgroup.exists():
+            self.cgroup.write_state("THAWED")

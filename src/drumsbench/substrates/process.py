@@ -26,21 +26,20 @@ import errno
 import os
 import shutil
 import stat
-import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from drumsbench.errors import SubstrateError
 from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
-    DEFAULT_OUTPUT_LIMIT,
     Capabilities,
+    ExecRequest,
     ExecResult,
-    Freezable,
     HostFolders,
     HostLaunching,
     Isolation,
@@ -49,21 +48,20 @@ from drumsbench.substrates.base import (
     SandboxPaths,
     Substrate,
 )
+from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
 from drumsbench.substrates.hostproc import (
     CGROUP_PREFIX,
     FREEZER_ROOT,
+    CgroupFreezable,
     FreezerCgroup,
     UidLease,
-    kill_group,
     kill_pids,
     pids_with_env,
-    run_bounded,
     uid_separation_available,
 )
 
 RUN_VAR = HostLaunching.RUN_VAR
 SANDBOX_VAR = HostLaunching.SANDBOX_VAR
-HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 # Sandbox folders of a state folder that a sandbox uid cannot traverse (the default state folder is
@@ -189,8 +187,7 @@ class HostFolderSandbox(Sandbox, HostFolders):
         self.id = sid
         self.host_root = host_root
         self.paths = paths
-        self._groups: set[int] = set()
-        self._lock = threading.Lock()
+        self.groups = ProcessGroups()
         self._destroyed = False
         self.cgroup = cgroup
         self.lease = lease
@@ -214,8 +211,7 @@ class HostFolderSandbox(Sandbox, HostFolders):
     def adopt_group(self, pgid: int) -> None:
         """Count a process group started outside ``exec`` (e.g. restored by CRIU) as the sandbox's own:
         ``destroy`` kills it with the rest."""
-        with self._lock:
-            self._groups.add(pgid)
+        self.groups.add(pgid)
 
     def host_path(self, path: str) -> Path:
         """Host path of an in-sandbox absolute path; refuses paths outside the sandbox."""
@@ -234,89 +230,24 @@ class HostFolderSandbox(Sandbox, HostFolders):
         rel = os.path.relpath(self.host_path(path), self.host_root)
         return "" if rel == "." else rel
 
-    def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        env = {
-            "PATH": HOST_PATH,
-            "HOME": self.paths.home,
-            "TMPDIR": self.paths.tmp,
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            RUN_VAR: self.run_id,
-            SANDBOX_VAR: self.id,
-        }
-        if extra:
-            env.update(extra)
-        return env
-
     def _argv(self, argv: list[str], cwd: str, env: dict[str, str]) -> tuple[list[str], str | None, dict[str, str]]:
         """(host argv, host cwd, host env) for an in-sandbox command."""
         return argv, str(self.host_path(cwd)), env
 
     # -- interface -----------------------------------------------------------------------------
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        return self._exec(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
-                          output_limit=output_limit, uid=self.uid)
+    def _run(self, req: ExecRequest) -> ExecResult:
+        return self._run_as(req, self.uid)
 
-    def _exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: bytes | None,
-        output_limit: int,
-        uid: int | None,
-    ) -> ExecResult:
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        host_argv, host_cwd, host_env = self._argv(argv, cwd or self.paths.work, self._env(env))
+    def _run_as(self, req: ExecRequest, uid: int | None) -> ExecResult:
+        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        host_argv, host_cwd, host_env = self._argv(req.argv, req.cwd, env)
         if not self.host_root.is_dir():
             raise SubstrateError(f"sandbox {self.id}: its folder {self.host_root} is gone")
         if host_cwd is not None and not os.path.isdir(host_cwd):
-            # The sandbox lives; its working folder does not (a command may have removed it):
-            # that is the command's outcome, not the substrate's failure.
-            msg = f"drumsbench: working folder {cwd or self.paths.work} does not exist\n".encode()
-            return ExecResult(exit_code=126, stdout=b"", stderr=msg, stdout_total=0,
-                              stderr_total=len(msg), timed_out=False, duration_s=0.0)
+            return missing_workdir(req.cwd)
         if self.cgroup is not None:
             host_argv = self.cgroup.wrap(host_argv)
-
-        started: list[int] = []
-
-        def remember(pid: int) -> None:
-            started.append(pid)
-            with self._lock:
-                self._groups.add(pid)
-
-        res = run_bounded(
-            host_argv,
-            timeout=timeout,
-            cwd=host_cwd,
-            env=host_env,
-            stdin=stdin,
-            output_limit=output_limit,
-            on_start=remember,
-            uid=uid,
-        )
-        # Forget a process group once it is empty: its id may be reused by an unrelated group.
-        for pgid in started:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                with self._lock:
-                    self._groups.discard(pgid)
-            except PermissionError:
-                pass
-        return res
+        return self.groups.run(host_argv, req, cwd=host_cwd, env=host_env, uid=uid)
 
     def write_file(self, path: str, data: bytes) -> None:
         rel = self._rel(path)
@@ -348,12 +279,9 @@ class HostFolderSandbox(Sandbox, HostFolders):
         cgroup's task list (complete), the process groups of commands, labelled processes.
 
         A frozen cgroup's tasks die only when thawed; this does not thaw (``destroy`` does)."""
-        with self._lock:
-            groups, self._groups = self._groups, set()
         if self.cgroup is not None:
             self.cgroup.kill()
-        for pgid in groups:
-            kill_group(pgid)
+        self.groups.kill()
         kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
         if self.cgroup is not None and self.cgroup.state() == "THAWED":
             self.cgroup.kill(wait=1.0)  # what forked while the first pass ran
@@ -376,8 +304,8 @@ class HostFolderSandbox(Sandbox, HostFolders):
         return None
 
     def _thaw_for_kill(self) -> None:
-        if self.cgroup is not None and self.cgroup.state() not in (None, "THAWED"):
-            self.cgroup.write_state("THAWED")
+        if self.cgroup is not None:
+            self.cgroup.thaw_for_kill()
 
     def reset_in_place(self) -> None:
         self._thaw_for_kill()
@@ -431,43 +359,20 @@ def remove_owned_by(uid: int, places: Sequence[str] = SHARED_PLACES) -> list[str
     return removed
 
 
-class CgroupFreezable(Freezable):
-    """``Freezable`` through the sandbox's freezer cgroup (writes ``freezer.state``)."""
-
-    cgroup: FreezerCgroup | None
-
-    def freeze(self) -> None:
-        assert self.cgroup is not None
-        self.cgroup.write_state("FROZEN")
-
-    def thaw(self) -> None:
-        assert self.cgroup is not None
-        if self.cgroup.exists():
-            self.cgroup.write_state("THAWED")
-
-
 class ProcessSandbox(HostFolderSandbox, HostLaunching):
     """In-sandbox paths are the host paths."""
 
-    def exec_launcher(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
+    def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
         """Run a *harness-made* launcher as root (the harness's uid), not as the sandbox's uid.
 
         For environments that build their own isolation around the sandbox and need privileges
         to enter it (the desktop's ``nsenter`` into its namespaces). Never for a policy's
         command line as such: whatever it runs has the harness's privileges unless the launcher
         drops them. It is otherwise an ordinary command of the sandbox: in its cgroup, labelled,
-        bounded, killed on timeout and by ``end_processes``/``destroy``."""
-        return self._exec(list(argv), timeout=timeout, cwd=cwd, env=env, stdin=stdin,
-                          output_limit=output_limit, uid=None)
+        bounded, killed on timeout and by ``end_processes``/``destroy``. ``options``: those of
+        ``exec``."""
+        cwd = options.pop("cwd", None) or self.paths.work
+        return self._run_as(ExecRequest(list(argv), cwd=cwd, **options), uid=None)
 
 
 class FreezableProcessSandbox(CgroupFreezable, ProcessSandbox):

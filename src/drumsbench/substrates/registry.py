@@ -17,10 +17,10 @@ ENTRY_POINT_GROUP = "drumsbench.substrates"
 BUILTINS: dict[str, str] = {
     "process": "drumsbench.substrates.process:ProcessSubstrate",
     "bwrap": "drumsbench.substrates.bwrap:BwrapSubstrate",
-    "overlay": "drumsbench.substrates.overlay:OverlaySubstrate",
-    "docker": "drumsbench.substrates.docker:DockerSubstrate",
-    "podman": "drumsbench.substrates.podman:PodmanSubstrate",
-    "vm": "drumsbench.substrates.vm:VmSubstrate",
+    "overlay": "drumsbench.substrates.overlay.sandbox:OverlaySubstrate",
+    "docker": "drumsbench.substrates.containers.docker:DockerSubstrate",
+    "podman": "drumsbench.substrates.containers.podman:PodmanSubstrate",
+    "vm": "drumsbench.substrates.vm.sandbox:VmSubstrate",
 }
 
 SUBSTRATES: Registry[type[Substrate]] = Registry(

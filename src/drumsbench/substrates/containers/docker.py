@@ -7,7 +7,7 @@ as root inside the container with Docker's default capability set and ``no-new-p
 Set-up: ``scripts/setup.sh`` installs docker.io and starts ``dockerd --bridge=none
 --iptables=false``. The image (``containers.sandbox_tag()``) is built on first use if absent: the
 Debian rootfs of ``drumsbench.images`` is imported under ``images.rootfs_tag()`` and the sandbox
-layer committed on top (``python -m drumsbench.substrates.docker ensure-image`` does it ahead).
+layer committed on top (``python -m drumsbench.substrates.containers.docker ensure-image`` does it ahead).
 
 Exec uses the exec API over a hijacked socket: stdin is written then half-closed, the multiplexed
 output is read with a deadline and kept up to ``output_limit`` bytes per stream. On timeout a
@@ -31,39 +31,39 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates import containers as C
 from drumsbench.substrates.base import (
-    DEFAULT_OUTPUT_LIMIT,
     Capabilities,
+    ExecRequest,
     ExecResult,
-    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
     SandboxFrozen,
-    Substrate,
 )
-from drumsbench.substrates.hostproc import HeadTail
+from drumsbench.substrates.containers import common as C
+from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail
 
 try:  # the SDK is optional: missing() says how to get it
     import docker
     import docker.errors
     import requests.exceptions
+
+    HAVE_SDK = True
 except ImportError:  # pragma: no cover - exercised only without the SDK
-    docker = None  # type: ignore[assignment]
+    HAVE_SDK = False
 
 SOCKET_HINT = "run scripts/setup.sh (it starts dockerd --bridge=none --iptables=false)"
 _HEADER = struct.Struct(">BxxxL")
 
 
 def _client(timeout: float = 60) -> Any:
-    if docker is None:
+    if not HAVE_SDK:
         raise SubstrateError("docker: the Python SDK is missing: pip install 'drumsbench[docker]'")
     try:
         return docker.from_env(version="auto", timeout=timeout)
@@ -129,7 +129,7 @@ def ensure_image(client: Any | None = None) -> str:
                 conf={
                     "Cmd": C.REAPER_ARGV,
                     "WorkingDir": C.PATHS.work,
-                    "Env": [f"PATH={C.CONTAINER_PATH}", f"HOME={C.PATHS.home}"],
+                    "Env": [f"PATH={SANDBOX_PATH}", f"HOME={C.PATHS.home}"],
                     "Labels": {"drumsbench.image": "sandbox", "drumsbench.rootfs": rootfs},
                 },
             )
@@ -143,55 +143,37 @@ def ensure_image(client: Any | None = None) -> str:
         return tag
 
 
-class DockerSandbox(Sandbox, Freezable):
+class DockerSandbox(C.ContainerSandbox):
     def __init__(self, sub: DockerSubstrate, cid: str, sid: str) -> None:
-        self.substrate = sub.name
-        self.run_id = sub.run_id
-        self.id = sid
-        self.container_id = cid
-        self.paths = C.PATHS
+        super().__init__(sub, cid, sid)
         self._api = sub.client.api
-        self._destroyed = False
 
     # -- exec -----------------------------------------------------------------------------------
     def _gone(self, e: BaseException, what: str) -> SubstrateError:
         kind = SandboxFrozen if "is paused" in str(e) else SubstrateError
         return kind(f"docker: sandbox {self.id} ({self.container_id[:12]}): {what}: {e}")
 
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        if self._destroyed:
-            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
         t0 = time.monotonic()
-        token = C.new_token()
-        environment = [f"{k}={v}" for k, v in C.exec_env(token, env).items()]
         try:
             eid = self._api.exec_create(
                 self.container_id,
-                C.argv_of(command),
+                req.argv,
                 stdout=True,
                 stderr=True,
-                stdin=stdin is not None,
-                environment=environment,
-                workdir=cwd or C.PATHS.work,
+                stdin=req.stdin is not None,
+                environment=[f"{k}={v}" for k, v in env.items()],
+                workdir=req.cwd,
             )["Id"]
             sock = self._api.exec_start(eid, socket=True)
         except _api_errors() as e:
             raise self._gone(e, "exec failed") from e
         raw: socket.socket = getattr(sock, "_sock", sock)
         try:
-            if stdin is not None:
-                self._send_stdin(raw, stdin)
+            if req.stdin is not None:
+                self._send_stdin(raw, req.stdin)
             early = _buffered_stream_bytes(sock, raw)
-            out, err, totals, timed_out = _read_frames(raw, t0 + timeout, output_limit, early)
+            out, err, totals, timed_out = _read_frames(raw, t0 + req.timeout, req.output_limit, early)
             if timed_out:
                 self._kill(token)
         finally:
@@ -248,33 +230,25 @@ class DockerSandbox(Sandbox, Freezable):
         try:
             eid = self._api.exec_create(
                 self.container_id,
-                ["python3", "-S", "-c", C.KILL_SCRIPT, f"{C.EXEC_VAR}={token}"],
+                C.kill_argv(token),
                 stdout=True,
                 stderr=True,
-                environment=[f"PATH={C.CONTAINER_PATH}"],
+                environment=[f"PATH={SANDBOX_PATH}"],
             )["Id"]
             self._api.exec_start(eid)
         except _api_errors() as e:
             raise self._gone(e, "cannot kill a timed-out command") from e
 
     # -- files ----------------------------------------------------------------------------------
-    def write_file(self, path: str, data: bytes) -> None:
-        self._put({path: data})
-
-    def put_files(self, base: str, files: Mapping[str, bytes]) -> None:
-        self._put({f"{base.rstrip('/')}/{rel}": data for rel, data in files.items()})
-
     def _put(self, files: Mapping[str, bytes]) -> None:
-        if self._destroyed:
-            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        self._check()
         try:
             self._api.put_archive(self.container_id, "/", C.files_tar(files))
         except _api_errors() as e:
             raise self._gone(e, f"cannot write {', '.join(list(files)[:3])}") from e
 
     def read_file(self, path: str, limit: int | None = None) -> bytes:
-        if self._destroyed:
-            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        self._check()
         path = C.check_path(path)
         for _ in range(20):  # follow symlinks, as cat would
             try:
@@ -315,15 +289,7 @@ class DockerSandbox(Sandbox, Freezable):
         except docker.errors.NotFound:
             return True
 
-    # -- reset, end of processes and destroy ----------------------------------------------------
-    def reset_in_place(self) -> None:
-        self._run_checked(["/bin/sh", "-c", C.RESET_SCRIPT], "in-place reset")
-
-    def end_processes(self) -> None:
-        """Kill every process in the container but its reaper (``containers.END_SCRIPT``, run in
-        the container's own pid namespace); files stay."""
-        self._run_checked(C.END_ARGV, "ending the sandbox's processes", timeout=60.0)
-
+    # -- destroy ------------------------------------------------------------------------------
     def destroy(self) -> None:
         if self._destroyed:
             return
@@ -357,18 +323,12 @@ class DockerSandbox(Sandbox, Freezable):
             return f"docker: the container {self.container_id[:12]} is gone (the daemon does not know it)"
         except _api_errors() as e:
             return f"docker: the daemon did not answer an inspect of the container within {wait:g} s: {e}"
-        found = C.state_evidence("docker", state)
-        if found:
-            return found
-        # No liveness command: it would run under the sandbox's own limits, which the policy can
-        # exhaust (a fork bomb), and so would not be evidence out of its reach.
-        return None
+        return self._state_evidence(state)
 
     # -- host-side freeze (fault injection only) -------------------------------------------------
     def freeze(self) -> None:
         """``docker pause``: the cgroup freezer stops every process of the container."""
-        if self._destroyed:
-            raise SubstrateError(f"docker: sandbox {self.id} is destroyed")
+        self._check()
         try:
             self._api.pause(self.container_id)
         except _api_errors() as e:
@@ -473,7 +433,7 @@ def _read_frames(
             raw.setblocking(True)
 
 
-class DockerSubstrate(Substrate):
+class DockerSubstrate(C.ContainerSubstrate):
     name = "docker"
     sandbox_class = DockerSandbox
     capabilities = Capabilities(
@@ -487,12 +447,10 @@ class DockerSubstrate(Substrate):
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self.client = _client()
-        self._image: str | None = None
-        self._image_lock = threading.Lock()
 
     @classmethod
     def missing(cls) -> str | None:
-        if docker is None:
+        if not HAVE_SDK:
             return (
                 "docker: the Python SDK is missing: pip install 'drumsbench[docker]' "
                 "(or run scripts/setup.sh)"
@@ -516,11 +474,8 @@ class DockerSubstrate(Substrate):
             client.close()
         return None
 
-    def image(self) -> str:
-        with self._image_lock:
-            if self._image is None:
-                self._image = ensure_image()
-            return self._image
+    def build_image(self) -> str:
+        return ensure_image()
 
     def create(self) -> Sandbox:
         image = self.image()
@@ -570,7 +525,7 @@ class DockerSubstrate(Substrate):
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        if docker is None or not dead_runs:
+        if not HAVE_SDK or not dead_runs:
             return []
         try:
             client = docker.from_env(version="auto", timeout=30)
@@ -601,21 +556,7 @@ class DockerSubstrate(Substrate):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m drumsbench.substrates.docker")
-    parser.add_argument("action", choices=["ensure-image", "missing"])
-    args = parser.parse_args(argv)
-    if args.action == "missing":
-        what = DockerSubstrate.missing()
-        print(what or "docker: usable")
-        return 1 if what else 0
-    try:
-        ensure_image()
-    except SubstrateError as e:
-        print(f"drumsbench: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return C.engine_main(DockerSubstrate, ensure_image, argv)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ temporary folder, then renamed):
 - ``vm-disk-<hash>/base.qcow2``: ``mkfs.ext4 -d`` of ``images.ensure_rootfs()`` then ``qemu-img
   convert``; the hash covers the rootfs recipe and ``IMAGE_RECIPE``.
 - ``vm-boot-<hash>/``: ``vmlinuz`` and ``initrd.img`` (busybox-static, those modules, ``/init`` and
-  the guest agent, ``vm_agent.c`` compiled static with the host's gcc); the hash covers the
+  the guest agent, ``agent.c`` compiled static with the host's gcc); the hash covers the
   kernel version, the init script, the agent's source and its compiler flags.
 
-``python -m drumsbench.substrates.vm_image`` builds the image and the booted snapshot ahead of
+``python -m drumsbench.substrates.vm.image`` builds the image and the booted snapshot ahead of
 time (``scripts/setup-vm.sh`` calls it).
 """
 
@@ -44,7 +44,7 @@ IMAGE_RECIPE: dict[str, object] = {"disk_size": "2G", "fs": "ext4", "version": 1
 WANT_MODULES = ("crc32c_generic", "virtio_pci", "virtio_blk", "virtio_console", "ext4")
 BUSYBOX_APPLETS = ("sh", "mount", "insmod", "switch_root", "mkdir", "cat", "cp", "echo", "grep",
                    "poweroff", "sleep", "ls")
-AGENT_SOURCE = Path(__file__).with_name("vm_agent.c")
+AGENT_SOURCE = Path(__file__).with_name("agent.c")
 AGENT_CFLAGS = ("-static", "-O2", "-pthread", "-s", "-Wall")
 PROBE_MARK = "DRUMSBENCH-PROBE-OK"
 
@@ -372,7 +372,7 @@ if __name__ == "__main__":
     import sys
     import uuid
 
-    from drumsbench.substrates.vm import ensure_snapshot
+    from drumsbench.substrates.vm.snapshot import ensure_snapshot
 
     img = ensure_image()
     print(f"vm image: {img.folder} (kernel {img.kernel_version})")

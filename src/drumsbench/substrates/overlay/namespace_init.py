@@ -1,6 +1,6 @@
 """Fork server of the ``overlay`` substrate: makes namespace holders. Stdlib only.
 
-Run as ``python -I -S _nsinit.py`` by ``overlay.OverlaySubstrate`` (one per run, started lazily),
+Run as ``python -I -S namespace_init.py`` by ``overlay.OverlaySubstrate`` (one per run, started lazily),
 with the run's label in its environment. It reads one JSON request per line on stdin and answers
 one JSON line on stdout. A *holder* is a forked child that is pid 1 of new pid, mount, ipc, uts
 and network namespaces; it mounts the sandbox's overlay, ``/proc``, a minimal ``/dev``, brings up

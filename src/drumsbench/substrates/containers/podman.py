@@ -16,7 +16,7 @@ writes under ``images.cache_dir()/podman/``:
 - private storage (``graphroot`` under the cache folder, ``runroot`` and ``tmp_dir`` on the
   tmpfs /dev/shm so that a reboot forgets running state).
 
-To look at it by hand: ``eval "$(python -m drumsbench.substrates.podman env)"; podman ps -a``.
+To look at it by hand: ``eval "$(python -m drumsbench.substrates.containers.podman env)"; podman ps -a``.
 """
 
 from __future__ import annotations
@@ -35,19 +35,9 @@ from pathlib import Path
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates import containers as C
-from drumsbench.substrates.base import (
-    DEFAULT_OUTPUT_LIMIT,
-    Capabilities,
-    ExecResult,
-    Freezable,
-    Isolation,
-    ResetStrategy,
-    Sandbox,
-    SandboxFrozen,
-    Substrate,
-)
-from drumsbench.substrates.hostproc import run_bounded
+from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
+from drumsbench.substrates.containers import common as C
+from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded
 
 PODMAN_ERROR = 125  # podman's own failure (also a command's possible exit code: checked)
 # podman exec's exit code when it cannot create the exec session (a paused or stopped container)
@@ -70,7 +60,7 @@ def config_files() -> dict[str, str]:
     nproc = _limit(resource.RLIMIT_NPROC, 32768)
     runtime = shutil.which("runc") or "runc"
     containers_conf = f"""\
-# Written by drumsbench.substrates.podman.configure(); do not edit (it is rewritten).
+# Written by drumsbench.substrates.containers.podman.configure(); do not edit (it is rewritten).
 [containers]
 default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]
 log_driver = "k8s-file"
@@ -86,7 +76,7 @@ tmp_dir = "{RUNTIME_DIR}/libpod"
 runc = ["{runtime}"]
 """
     storage_conf = f"""\
-# Written by drumsbench.substrates.podman.configure(); do not edit (it is rewritten).
+# Written by drumsbench.substrates.containers.podman.configure(); do not edit (it is rewritten).
 [storage]
 driver = "overlay"
 graphroot = "{config_dir() / "storage"}"
@@ -190,7 +180,7 @@ def ensure_image() -> str:
                     "--change",
                     f"WORKDIR {C.PATHS.work}",
                     "--change",
-                    f"ENV PATH={C.CONTAINER_PATH}",
+                    f"ENV PATH={SANDBOX_PATH}",
                     "--change",
                     f"ENV HOME={C.PATHS.home}",
                     "--change",
@@ -208,20 +198,11 @@ def ensure_image() -> str:
         return tag
 
 
-class PodmanSandbox(Sandbox, Freezable):
+class PodmanSandbox(C.ContainerSandbox):
     def __init__(self, sub: PodmanSubstrate, cid: str, sid: str) -> None:
-        self.substrate = sub.name
-        self.run_id = sub.run_id
-        self.id = sid
-        self.container_id = cid
-        self.paths = C.PATHS
-        self._destroyed = False
+        super().__init__(sub, cid, sid)
         self._exe = sub.exe
         self._env = configure()
-
-    def _check(self) -> None:
-        if self._destroyed:
-            raise SubstrateError(f"podman: sandbox {self.id} is destroyed")
 
     def _running(self) -> bool:
         proc = podman(
@@ -230,62 +211,25 @@ class PodmanSandbox(Sandbox, Freezable):
         )
         return proc.returncode == 0 and proc.stdout.strip() == b"true"
 
-    def _exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        output_limit: int,
-    ) -> ExecResult:
+    def _podman_exec(self, req: ExecRequest, env: Mapping[str, str]) -> ExecResult:
+        """``podman exec`` of ``req`` with exactly ``env``, bounded and killed on timeout (the
+        client: what it started in the container lives on)."""
         cmd = [self._exe, "--log-level=error", "exec"]
-        if stdin is not None:
+        if req.stdin is not None:
             cmd.append("--interactive")
-        cmd += ["--workdir", cwd]
+        cmd += ["--workdir", req.cwd]
         for k, v in env.items():
             cmd += ["--env", f"{k}={v}"]
-        cmd += [self.container_id, *argv]
+        cmd += [self.container_id, *req.argv]
         return run_bounded(
-            cmd, timeout=timeout, cwd=None, env=self._env, stdin=stdin, output_limit=output_limit
+            cmd, timeout=req.timeout, cwd=None, env=self._env, stdin=req.stdin, output_limit=req.output_limit
         )
 
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        self._check()
-        token = C.new_token()
-        res = self._exec(
-            C.argv_of(command),
-            timeout=timeout,
-            cwd=cwd or C.PATHS.work,
-            env=C.exec_env(token, env),
-            stdin=stdin,
-            output_limit=output_limit,
-        )
+    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
+        res = self._podman_exec(req, env)
         if res.timed_out:
             # run_bounded killed the podman client; the command lives on in the container.
-            kill = podman(
-                [
-                    "exec",
-                    self.container_id,
-                    "python3",
-                    "-S",
-                    "-c",
-                    C.KILL_SCRIPT,
-                    f"{C.EXEC_VAR}={token}",
-                ],
-                check=False,
-                timeout=60,
-            )
+            kill = podman(["exec", self.container_id, *C.kill_argv(token)], check=False, timeout=60)
             if kill.returncode != 0 and not self._running():
                 raise SubstrateError(f"podman: sandbox {self.id}: the container is gone")
             return res
@@ -304,22 +248,10 @@ class PodmanSandbox(Sandbox, Freezable):
         return proc.returncode == 0 and proc.stdout.strip() == b"paused"
 
     # -- files ----------------------------------------------------------------------------------
-    def write_file(self, path: str, data: bytes) -> None:
-        self._put({path: data})
-
-    def put_files(self, base: str, files: Mapping[str, bytes]) -> None:
-        self._put({f"{base.rstrip('/')}/{rel}": data for rel, data in files.items()})
-
     def _put(self, files: Mapping[str, bytes]) -> None:
         self._check()
-        res = self._exec(
-            ["tar", "-x", "-f", "-", "-C", "/", "--no-same-owner"],
-            timeout=120,
-            cwd="/",
-            env={"PATH": C.CONTAINER_PATH},
-            stdin=C.files_tar(files),
-            output_limit=4096,
-        )
+        res = self._podman_exec(ExecRequest(["tar", "-x", "-f", "-", "-C", "/", "--no-same-owner"], 120, "/",
+                                            stdin=C.files_tar(files), output_limit=4096), {"PATH": SANDBOX_PATH})
         if res.exit_code != 0 or res.timed_out:
             if not self._running():
                 raise SubstrateError(f"podman: sandbox {self.id}: the container is gone")
@@ -331,14 +263,9 @@ class PodmanSandbox(Sandbox, Freezable):
     def read_file(self, path: str, limit: int | None = None) -> bytes:
         self._check()
         path = C.check_path(path)
-        res = self._exec(
-            ["/bin/sh", "-c", C.READ_SCRIPT, "sh", path, "" if limit is None else str(limit)],
-            timeout=120,
-            cwd="/",
-            env={"PATH": C.CONTAINER_PATH},
-            stdin=None,
-            output_limit=(1 << 62) if limit is None else max(limit, 1),
-        )
+        argv = ["/bin/sh", "-c", C.READ_SCRIPT, "sh", path, "" if limit is None else str(limit)]
+        res = self._podman_exec(ExecRequest(argv, 120, "/", output_limit=(1 << 62) if limit is None else max(limit, 1)),
+                                {"PATH": SANDBOX_PATH})
         if res.exit_code == 0 and not res.timed_out:
             return res.stdout
         if res.exit_code == C.READ_MISSING:
@@ -351,15 +278,7 @@ class PodmanSandbox(Sandbox, Freezable):
             f"podman: sandbox {self.id}: cannot read {path}: {C.decode_tail(res.stderr)}"
         )
 
-    # -- reset and destroy ----------------------------------------------------------------------
-    def reset_in_place(self) -> None:
-        self._run_checked(["/bin/sh", "-c", C.RESET_SCRIPT], "in-place reset")
-
-    def end_processes(self) -> None:
-        """Kill every process in the container but its reaper (``containers.END_SCRIPT``, run in
-        the container's own pid namespace); files stay."""
-        self._run_checked(C.END_ARGV, "ending the sandbox's processes", timeout=60.0)
-
+    # -- destroy ------------------------------------------------------------------------------
     def destroy(self) -> None:
         if self._destroyed:
             return
@@ -394,12 +313,7 @@ class PodmanSandbox(Sandbox, Freezable):
             state = (json.loads(proc.stdout) or [{}])[0].get("State") or {}
         except (ValueError, IndexError, AttributeError) as e:
             return f"podman: unreadable inspect of the container: {e}"
-        found = C.state_evidence("podman", state)
-        if found:
-            return found
-        # No liveness command: it would run under the sandbox's own limits, which the policy can
-        # exhaust (a fork bomb), and so would not be evidence out of its reach.
-        return None
+        return self._state_evidence(state)
 
     # -- host-side freeze (fault injection only) -------------------------------------------------
     def freeze(self) -> None:
@@ -417,7 +331,7 @@ class PodmanSandbox(Sandbox, Freezable):
                                  f"{C.decode_tail(proc.stderr)}")
 
 
-class PodmanSubstrate(Substrate):
+class PodmanSubstrate(C.ContainerSubstrate):
     name = "podman"
     sandbox_class = PodmanSandbox
     capabilities = Capabilities(
@@ -437,8 +351,6 @@ class PodmanSubstrate(Substrate):
                 "podman: not installed: apt-get install podman (or run scripts/setup.sh)"
             )
         self.exe = exe
-        self._image: str | None = None
-        self._image_lock = threading.Lock()
 
     @classmethod
     def missing(cls) -> str | None:
@@ -456,13 +368,10 @@ class PodmanSubstrate(Substrate):
             )
         return None
 
-    def image(self) -> str:
-        with self._image_lock:
-            if self._image is None:
-                self._image = ensure_image()
-            return self._image
+    def build_image(self) -> str:
+        return ensure_image()
 
-    def create(self) -> Sandbox:
+    def create(self) -> PodmanSandbox:
         image = self.image()
         sid = C.new_sandbox_id()
         proc = podman(
@@ -550,29 +459,14 @@ def _conmon_in_libexec() -> bool:
     return any(os.access(p, os.X_OK) for p in ("/usr/libexec/podman/conmon", "/usr/bin/conmon"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def _print_env() -> None:
+    env = configure()
+    for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
+        print(f"export {k}={env[k]}")
 
-    parser = argparse.ArgumentParser(prog="python -m drumsbench.substrates.podman")
-    parser.add_argument("action", choices=["configure", "ensure-image", "env", "missing"])
-    args = parser.parse_args(argv)
-    try:
-        if args.action == "configure":
-            configure()
-        elif args.action == "env":
-            env = configure()
-            for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
-                print(f"export {k}={env[k]}")
-        elif args.action == "missing":
-            what = PodmanSubstrate.missing()
-            print(what or "podman: usable")
-            return 1 if what else 0
-        else:
-            ensure_image()
-    except SubstrateError as e:
-        print(f"drumsbench: {e}", file=sys.stderr)
-        return 1
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    return C.engine_main(PodmanSubstrate, ensure_image, argv, {"configure": configure, "env": _print_env})
 
 
 if __name__ == "__main__":

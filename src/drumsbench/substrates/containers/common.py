@@ -16,6 +16,7 @@ adds the folders ``/sandbox/{work,home,tmp,verify}``. A sandbox is one container
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import hashlib
@@ -24,15 +25,17 @@ import os
 import posixpath
 import sys
 import tarfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates.base import SandboxPaths
+from drumsbench.substrates.base import ExecRequest, ExecResult, Freezable, Sandbox, SandboxPaths, Substrate
+from drumsbench.substrates.exec_core import sandbox_env
 
 LABEL_RUN = "drumsbench.run"
 LABEL_SANDBOX = "drumsbench.sandbox"
@@ -46,7 +49,6 @@ PATHS = SandboxPaths(
     root=ROOT, work=f"{ROOT}/work", home=f"{ROOT}/home", tmp=f"{ROOT}/tmp", verify=f"{ROOT}/verify"
 )
 FOLDERS = (PATHS.work, PATHS.home, PATHS.tmp, PATHS.verify)
-CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Resource limits of every sandbox container (per container, not reserved).
 PIDS_LIMIT = 2048
@@ -181,21 +183,13 @@ def sandbox_tag() -> str:
 
 
 def exec_env(token: str, extra: Mapping[str, str] | None) -> dict[str, str]:
-    env = {
-        "PATH": CONTAINER_PATH,
-        "HOME": PATHS.home,
-        "TMPDIR": PATHS.tmp,
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    if extra:
-        env.update(extra)
-    env[EXEC_VAR] = token  # last: a caller's env cannot hide a command from the killer
-    return env
+    # the token last: a caller's env cannot hide a command from the killer
+    return sandbox_env(PATHS, extra, pinned={EXEC_VAR: token})
 
 
-def argv_of(command: str | Sequence[str]) -> list[str]:
-    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+def kill_argv(token: str) -> list[str]:
+    """The command that kills every process of the exec that carries ``token`` (and their sessions)."""
+    return ["python3", "-S", "-c", KILL_SCRIPT, f"{EXEC_VAR}={token}"]
 
 
 def check_path(path: str) -> str:
@@ -305,3 +299,95 @@ def state_evidence(engine: str, state: Mapping[str, Any]) -> str | None:
 
 def decode_tail(data: bytes, n: int = 300) -> str:
     return data.decode(errors="replace").strip()[-n:]
+
+
+class ContainerSandbox(Sandbox, Freezable):
+    """One container of an engine. What the engines share is here: the exec token, batched file
+    writes, reset and end of processes by scripts run inside; subclasses drive their engine."""
+
+    def __init__(self, sub: Substrate, cid: str, sid: str) -> None:
+        self.substrate = sub.name
+        self.run_id = sub.run_id
+        self.id = sid
+        self.container_id = cid
+        self.paths = PATHS
+        self._destroyed = False
+
+    def _check(self) -> None:
+        if self._destroyed:
+            raise SubstrateError(f"{self.substrate}: sandbox {self.id} is destroyed")
+
+    def _run(self, req: ExecRequest) -> ExecResult:
+        self._check()
+        token = new_token()
+        return self._run_marked(req, token, exec_env(token, req.env))
+
+    @abc.abstractmethod
+    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
+        """Run ``req`` with environment ``env`` (which carries ``token``); on timeout kill what
+        carries the token (``kill_argv``)."""
+
+    @abc.abstractmethod
+    def _put(self, files: Mapping[str, bytes]) -> None:
+        """Write absolute in-container path -> bytes in one go (``files_tar``)."""
+
+    def write_file(self, path: str, data: bytes) -> None:
+        self._put({path: data})
+
+    def put_files(self, base: str, files: Mapping[str, bytes]) -> None:
+        self._put({f"{base.rstrip('/')}/{rel}": data for rel, data in files.items()})
+
+    def reset_in_place(self) -> None:
+        self._run_checked(["/bin/sh", "-c", RESET_SCRIPT], "in-place reset")
+
+    def end_processes(self) -> None:
+        """Kill every process in the container but its reaper (``END_SCRIPT``, run in the
+        container's own pid namespace); files stay."""
+        self._run_checked(END_ARGV, "ending the sandbox's processes", timeout=60.0)
+
+    def _state_evidence(self, state: Mapping[str, Any]) -> str | None:
+        # No liveness command besides the engine's record: it would run under the sandbox's own
+        # limits, which the policy can exhaust (a fork bomb), and so would not be evidence out of
+        # its reach.
+        return state_evidence(self.substrate, state)
+
+
+class ContainerSubstrate(Substrate):
+    """A substrate of containers of one sandbox image, built on first use."""
+
+    def __init__(self, run_id: str, state_dir: Path) -> None:
+        super().__init__(run_id, state_dir)
+        self._image: str | None = None
+        self._image_lock = threading.Lock()
+
+    @abc.abstractmethod
+    def build_image(self) -> str:
+        """The sandbox image's tag, built first when absent (the engine's ``ensure_image``)."""
+
+    def image(self) -> str:
+        with self._image_lock:
+            if self._image is None:
+                self._image = self.build_image()
+            return self._image
+
+
+def engine_main(substrate: type[Substrate], ensure_image: Callable[[], object], argv: list[str] | None,
+                actions: Mapping[str, Callable[[], object]] | None = None) -> int:
+    """``python -m drumsbench.substrates.containers.<engine> ACTION``: ``ensure-image``, ``missing``
+    and the engine's own ``actions``."""
+    import argparse
+
+    more = dict(actions or {})
+    parser = argparse.ArgumentParser(prog=f"python -m drumsbench.substrates.containers.{substrate.name}")
+    parser.add_argument("action", choices=sorted(["ensure-image", "missing", *more]))
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "missing":
+            what = substrate.missing()
+            print(what or f"{substrate.name}: usable")
+            return 1 if what else 0
+        more.get(args.action, ensure_image)()
+    except SubstrateError as e:
+        print(f"drumsbench: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -8,7 +8,7 @@ namespaces (only ``lo``), whose root is an overlay of
 where the skeleton holds the empty ``/sandbox/{work,home,tmp,verify}`` and the rootfs is
 ``images.ensure_rootfs()``. The holder pivots into the overlay, so the host's file system is not
 reachable from the sandbox's mount namespace. Holders are forked by one warm fork server per run
-(``_nsinit.py``), which makes a sandbox cost a fork rather than an interpreter start.
+(``namespace_init.py``), which makes a sandbox cost a fork rather than an interpreter start.
 
 Commands enter the holder's namespaces with ``nsenter`` and run as uid 0 with docker's default
 capabilities less ``mknod``, ``sys_chroot`` and ``setfcap`` (``setpriv``), so they can own the
@@ -43,18 +43,13 @@ pid namespace but the holder.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import queue
-import select
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from drumsbench import images
@@ -63,11 +58,10 @@ from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
-    DEFAULT_OUTPUT_LIMIT,
     Capabilities,
+    ExecRequest,
     ExecResult,
     Forking,
-    Freezable,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -76,10 +70,11 @@ from drumsbench.substrates.base import (
     Substrate,
 )
 from drumsbench.substrates.bwrap import SANDBOX_CAPS
-from drumsbench.substrates.hostproc import FreezerCgroup, kill_group, kill_pids, pids_with_env, run_bounded
-from drumsbench.substrates.process import HOST_PATH, RUN_VAR, SANDBOX_VAR, new_sandbox_id
+from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
+from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, kill_pids, pids_with_env
+from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
+from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
-NSINIT = Path(__file__).with_name("_nsinit.py")
 IN_ROOT = "/sandbox"
 SUBFOLDERS = ("work", "home", "tmp", "verify")
 SKELETON = "layers/_skeleton"
@@ -97,136 +92,9 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "overlay" / run_id
 
 
-def cached_rootfs() -> Path | None:
-    """The rootfs folder when already built (never builds)."""
-    try:
-        target = images.cache_dir() / f"rootfs-{images.recipe_hash()}"
-    except SubstrateError:
-        return None
-    return target if (target / ".drumsbench-complete").exists() else None
-
-
-def host_mounts_below(folder: Path) -> list[str]:
-    """Mount points in the host's mount namespace at or below ``folder``."""
-    prefix = os.path.realpath(folder)
-    found = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                point = line.split()[4].replace("\\040", " ")
-                if point == prefix or point.startswith(prefix + "/"):
-                    found.append(point)
-    except OSError:
-        pass
-    return found
-
-
-def _wait_pidfd(pidfd: int, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(int(timeout * 1000)))
-
-
-class _ForkServer:
-    """The run's ``_nsinit.py`` process: one request/response line at a time."""
-
-    def __init__(self, run_id: str, folder: Path) -> None:
-        env = {
-            "PATH": HOST_PATH,
-            "LANG": "C.UTF-8",
-            RUN_VAR: run_id,
-            "DRUMSBENCH_ROLE": "overlay-forkserver",
-        }
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(NSINIT)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                cwd=str(folder),
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise SubstrateError(f"overlay: cannot start the fork server: {e}") from e
-        self._lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def request(self, req: dict, timeout: float = 30.0) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        with self._lock:
-            if self.proc.poll() is not None:
-                raise SubstrateError(f"overlay: fork server exited ({self.proc.returncode})")
-            try:
-                self.proc.stdin.write(json.dumps(req).encode() + b"\n")
-                self.proc.stdin.flush()
-            except OSError as e:
-                raise SubstrateError(f"overlay: fork server unreachable: {e}") from e
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-            line = self.proc.stdout.readline() if ready else b""
-        if not line:
-            raise SubstrateError("overlay: no answer from the fork server")
-        return json.loads(line)
-
-    def stop(self) -> None:
-        """Close its stdin: it kills its holders and exits."""
-        with contextlib.suppress(OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-class _Trash:
-    """Deletes discarded layers on a background thread, so a reset need not wait for it.
-
-    A folder is first renamed into ``<run>/trash`` (O(1)); ``drain`` waits until all are gone.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._queue: queue.Queue[Path | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def put(self, path: Path) -> None:
-        try:
-            self.folder.mkdir(exist_ok=True)
-            dest = self.folder / uuid.uuid4().hex[:12]
-            os.rename(path, dest)
-        except FileNotFoundError:
-            return
-        except OSError:
-            shutil.rmtree(path, ignore_errors=True)
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="overlay-trash", daemon=True)
-                self._thread.start()
-        self._queue.put(dest)
-
-    def _run(self) -> None:
-        while (path := self._queue.get()) is not None:
-            shutil.rmtree(path, ignore_errors=True)
-
-    def drain(self) -> None:
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 class OverlaySandbox(Sandbox, Snapshotting):
+    cgroup: FreezerCgroup | None
+
     def __init__(
         self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...], cgroup: FreezerCgroup | None = None
     ) -> None:
@@ -247,7 +115,7 @@ class OverlaySandbox(Sandbox, Snapshotting):
         self._gen = 0
         self._pid = 0
         self._pidfd = -1
-        self._groups: set[int] = set()
+        self.groups = ProcessGroups()
         self._lock = threading.RLock()
         self._destroyed = False
         self.cgroup = cgroup
@@ -307,25 +175,22 @@ class OverlaySandbox(Sandbox, Snapshotting):
         carrying the sandbox's label (a scan of /proc: for destroy, not for the hot reset path).
         A frozen sandbox is thawed first (frozen tasks cannot die).
         """
-        if self.cgroup is not None and self.cgroup.state() not in (None, "THAWED"):
-            self.cgroup.write_state("THAWED")
+        if self.cgroup is not None:
+            self.cgroup.thaw_for_kill()
         if self._pidfd >= 0:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            gone = _wait_pidfd(self._pidfd, _KILL_WAIT_S)
+            gone = wait_pidfd(self._pidfd, _KILL_WAIT_S)
             os.close(self._pidfd)
             self._pidfd = -1
             if not gone:
                 raise SubstrateError(f"overlay: sandbox {self.id} holder {self._pid} does not die")
-        with self._lock:
-            groups, self._groups = self._groups, set()
-        for pgid in groups:
-            kill_group(pgid)
+        self.groups.kill()
         if sweep:
             kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
 
     def _alive(self) -> bool:
-        return self._pidfd >= 0 and not _wait_pidfd(self._pidfd, 0)
+        return self._pidfd >= 0 and not wait_pidfd(self._pidfd, 0)
 
     def _discard(self, *rel: str) -> None:
         for d in rel:
@@ -348,35 +213,11 @@ class OverlaySandbox(Sandbox, Snapshotting):
             return rootedfs.RootedFS(f"/proc/{self._pid}/root")
 
     # -- interface -------------------------------------------------------------------------------
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        workdir = os.path.normpath(cwd or self.paths.work)
-        fs = self._fs()
-        if not fs.is_dir(self._rel(workdir)):
-            # The sandbox lives; a command removed the folder: the command's outcome, not ours.
-            msg = f"drumsbench: working folder {workdir} does not exist\n".encode()
-            return ExecResult(exit_code=126, stdout=b"", stderr=msg, stdout_total=0,
-                              stderr_total=len(msg), timed_out=False, duration_s=0.0)
-        full_env = {
-            "PATH": HOST_PATH,
-            "HOME": self.paths.home,
-            "TMPDIR": self.paths.tmp,
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            RUN_VAR: self.run_id,
-            SANDBOX_VAR: self.id,
-        }
-        if env:
-            full_env.update(env)
+    def _run(self, req: ExecRequest) -> ExecResult:
+        workdir = os.path.normpath(req.cwd)
+        if not self._fs().is_dir(self._rel(workdir)):
+            return missing_workdir(workdir)
+        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
         host_argv = [
             self._sub.nsenter,
             "-t", str(self._pid),
@@ -385,33 +226,13 @@ class OverlaySandbox(Sandbox, Snapshotting):
             # The working folder is entered inside (nsenter --wd would resolve it on the host).
             "/usr/bin/env", f"--chdir={workdir}",
             *_SETPRIV,
-            *argv,
+            *req.argv,
         ]  # fmt: skip
         if self.cgroup is not None:
             host_argv = self.cgroup.wrap(host_argv)
-
-        started: list[int] = []
-
-        def remember(pid: int) -> None:
-            started.append(pid)
-            with self._lock:
-                self._groups.add(pid)
-
-        try:
-            return run_bounded(
-                host_argv,
-                timeout=timeout,
-                cwd=None,
-                env=full_env,
-                stdin=stdin,
-                output_limit=output_limit,
-                on_start=remember,
-            )
-        finally:
-            # The group's leader is reaped: forget its id before the kernel can reuse it. What
-            # the command left running lives in the pid namespace and dies with the holder.
-            with self._lock:
-                self._groups.difference_update(started)
+        # Afterwards the group's leader is reaped: its id is forgotten before the kernel can reuse
+        # it. What the command left running lives in the pid namespace and dies with the holder.
+        return self.groups.run(host_argv, req, cwd=None, env=env, forget_all=True)
 
     def write_file(self, path: str, data: bytes) -> None:
         try:
@@ -454,9 +275,7 @@ class OverlaySandbox(Sandbox, Snapshotting):
                 ns = os.readlink(f"/proc/{holder}/ns/pid")
             except OSError:
                 return
-            groups, self._groups = self._groups, set()
-        for pgid in groups:
-            kill_group(pgid)
+        self.groups.kill()
         for _ in range(3):  # what forked while a pass ran
             victims = []
             for entry in os.listdir("/proc"):
@@ -534,17 +353,8 @@ class OverlaySandbox(Sandbox, Snapshotting):
         return self._pid
 
 
-class FreezableOverlaySandbox(Freezable, OverlaySandbox):
+class FreezableOverlaySandbox(CgroupFreezable, OverlaySandbox):
     """An overlay sandbox with a freezer cgroup (holder and commands): the host can freeze it."""
-
-    cgroup: FreezerCgroup
-
-    def freeze(self) -> None:
-        self.cgroup.write_state("FROZEN")
-
-    def thaw(self) -> None:
-        if self.cgroup.exists():
-            self.cgroup.write_state("THAWED")
 
 
 class OverlaySubstrate(Substrate, Forking):
@@ -566,12 +376,12 @@ class OverlaySubstrate(Substrate, Forking):
         super().__init__(run_id, state_dir)
         self.folder = run_folder(state_dir, run_id)
         self.nsenter = shutil.which("nsenter") or "nsenter"
-        self._server: _ForkServer | None = None
+        self._server: ForkServer | None = None
         self._rootfs: str | None = None
         self._lock = threading.Lock()
         self._live: dict[str, OverlaySandbox] = {}
         self._snapshots: dict[str, tuple[str, ...]] = {}
-        self.trash = _Trash(self.folder / "trash")
+        self.trash = Trash(self.folder / "trash")
         self.freezer = FreezerCgroup.hierarchy() is not None
 
     def raw_floor(self) -> list[str] | None:
@@ -609,11 +419,11 @@ class OverlaySubstrate(Substrate, Forking):
         return None
 
     # -- run-level state -------------------------------------------------------------------------
-    def server(self) -> _ForkServer:
+    def server(self) -> ForkServer:
         with self._lock:
             if self._server is None or self._server.proc.poll() is not None:
                 self.folder.mkdir(parents=True, exist_ok=True)
-                self._server = _ForkServer(self.run_id, self.folder)
+                self._server = ForkServer(self.run_id, self.folder)
             return self._server
 
     def _prepare(self) -> None:
