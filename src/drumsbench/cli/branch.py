@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from drumsbench.cli import options as o
 from drumsbench.cli.common import (
     console,
+    finishing,
     names,
     one_suite,
     parse_duration,
@@ -68,11 +69,7 @@ def branch(
     sub = make_substrate(substrate, run_id, suite)
     ledger = open_ledger(out)
     ledger.create_run(run_id, "branch", cfg.model_dump(mode="json"), machine_info(), commit())
-    try:
-        with progress_lines(progress) as say:
-            report = run_branch(cfg, sub, ledger, run_id, say=say)
-        ledger.set_status(run_id, "complete")
-    finally:
-        sub.close()
+    with finishing(ledger, run_id, [sub]), progress_lines(progress) as say:
+        report = run_branch(cfg, sub, ledger, run_id, say=say)
     console.print(branch_group(report, cfg.ks))
     write_json(branch_json(report), out / run_id, "branch-report.json", json_path)

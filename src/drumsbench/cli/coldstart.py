@@ -9,7 +9,7 @@ import typer
 from pydantic import ValidationError
 
 from drumsbench.cli import options as o
-from drumsbench.cli.common import console, progress_lines, substrate_names, usage_error, write_json
+from drumsbench.cli.common import console, finishing, progress_lines, substrate_names, usage_error, write_json
 
 if TYPE_CHECKING:
     from drumsbench.measure.artifacts import ColdstartArtifact
@@ -52,16 +52,11 @@ def coldstart(
     ledger.create_run(run_id, "coldstart", cfg.model_dump(mode="json"), machine_info(), commit())
     files = load_suite("coding")[0].files
     results = []
-    try:
-        with progress_lines(progress) as say:
-            for sub in subs:
-                r = measure(sub, cfg, files, say=say)
-                artifacts.put(ledger, run_id, sub.name, r)
-                results.append(r)
-                sub.close()
-        ledger.set_status(run_id, "complete")
-    finally:
+    with finishing(ledger, run_id, subs), progress_lines(progress) as say:
         for sub in subs:
+            r = measure(sub, cfg, files, say=say)
+            artifacts.put(ledger, run_id, sub.name, r)
+            results.append(r)
             sub.close()
     console.print(coldstart_group(results, cfg.mode, cfg.n, cfg.idle, run_id))
     write_json(coldstart_json(run_id, cfg.model_dump(mode="json"), results), out / run_id, "coldstart.json", json_path)

@@ -20,7 +20,9 @@ from rich.live import Live
 from drumsbench.errors import UsageError
 
 if TYPE_CHECKING:
+    from drumsbench.ledger import Ledger
     from drumsbench.rollout import RolloutConfig
+    from drumsbench.substrates.base import Substrate
 
 console = Console()
 if not console.is_terminal:  # files and pipes: wide enough for the tables (no cells cut at 80 columns)
@@ -134,6 +136,18 @@ def progress_lines(progress: bool) -> Iterator[Callable[[str], None]]:
             status.update(m)
 
         yield say
+
+
+@contextlib.contextmanager
+def finishing(ledger: Ledger, run_id: str, subs: list[Substrate]) -> Iterator[None]:
+    """Around a command's work on its substrates: the run is marked complete when the work returns,
+    and every substrate is closed however it ends."""
+    try:
+        yield
+        ledger.set_status(run_id, "complete")
+    finally:
+        for sub in subs:
+            sub.close()
 
 
 def live(progress: bool) -> Live | None:

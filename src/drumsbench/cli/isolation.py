@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from drumsbench.cli import options as o
-from drumsbench.cli.common import console, progress_lines, substrate_names, write_json
+from drumsbench.cli.common import console, finishing, progress_lines, substrate_names, write_json
 from drumsbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -58,25 +58,20 @@ def isolation(
     ledger.create_run(run_id, "isolation", {"substrates": [s.name for s in subs], "disk_mb": disk_mb,
                                             "procs": procs}, machine_info(), commit())
     results: list[artifacts.IsolationArtifact] = []
-    try:
-        with progress_lines(progress) as say:
-            say("positive controls: every probe where nothing isolates")
-            control = run_control(disk_mb, procs)
-            for sub in subs:
-                say(f"{sub.name}: canary positive control and escape probes")
-                canary = positive_control(sub)
-                ledger.record_control(run_id, sub.name, "isolation", canary.fired, canary.detail)
-                probes = probe_substrate(sub, disk_mb, procs, control_results=control)
-                r = artifacts.IsolationArtifact(
-                    substrate=sub.name, declared=sub.capabilities.isolation.value,
-                    canary_control_fired=canary.fired,
-                    probes=[artifacts.ProbeArtifact.model_validate(p.as_dict()) for p in probes])
-                artifacts.put(ledger, run_id, sub.name, r)
-                results.append(r)
-                sub.close()
-        ledger.set_status(run_id, "complete")
-    finally:
+    with finishing(ledger, run_id, subs), progress_lines(progress) as say:
+        say("positive controls: every probe where nothing isolates")
+        control = run_control(disk_mb, procs)
         for sub in subs:
+            say(f"{sub.name}: canary positive control and escape probes")
+            canary = positive_control(sub)
+            ledger.record_control(run_id, sub.name, "isolation", canary.fired, canary.detail)
+            probes = probe_substrate(sub, disk_mb, procs, control_results=control)
+            r = artifacts.IsolationArtifact(
+                substrate=sub.name, declared=sub.capabilities.isolation.value,
+                canary_control_fired=canary.fired,
+                probes=[artifacts.ProbeArtifact.model_validate(p.as_dict()) for p in probes])
+            artifacts.put(ledger, run_id, sub.name, r)
+            results.append(r)
             sub.close()
     console.print(isolation_group(results))
     write_json(isolation_json(run_id, results, [c.as_dict() for c in control]), out / run_id, "isolation.json",

@@ -4,7 +4,7 @@ reads — the train report, and ``doctor``'s substrates. The CLI only prints the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -15,31 +15,28 @@ from drumsbench.measure.artifacts import BranchSummaryArtifact, ColdstartArtifac
 from drumsbench.measure.stats import Estimate
 
 
-def ms(e: Estimate | None) -> str:
-    """Seconds as 'p [low, high]' in milliseconds; 'n/a' when there is no value."""
+def _interval(e: Estimate | None, num: Callable[[float], str], unit: str = "") -> str:
+    """'value unit [low, high]' with ``num`` formatting each number; 'n/a' when there is no value."""
     if e is None or e.value is None:
         return "n/a"
     if e.low is None or e.high is None:
-        return f"{e.value * 1000:.1f}"
-    return f"{e.value * 1000:.1f} [{e.low * 1000:.1f}, {e.high * 1000:.1f}]"
+        return f"{num(e.value)}{unit}"
+    return f"{num(e.value)}{unit} [{num(e.low)}, {num(e.high)}]"
+
+
+def ms(e: Estimate | None) -> str:
+    """Seconds as 'p [low, high]' in milliseconds; 'n/a' when there is no value."""
+    return _interval(e, lambda v: f"{v * 1000:.1f}")
 
 
 def pct(e: Estimate | None) -> str:
     """A rate as 'p% [low%, high%]'; 'n/a' when there is no value."""
-    if e is None or e.value is None:
-        return "n/a"
-    if e.low is None or e.high is None:
-        return f"{e.value:.0%}"
-    return f"{e.value:.0%} [{e.low:.0%}, {e.high:.0%}]"
+    return _interval(e, lambda v: f"{v:.0%}")
 
 
 def pp(e: Estimate | None) -> str:
     """A difference of rates in percentage points, '+d pp [low, high]'; 'n/a' when there is no value."""
-    if e is None or e.value is None:
-        return "n/a"
-    if e.low is None or e.high is None:
-        return f"{e.value * 100:+.0f} pp"
-    return f"{e.value * 100:+.0f} pp [{e.low * 100:+.0f}, {e.high * 100:+.0f}]"
+    return _interval(e, lambda v: f"{v * 100:+.0f}", " pp")
 
 
 def p_value(p: float | None) -> str:
