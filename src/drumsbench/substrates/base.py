@@ -36,6 +36,8 @@ from drumsbench.fingerprint import DIGEST_SCRIPT
 from drumsbench.scan import SCAN_SCRIPT
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
+# the folders of every sandbox, below its root (``SandboxPaths``)
+SANDBOX_FOLDERS = ("work", "home", "tmp", "verify")
 
 
 class Isolation(StrEnum):
@@ -97,6 +99,12 @@ class SandboxPaths:
     home: str
     tmp: str
     verify: str
+
+    @classmethod
+    def under(cls, root: str) -> SandboxPaths:
+        """The four folders (``SANDBOX_FOLDERS``) directly below ``root``."""
+        work, home, tmp, verify = (f"{root}/{name}" for name in SANDBOX_FOLDERS)
+        return cls(root=root, work=work, home=home, tmp=tmp, verify=verify)
 
 
 class Sandbox(ABC):

@@ -46,6 +46,7 @@ from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
+    SANDBOX_FOLDERS,
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -65,7 +66,6 @@ from drumsbench.substrates.process import (
 )
 
 IN_ROOT = "/sandbox"
-SUBFOLDERS = ("work", "home", "tmp", "verify")
 
 # docker's default capability set, less mknod, sys_chroot and setfcap. Shared with ``overlay``.
 SANDBOX_CAPS = (
@@ -144,14 +144,7 @@ class BwrapSandbox(HostFolderSandbox):
     def __init__(
         self, run_id: str, sid: str, host_root: Path, hide: Sequence[Path], cgroup: FreezerCgroup | None = None
     ):
-        paths = SandboxPaths(
-            root=IN_ROOT,
-            work=f"{IN_ROOT}/work",
-            home=f"{IN_ROOT}/home",
-            tmp=f"{IN_ROOT}/tmp",
-            verify=f"{IN_ROOT}/verify",
-        )
-        super().__init__("bwrap", run_id, sid, host_root, paths, cgroup=cgroup)
+        super().__init__("bwrap", run_id, sid, host_root, SandboxPaths.under(IN_ROOT), cgroup=cgroup)
         self._prefix = bwrap_prefix(host_root, hide)
         self._fs = rootedfs.RootedFS(str(host_root))
 
@@ -267,7 +260,7 @@ class BwrapSubstrate(Substrate):
         root = self._folder / sid
         try:
             root.mkdir(parents=True)
-            for sub in SUBFOLDERS:
+            for sub in SANDBOX_FOLDERS:
                 (root / sub).mkdir()
             (root / "tmp").chmod(0o1777)
         except OSError as e:

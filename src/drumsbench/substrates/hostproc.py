@@ -12,7 +12,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -308,6 +308,18 @@ class FreezerCgroup:
             with contextlib.suppress(OSError):
                 cls.run_dir(run).rmdir()
         return removed
+
+
+def host_probe(sandbox_id: str, destroyed: bool, cgroup: FreezerCgroup | None,
+               gone: Callable[[], str | None]) -> str | None:
+    """``Sandbox.probe`` of a sandbox of host processes: destroyed, what its freezer cgroup says
+    (frozen by the host, gone), then ``gone()`` (the sandbox's own host resource missing).
+
+    No liveness command: it would run under the sandbox's own limits, which the policy can exhaust
+    (a fork bomb), and so would not be evidence out of its reach."""
+    if destroyed:
+        return f"sandbox {sandbox_id} is destroyed"
+    return (cgroup.evidence() if cgroup is not None else None) or gone()
 
 
 class CgroupFreezable(Freezable):

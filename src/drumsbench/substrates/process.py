@@ -37,6 +37,7 @@ from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
+    SANDBOX_FOLDERS,
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -55,6 +56,7 @@ from drumsbench.substrates.hostproc import (
     CgroupFreezable,
     FreezerCgroup,
     UidLease,
+    host_probe,
     kill_pids,
     pids_with_env,
     uid_separation_available,
@@ -68,7 +70,6 @@ SANDBOX_VAR = HostLaunching.SANDBOX_VAR
 # below /root, mode 0700) live here instead, below the state folder's own path (so the path still
 # names the state folder: ``SHARED_BASE/root/.local/state/drumsbench/<run>/<sandbox>``).
 SHARED_BASE = Path("/var/lib/drumsbench/sandboxes")
-SUBFOLDERS = ("work", "home", "tmp", "verify")
 
 
 def _traversable(path: Path) -> bool:
@@ -200,7 +201,7 @@ class HostFolderSandbox(Sandbox, HostFolders):
         return None if self.lease is None else self.lease.uid
 
     def _make_folders(self) -> None:
-        for sub in SUBFOLDERS:
+        for sub in SANDBOX_FOLDERS:
             folder = self.host_root / sub
             folder.mkdir(parents=True, exist_ok=True)
             if self.lease is not None:
@@ -292,16 +293,8 @@ class HostFolderSandbox(Sandbox, HostFolders):
         self.kill_all()
 
     def probe(self, timeout: float = 5.0) -> str | None:
-        if self._destroyed:
-            return f"sandbox {self.id} is destroyed"
-        found = self.cgroup.evidence() if self.cgroup is not None else None
-        if found:
-            return found
-        if not self.host_root.is_dir():
-            return f"the sandbox's folder {self.host_root} is gone"
-        # No liveness command: it would run under the sandbox's own limits, which the policy can
-        # exhaust (a fork bomb), and so would not be evidence out of its reach.
-        return None
+        return host_probe(self.id, self._destroyed, self.cgroup, lambda: None if self.host_root.is_dir()
+                          else f"the sandbox's folder {self.host_root} is gone")
 
     def _thaw_for_kill(self) -> None:
         if self.cgroup is not None:
@@ -310,7 +303,7 @@ class HostFolderSandbox(Sandbox, HostFolders):
     def reset_in_place(self) -> None:
         self._thaw_for_kill()
         self.kill_all()
-        for sub in SUBFOLDERS:
+        for sub in SANDBOX_FOLDERS:
             shutil.rmtree(self.host_root / sub, ignore_errors=True)
         try:
             self._make_folders()
@@ -416,8 +409,7 @@ class ProcessSubstrate(Substrate):
             if self.freezer:
                 cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
                                               owner=None if lease is None else lease.uid)
-            r = str(root)
-            paths = SandboxPaths(root=r, work=f"{r}/work", home=f"{r}/home", tmp=f"{r}/tmp", verify=f"{r}/verify")
+            paths = SandboxPaths.under(str(root))
             cls = FreezableProcessSandbox if cgroup is not None else ProcessSandbox
             return cls(self.name, self.run_id, sid, root, paths, cgroup=cgroup, lease=lease)
         except (OSError, SubstrateError) as e:

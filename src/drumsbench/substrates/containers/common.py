@@ -45,9 +45,7 @@ BUILD_PREFIX = "drumsbench-build-"
 EXEC_VAR = "DRUMSBENCH_EXEC"
 
 ROOT = "/sandbox"
-PATHS = SandboxPaths(
-    root=ROOT, work=f"{ROOT}/work", home=f"{ROOT}/home", tmp=f"{ROOT}/tmp", verify=f"{ROOT}/verify"
-)
+PATHS = SandboxPaths.under(ROOT)
 FOLDERS = (PATHS.work, PATHS.home, PATHS.tmp, PATHS.verify)
 
 # Resource limits of every sandbox container (per container, not reserved).

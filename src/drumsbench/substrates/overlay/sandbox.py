@@ -58,6 +58,7 @@ from drumsbench.fingerprint import tree_digest
 from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
+    SANDBOX_FOLDERS,
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -71,12 +72,11 @@ from drumsbench.substrates.base import (
 )
 from drumsbench.substrates.bwrap import SANDBOX_CAPS
 from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
-from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, kill_pids, pids_with_env
+from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, host_probe, kill_pids, pids_with_env
 from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
 from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
 IN_ROOT = "/sandbox"
-SUBFOLDERS = ("work", "home", "tmp", "verify")
 SKELETON = "layers/_skeleton"
 _SETPRIV = [
     "/usr/bin/setpriv",
@@ -101,13 +101,7 @@ class OverlaySandbox(Sandbox, Snapshotting):
         self.substrate = sub.name
         self.run_id = sub.run_id
         self.id = sid
-        self.paths = SandboxPaths(
-            root=IN_ROOT,
-            work=f"{IN_ROOT}/work",
-            home=f"{IN_ROOT}/home",
-            tmp=f"{IN_ROOT}/tmp",
-            verify=f"{IN_ROOT}/verify",
-        )
+        self.paths = SandboxPaths.under(IN_ROOT)
         self._sub = sub
         self._dir = sub.folder / "sb" / sid
         self._base = base  # lower layers of the start state, top first (relative to the run folder)
@@ -290,16 +284,8 @@ class OverlaySandbox(Sandbox, Snapshotting):
             kill_pids(victims)
 
     def probe(self, timeout: float = 5.0) -> str | None:
-        if self._destroyed:
-            return f"sandbox {self.id} is destroyed"
-        found = self.cgroup.evidence() if self.cgroup is not None else None
-        if found:
-            return found
-        if not self._alive():
-            return f"the sandbox's holder process {self._pid} is gone"
-        # No liveness command: it would run under the sandbox's own limits, which the policy can
-        # exhaust (a fork bomb), and so would not be evidence out of its reach.
-        return None
+        return host_probe(self.id, self._destroyed, self.cgroup, lambda: None if self._alive()
+                          else f"the sandbox's holder process {self._pid} is gone")
 
     def reset_in_place(self) -> None:
         """Back to the start state: processes killed, upper layer (and later snapshots) dropped."""
@@ -436,7 +422,7 @@ class OverlaySubstrate(Substrate, Forking):
             skel = self.folder / SKELETON
             if not skel.is_dir():
                 tmp = self.folder / "layers" / f".skel-{uuid.uuid4().hex[:6]}"
-                for sub in SUBFOLDERS:
+                for sub in SANDBOX_FOLDERS:
                     (tmp / "sandbox" / sub).mkdir(parents=True)
                 (tmp / "sandbox" / "tmp").chmod(0o1777)
                 tmp.rename(skel)

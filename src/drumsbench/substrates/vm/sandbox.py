@@ -50,6 +50,7 @@ from typing import Any
 
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates.base import (
+    SANDBOX_FOLDERS,
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -96,8 +97,7 @@ class VmSandbox(Sandbox, Freezable, Snapshotting):
         self.folder = folder
         self.vm = vm
         self._owner = substrate
-        r = SANDBOX_ROOT
-        self.paths = SandboxPaths(root=r, work=f"{r}/work", home=f"{r}/home", tmp=f"{r}/tmp", verify=f"{r}/verify")
+        self.paths = SandboxPaths.under(SANDBOX_ROOT)
         self._lock = threading.Lock()
         self._destroyed = False
 
@@ -385,8 +385,7 @@ class VmSubstrate(Substrate, Forking):
             elif self.create_mode == "boot":
                 vm = boot(snap.image, snap.accel, folder, self.run_id, sid, ram=folder / "ram", share=False,
                           disk=fresh_disk(snap.image, folder))
-                vm.agent.call("exec", 60, argv=["mkdir", "-p", *(f"{SANDBOX_ROOT}/{d}" for d in
-                                                                  ("work", "home", "tmp", "verify"))],
+                vm.agent.call("exec", 60, argv=["mkdir", "-p", *(f"{SANDBOX_ROOT}/{d}" for d in SANDBOX_FOLDERS)],
                               cwd="/", env={"PATH": SANDBOX_PATH}, timeout=30, limit=4096)
             else:
                 vm = fork(snap, folder, self.run_id, sid)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
+from drumsbench.substrates.base import SANDBOX_FOLDERS
 from drumsbench.substrates.exec_core import SANDBOX_PATH
 from drumsbench.substrates.vm.agent import AgentError
 from drumsbench.substrates.vm.image import IMAGE_RECIPE, GuestImage, cache_lock, ensure_image
@@ -136,7 +137,7 @@ def _build_snapshot(image: GuestImage, accel: str, target: Path, run_id: str) ->
         t0 = time.monotonic()
         vm = boot(image, accel, tmp, run_id, "base", ram=ram, share=True, disk=frozen)
         boot_s = time.monotonic() - t0
-        for d in ("work", "home", "tmp", "verify"):
+        for d in SANDBOX_FOLDERS:
             vm.agent.call("exec", 60, argv=["mkdir", "-p", f"{SANDBOX_ROOT}/{d}"], cwd="/", env={"PATH": SANDBOX_PATH},
                           timeout=30, limit=4096)
         for cmd in WARM_UP:
