@@ -12,9 +12,7 @@ from drumsbench.cli import options as o
 from drumsbench.cli.common import console, err, progress_lines, substrate_names, usage_error, write_json
 from drumsbench.errors import UsageError
 
-FLAGS = {"trajectories": "--trajectories", "steps": "--steps", "calibrate_attempts": "--calibrate-attempts",
-         "calibrate_steps": "--calibrate-steps", "check": "--check", "tolerance": "--tolerance",
-         "targets": "--substrate"}
+FLAGS = {"targets": "--substrate"}  # the other fields' flags are --field-name
 
 
 def project(

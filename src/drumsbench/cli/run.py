@@ -13,11 +13,8 @@ from drumsbench.cli.prices import remember_prices, run_price
 from drumsbench.cli.report import show_report
 from drumsbench.errors import UsageError
 
-FLAGS = {"concurrency": "--concurrency", "noisy_p": "--noisy-p", "explorer_steps": "--explorer-steps",
-         "max_attempts": "--attempts", "usd_per_host_hour": "--usd-per-host-hour",
-         "think_time_s": "--think-time", "step_timeout_s": "--step-timeout",
-         "episode_timeout_s": "--episode-timeout", "duration_s": "--duration",
-         "verify_timeout_s": "--verify-timeout"}
+# configuration fields whose flag is not ``--field-name`` (without a ``_s`` unit suffix)
+FLAGS = {"max_attempts": "--attempts"}
 
 
 def run(

@@ -25,11 +25,6 @@ from drumsbench.cli.prices import load_price_files
 if TYPE_CHECKING:
     from drumsbench.measure.windows import WindowVerdict
 
-FLAGS = {"concurrency": "--concurrency", "window_s": "--window", "soak_s": "--soak", "burst_s": "--burst",
-         "burst_concurrency": "--burst-concurrency", "invalid_threshold": "--invalid-threshold",
-         "stability": "--stability", "min_gain": "--min-gain", "noisy_p": "--noisy-p",
-         "explorer_steps": "--explorer-steps", "think_time_s": "--think-time",
-         "step_timeout_s": "--step-timeout", "episode_timeout_s": "--episode-timeout"}
 
 
 def sweep(
@@ -84,7 +79,7 @@ def sweep(
                           burst_concurrency=burst_concurrency, invalid_threshold=invalid_threshold,
                           stability=stability, min_gain=min_gain, inject_at=at, prices=prices)
     except ValidationError as e:
-        raise usage_error(e, FLAGS) from None
+        raise usage_error(e) from None  # every field's flag is --field-name
     FaultPlan.parse(cfg.base.inject)
     make_policy(policy, noisy_p, explorer_steps)
     suites.load(tasks)

@@ -94,12 +94,7 @@ def train(
         if faults not in [m.value for m in FaultMode]:
             raise UsageError(f"--faults: {faults!r} is not one of {', '.join(m.value for m in FaultMode)}")
         step = parse_duration(step_timeout, "--step-timeout")
-        flags = {"iterations": "--iterations", "groups": "--groups", "group_size": "--group-size",
-                 "eval_every": "--eval-every", "eval_episodes": "--eval-episodes", "lr": "--lr",
-                 "final_eval_episodes": "--final-eval-episodes",
-                 "fault_scale": "--fault-scale", "holdout_every": "--holdout-every", "prefix_k": "--prefix-k",
-                 "concurrency": "--concurrency", "episode_timeout_s": "--step-timeout",
-                 "step_timeout_s": "--step-timeout"}
+        flags = {"episode_timeout_s": "--step-timeout"}  # the others' flags are --field-name
         try:
             extra: dict[str, object] = {} if concurrency is None else {"concurrency": concurrency}
             cfg = TrainConfig(tasks=tasks, substrate=substrate, treatments=parse_treatments(treatments),
