@@ -8,6 +8,11 @@ N_max is the largest N with a confirmed window. A soak (``soak-N<n>``) at N_max 
 same way; then, with ``--burst``, a short burst (``burst-N<n>``) that is reported as a burst and
 never counted as steady state.
 
+Beside every window, the leak sampler (``experiments.leak_sampler``) records what the harness
+holds — fds, processes and zombies under it, mounts, /tmp and /dev/shm entries, the sandbox store's
+disk use, dockerd's or conmon's memory — as a ``leaks`` artifact; each window's leak check (the slope
+per hour of each, with its interval: ``measure.leaks``) is reported beside its four checks.
+
 The steady-state figure — valid rollouts per host-hour, bootstrap interval — pools the confirmed
 windows at N_max (its step window and the soak, when it held). The report is rebuilt from the
 ledger alone (``build``): verdicts, the climb and its stop are recomputed from the windows.
@@ -22,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from drumsbench.errors import UsageError
+from drumsbench.experiments.leak_sampler import LeakSampler
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
@@ -35,7 +41,15 @@ from drumsbench.measure.cost import (
     host_figures,
 )
 from drumsbench.measure.reports import NotRun, SteadyState, SweepReport
-from drumsbench.measure.windows import Criteria, WindowVerdict, judge, pooled_rate, usage, window_info
+from drumsbench.measure.windows import (
+    Criteria,
+    WindowVerdict,
+    judge,
+    leak_samples,
+    pooled_rate,
+    usage,
+    window_info,
+)
 
 
 class SweepConfig(BaseModel):
@@ -93,7 +107,11 @@ def run_sweep(ledger: Ledger, run_id: str, cfg: SweepConfig,
     def window(label: str, n: int, seconds: float) -> tuple[str, WindowVerdict]:
         if on_start:
             on_start(label, n, seconds)
-        status, _ = execute(ledger, run_id, cfg.window_cfg(label, n, seconds), resume=False)
+        sampler = LeakSampler(cfg.base.substrate, seconds).start()
+        try:
+            status, _ = execute(ledger, run_id, cfg.window_cfg(label, n, seconds), resume=False)
+        finally:
+            artifacts.put(ledger, run_id, label, sampler.stop())
         verdict = judge(ledger, run_id, label, crit)
         if on_window:
             on_window(verdict)
@@ -145,8 +163,9 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
                                         "provision_s", "reset_s", "steps_s", "verify_s", "teardown_s",
                                         "concurrency"))
     labels = list(dict.fromkeys(lab for _, _, lab in ledger.segments(run_id)))
-    windows = [judge(ledger, run_id, lab, crit, rows=[r for r in rows_all if r[0] == lab], info=infos.get(lab, {}))
-               for lab in labels]
+    samples = leak_samples(ledger, run_id)
+    windows = [judge(ledger, run_id, lab, crit, rows=[r for r in rows_all if r[0] == lab], info=infos.get(lab, {}),
+                     samples=samples) for lab in labels]
     steps = [v for v in windows if v.kind == "step"]
 
     stopped: str | None = None
@@ -215,6 +234,7 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
         for h, inputs in priced:
             attribution.append(attribute(h, inputs, use, scope=f"confirmed windows at N_max={n_max}: "
                                          + ", ".join(v.label for v in counted)))
+    leaks_passed, leaks_note = leak_summary(windows)
     machine = run["machine"]
     b = cfg.base
     conditions = (f"{b.substrate} substrate, tasks {b.tasks}, policy {b.policy}, on {machine.get('cores', '?')} cores "
@@ -227,8 +247,21 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
                   "burst_s": cfg.burst_s},
         host_seconds=host_s, windows=windows, not_run=not_run, climb_stopped=stopped, n_max=n_max,
         n_max_reason=n_max_reason, soak=soak, soak_held=soak_held, steady_state=steady, bursts=bursts,
-        prices=figures, attribution=attribution, conditions=conditions,
+        prices=figures, attribution=attribution, conditions=conditions, leaks_passed=leaks_passed,
+        leaks_note=leaks_note,
     )
+
+
+def leak_summary(windows: list[WindowVerdict]) -> tuple[bool | None, str]:
+    """Whether every window with a judged leak check passed it, and one line saying so."""
+    judged = [v for v in windows if v.leaks is not None and v.leaks.passed is not None]
+    failed = [v for v in judged if v.leaks is not None and not v.leaks.passed]
+    if failed:
+        return False, "leak check FAILED in " + "; ".join(
+            f"{v.label} ({', '.join(s.key for s in v.leaks.leaking)})" for v in failed if v.leaks is not None)
+    if not judged:
+        return None, "leak check: no window had enough samples to judge" if windows else "no window ran"
+    return True, f"leak check passed in every judged window ({len(judged)} of {len(windows)})"
 
 
 def publish(ledger: Ledger, run_id: str, r: SweepReport) -> None:
@@ -245,7 +278,7 @@ def publish(ledger: Ledger, run_id: str, r: SweepReport) -> None:
             concurrency=v.concurrency, role=roles[v.kind], planned_s=v.planned_s, ran_s=v.ran_s,
             attempts=v.attempts, valid=v.valid, invalid=v.invalid, invalid_rate=v.invalid_rate,
             valid_per_host_hour=v.valid_per_host_hour, confirmed=v.confirmed, counted=v.counted,
-            reasons=[("ok: " if c.passed else "FAIL: ") + c.detail for c in v.checks],
+            reasons=[("ok: " if c.passed else "FAIL: ") + c.detail for c in v.checks], leaks=v.leaks,
             resources=artifacts.WindowResources(cpu_busy=(res.get("cpu_busy") or {}).get("mean"),
                                                 mem_gib=(res.get("memory_used_gib") or {}).get("mean"),
                                                 sandboxes=(res.get("live_sandboxes") or {}).get("max"))))

@@ -14,6 +14,7 @@ kind               name                                written by
 =================  ==================================  ========================================
 ``segment``        the window's label                  run (windowed segments of a sweep)
 ``window``         the window's label                  sweep (judged windows)
+``leaks``          the window's label                  sweep (leak samples of each window)
 ``sweep``          ``summary``                         sweep
 ``price``          the priced host's name              sweep, run, report (derived figures)
 ``prices``         ``files``                           run, sweep (price files as given)
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import HostPrice, PriceFile
+from drumsbench.measure.leaks import LeakVerdict
 from drumsbench.measure.stats import Estimate, quantile, wilson
 from drumsbench.measure.train_report import TrainReport
 
@@ -145,6 +147,24 @@ class WindowArtifact(Artifact):
     counted: bool
     reasons: list[str]
     resources: WindowResources
+    leaks: LeakVerdict | None = None  # its leak check (measure/leaks.py); None: no leak samples
+
+
+class LeakSamplesArtifact(Artifact):
+    """What the harness held, sampled through one window (``experiments/leak_sampler.py``): rows of
+    ``columns`` — ``t`` (wall clock, s) then the quantities of ``measure.leaks.QUANTITIES`` measured
+    here (``daemon_mib`` only on docker and podman) — and the same quantities just before the window
+    and just after its teardown."""
+
+    KIND: ClassVar[str] = "leaks"
+    substrate: str
+    interval_s: float
+    columns: list[str]
+    rows: list[list[float | None]]
+    before: dict[str, float | None]
+    after: dict[str, float | None]
+    sample_ms: float | None = None  # mean time one sample took
+    notes: list[str] = Field(default_factory=list)  # e.g. a count that stopped at its cap
 
 
 class SweepSummaryArtifact(Artifact):
@@ -316,6 +336,7 @@ class RunArtifacts:
 
     segments: dict[str, SegmentArtifact] = field(default_factory=dict)
     windows: dict[str, WindowArtifact] = field(default_factory=dict)
+    leaks: dict[str, LeakSamplesArtifact] = field(default_factory=dict)
     sweep: SweepSummaryArtifact | None = None
     prices: dict[str, PriceArtifact] = field(default_factory=dict)
     coldstart: dict[str, ColdstartArtifact] = field(default_factory=dict)
@@ -331,7 +352,8 @@ class RunArtifacts:
 
 KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
                                 PriceFilesArtifact, ColdstartArtifact, IsolationArtifact, ProjectionArtifact,
-                                BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact)} | {TrainReport.KIND}
+                                BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact,
+                                LeakSamplesArtifact)} | {TrainReport.KIND}
 
 
 def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
@@ -354,6 +376,7 @@ def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
 
     out.segments = get(SegmentArtifact)
     out.windows = get(WindowArtifact)
+    out.leaks = get(LeakSamplesArtifact)
     out.sweep = get(SweepSummaryArtifact).get("summary")
     out.prices = get(PriceArtifact)
     out.coldstart = get(ColdstartArtifact)

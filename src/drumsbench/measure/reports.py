@@ -54,6 +54,8 @@ class SweepReport(BaseModel):
     attribution: list[Attribution]
     inference_cost: str = INFERENCE_EXCLUDED
     conditions: str
+    leaks_passed: bool | None = None  # every judged window's leak check passed (None: none judged)
+    leaks_note: str = ""
 
     def dump(self) -> dict[str, Any]:
         d = self.model_dump(mode="json", by_alias=True)

@@ -28,13 +28,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from drumsbench.ledger import Ledger
+from drumsbench.measure import leaks
+from drumsbench.measure.leaks import LeakVerdict
 from drumsbench.measure.stats import Estimate, rate_per_hour, wilson
 from drumsbench.outcome import InvalidCause
+
+if TYPE_CHECKING:
+    from drumsbench.measure.artifacts import LeakSamplesArtifact
 
 WindowKind = Literal["step", "soak", "burst", "window"]
 FULL_LENGTH_SLACK = 0.995  # clocks: a window that ran 99.5 % of its length ran its full length
@@ -174,6 +179,7 @@ class WindowVerdict(BaseModel):
     checks: list[Check]
     resources: dict[str, Any] = Field(default_factory=dict)
     counted: bool = False  # in the steady-state figure (set by the sweep report)
+    leaks: LeakVerdict | None = None  # the leak check (measure/leaks.py), beside the four checks
 
     @property
     def reasons(self) -> list[str]:
@@ -212,9 +218,18 @@ WINDOW_COLUMNS = ("window", "outcome", "cause", "injected", "t_start", "t_end", 
                   "steps_s", "verify_s", "teardown_s", "concurrency")
 
 
+def leak_samples(ledger: Ledger, run_id: str) -> dict[str, LeakSamplesArtifact]:
+    """The ``leaks`` artifacts of a run (what the leak sampler recorded beside each window), by label."""
+    from drumsbench.measure.artifacts import LeakSamplesArtifact, load
+
+    return load(ledger, run_id, LeakSamplesArtifact)
+
+
 def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
-          rows: Sequence[tuple[Any, ...]] | None = None, info: dict[str, Any] | None = None) -> WindowVerdict:
-    """The verdict of window ``label`` of ``run_id``, from the ledger alone."""
+          rows: Sequence[tuple[Any, ...]] | None = None, info: dict[str, Any] | None = None,
+          samples: dict[str, LeakSamplesArtifact] | None = None) -> WindowVerdict:
+    """The verdict of window ``label`` of ``run_id``, from the ledger alone (``samples``: the run's
+    leak samples, when the caller has them already)."""
     if info is None:
         info = window_info(ledger, run_id).get(label, {})
     if rows is None:
@@ -294,13 +309,19 @@ def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
             f"differ {differ:.0%} ({'<=' if ok else '>'} tolerance {criteria.stability:.0%}; counting noise "
             f"alone ~{noise:.0%})")))
 
+    leak = None
+    window_samples = (leak_samples(ledger, run_id) if samples is None else samples).get(label)
+    if window_samples is not None:
+        span_from = leaks.ramp_end(started, planned, [r[5] for r in rows], concurrency)
+        leak = leaks.judge(window_samples, started, span_to=started + measured, span_from=span_from)
+
     return WindowVerdict(
         label=label, kind=kind_of(label), concurrency=concurrency, planned_s=planned, ran_s=ran_s,
         measured_s=measured, interrupted=interrupted, attempts=n, valid=valid, success=success, failed=failed,
         invalid=invalid, invalid_by_cause=causes, injected=injected, invalid_rate=wilson(invalid, n),
         valid_per_host_hour=throughput, halves_per_host_hour=halves, halves_differ=differ,
         control_fired=control_fired, confirmed=all(c.passed for c in checks), checks=checks,
-        resources={k: v for k, v in info.get("resources", {}).items() if k != "series"},
+        resources={k: v for k, v in info.get("resources", {}).items() if k != "series"}, leaks=leak,
     )
 
 

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from drumsbench.measure.cost import Attribution, HostFigure
+from drumsbench.measure.leaks import METHOD, QUANTITIES
 from drumsbench.measure.reports import ProjectionReport, SweepReport
 from drumsbench.measure.stats import Estimate
 from drumsbench.measure.windows import WindowVerdict
@@ -45,6 +46,43 @@ def resources_table(windows: list[WindowVerdict]) -> Table:
         t.add_row(v.label, str(v.concurrency), _res(v, "cpu_busy", ".0%"), _res(v, "memory_used_gib", ".2f"),
                   _res(v, "live_sandboxes", ".1f"), str(v.resources.get("samples", "-")))
     return t
+
+
+def leaks_table(windows: list[WindowVerdict]) -> Table:
+    """Each window's leak slopes per hour [95%] and its leak check."""
+    t = Table(title="leak check: slope per hour ±95% half-interval over each window (after its ramp-up)",
+              show_edge=False)
+    shown = [q for q in QUANTITIES if any(v.leaks and any(s.key == q.key for s in v.leaks.slopes) for v in windows)]
+    t.add_column("window")
+    t.add_column("fit s (n)", justify="right")
+    for q in shown:
+        t.add_column(f"{q.key}/h", justify="right")
+    t.add_column("leak check")
+    for v in windows:
+        lv = v.leaks
+        if lv is None:
+            t.add_row(v.label, "-", *["-" for _ in shown], "not sampled")
+            continue
+        by = {s.key: s for s in lv.slopes}
+        cells = []
+        for q in shown:
+            sl = by.get(q.key)
+            cell = "-" if sl is None else sl.short()
+            cells.append(f"[bold red]{cell}[/]" if sl is not None and sl.leaks else cell)
+        check = {None: "not judged", True: "pass", False: "FAIL: " + ", ".join(s.key for s in lv.leaking)}[lv.passed]
+        t.add_row(v.label, f"{lv.span_to_s - lv.span_from_s:.0f} ({lv.samples})", *cells, check)
+    return t
+
+
+def leaks_text(windows: list[WindowVerdict]) -> Text:
+    tol = ", ".join(f"{q.key} {q.tolerance_per_h:g}" for q in QUANTITIES)
+    out = Text(f"{METHOD}; tolerances per hour: {tol}\n")
+    for v in windows:
+        if v.leaks is None:
+            continue
+        left = ", ".join(f"{k} {x:+.3g}" for k, x in v.leaks.left.items() if x is not None)
+        out.append(f"{v.label}: {v.leaks.detail}; after teardown vs before: {left or 'n/a'}\n")
+    return out
 
 
 def reasons(windows: list[WindowVerdict], burst: bool = False) -> Text:
@@ -116,6 +154,9 @@ def render(r: SweepReport) -> Group:
         summary.add_row("climb stopped", "", r.climb_stopped)
     soak = "not run" if r.soak is None else ("held" if r.soak_held else "did NOT hold")
     summary.add_row("soak", soak, s.note)
+    if r.leaks_note:
+        summary.add_row("leaks", {None: "not judged", True: "none seen", False: "LEAKING"}[r.leaks_passed],
+                        r.leaks_note)
     if r.n_max is None:
         summary.add_row("valid rollouts per host-hour", "none", "no confirmed window: no steady state is claimed")
     else:
@@ -127,6 +168,8 @@ def render(r: SweepReport) -> Group:
         parts += [windows_table("bursts (short peaks: reported as bursts, never as steady state)", r.bursts, True),
                   reasons(r.bursts, True)]
     parts += [resources_table(r.windows), Text("")]
+    if any(v.leaks is not None for v in r.windows):
+        parts += [leaks_table(r.windows), leaks_text(r.windows)]
     if r.n_max is None:
         parts.append(Text("USD per valid rollout: withheld — no window was confirmed, so there is no headline "
                           "(see the reasons above; longer windows or lower N)", style="bold"))

@@ -1,0 +1,183 @@
+"""Leak accounting: the slope per hour of what a window's harness holds, with an interval, and the check.
+
+``experiments.leak_sampler`` samples, beside every window of a sweep, the quantities of
+``QUANTITIES`` (open fds of the harness, processes and zombies under it, mounts, entries in the
+host's /tmp and /dev/shm, the sandbox store's disk use, dockerd's or podman's conmon memory) and
+stores them as a ``leaks`` artifact (``measure.artifacts.LeakSamplesArtifact``). This module judges
+them, from the ledger alone:
+
+- **Span**: from the end of the ramp-up — the later of 10% of the planned length and the moment
+  the N-th attempt of the window ended (every slot has been through one attempt) — to the end of
+  the measured span (the planned length, or less when the window was cut short). The drain after
+  the deadline and the teardown are outside (they fall by design).
+- **Slope**: ordinary least squares of the quantity on time, in units per hour.
+- **Interval** (95%): the slope's Student-t interval with the sample size reduced for the lag-1
+  autocorrelation r of the residuals (n_eff = n (1 - r) / (1 + r) when r > 0; Santer et al. 2000):
+  samples taken seconds apart are not independent, and the plain t-interval would be too narrow.
+  With n_eff < 4 there is no interval (the quantity is "not judged").
+- **Check**: a quantity *leaks* when its interval's low end is above zero and above its tolerance
+  (``Quantity.tolerance_per_h``); a window fails its leak check when any quantity leaks. The check
+  is reported beside the window's four confirmation checks and does not change whether a window
+  is confirmed (throughput is not wrong because something accumulates).
+- **Left**: each quantity after the window's teardown minus before the window (for information).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from drumsbench.measure.artifacts import LeakSamplesArtifact
+
+CONFIDENCE = 0.95
+RAMP_FRACTION = 0.1
+MIN_EFFECTIVE = 4.0
+METHOD = ("least squares slope per hour; 95% Student-t interval with n reduced for the lag-1 autocorrelation "
+          "of the residuals; a quantity leaks when the interval's low end > max(0, tolerance)")
+
+
+class Quantity(BaseModel, frozen=True):
+    key: str
+    label: str
+    unit: str
+    tolerance_per_h: float  # a slope below this is not called a leak, however sure
+
+
+QUANTITIES: tuple[Quantity, ...] = (
+    Quantity(key="fds", label="open fds (harness)", unit="fds", tolerance_per_h=5),
+    Quantity(key="processes", label="processes under the harness", unit="processes", tolerance_per_h=5),
+    Quantity(key="zombies", label="zombies under the harness", unit="zombies", tolerance_per_h=1),
+    Quantity(key="mounts", label="mounts (harness's mountinfo)", unit="mounts", tolerance_per_h=5),
+    Quantity(key="tmp_entries", label="entries in the host's /tmp", unit="entries", tolerance_per_h=5),
+    Quantity(key="shm_entries", label="entries in /dev/shm", unit="entries", tolerance_per_h=5),
+    Quantity(key="store_mib", label="sandbox store disk use", unit="MiB", tolerance_per_h=20),
+    Quantity(key="daemon_mib", label="dockerd / podman conmon RSS", unit="MiB", tolerance_per_h=20),
+)
+BY_KEY = {q.key: q for q in QUANTITIES}
+
+
+class LeakSlope(BaseModel):
+    key: str
+    label: str
+    unit: str
+    samples: int
+    first: float | None
+    last: float | None
+    per_hour: float | None
+    low: float | None
+    high: float | None
+    n_effective: float | None
+    tolerance_per_h: float
+    leaks: bool | None  # None: not judged (too few independent samples, or not measured)
+
+    def fmt(self, spec: str = ".3g") -> str:
+        """``slope [low, high]``; ``short``: ``slope ±half`` (the t-interval is symmetric)."""
+        if self.per_hour is None:
+            return "n/a"
+        if self.low is None or self.high is None:
+            return f"{self.per_hour:+{spec}} [n/a]"
+        return f"{self.per_hour:+{spec}} [{self.low:+{spec}}, {self.high:+{spec}}]"
+
+    def short(self) -> str:
+        if self.per_hour is None:
+            return "n/a"
+        if self.low is None or self.high is None:
+            return f"{self.per_hour:+.2g} ±n/a"
+        return f"{self.per_hour:+.2g} ±{(self.high - self.low) / 2:.2g}"
+
+
+class LeakVerdict(BaseModel):
+    method: str = METHOD
+    span_from_s: float  # seconds after the window's work started
+    span_to_s: float
+    samples: int
+    interval_s: float
+    slopes: list[LeakSlope]
+    left: dict[str, float | None]  # after the window's teardown minus before it
+    passed: bool | None  # None: nothing could be judged
+    detail: str
+
+    @property
+    def leaking(self) -> list[LeakSlope]:
+        return [s for s in self.slopes if s.leaks]
+
+
+def slope_interval(t_h: Sequence[float], y: Sequence[float],
+                   conf: float = CONFIDENCE) -> tuple[float | None, float | None, float | None, float | None]:
+    """(slope, low, high, n_effective) of ``y`` on ``t_h`` (hours): least squares, with the slope's
+    t-interval for the lag-1 autocorrelation of the residuals. low/high are None below MIN_EFFECTIVE."""
+    n = len(y)
+    if n < 3 or n != len(t_h):
+        return None, None, None, None
+    mt, my = sum(t_h) / n, sum(y) / n
+    sxx = sum((t - mt) ** 2 for t in t_h)
+    if sxx <= 0:
+        return None, None, None, None
+    b = sum((t - mt) * (v - my) for t, v in zip(t_h, y, strict=True)) / sxx
+    a = my - b * mt
+    res = [v - (a + b * t) for t, v in zip(t_h, y, strict=True)]
+    ssr = sum(r * r for r in res)
+    if ssr <= 1e-12 * max(1.0, sum(v * v for v in y)):
+        return b, b, b, float(n)  # an exact line (a constant included): no uncertainty left
+    den = sum(r * r for r in res)
+    r1 = sum(res[i] * res[i - 1] for i in range(1, n)) / den if den > 0 else 0.0
+    n_eff = n * (1 - r1) / (1 + r1) if r1 > 0 else float(n)
+    n_eff = min(float(n), n_eff)
+    if n_eff < MIN_EFFECTIVE:
+        return b, None, None, n_eff
+    se = math.sqrt(ssr / (n - 2) / sxx) * math.sqrt((n - 2) / (n_eff - 2))
+    from scipy.special import stdtrit  # the t quantile, without scipy.stats's start-up cost
+
+    half = float(stdtrit(n_eff - 2, 0.5 + conf / 2)) * se
+    return b, b - half, b + half, n_eff
+
+
+def ramp_end(work_started: float, planned_s: float | None, t_ends: Sequence[float], concurrency: int) -> float:
+    """When the window's ramp-up is over: the later of RAMP_FRACTION of the planned length and the
+    end of its N-th attempt (every slot has been through one)."""
+    start = work_started + RAMP_FRACTION * (planned_s or 0.0)
+    ends = sorted(t for t in t_ends if t >= work_started)
+    if ends:
+        start = max(start, ends[min(max(1, concurrency), len(ends)) - 1])
+    return start
+
+
+def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, span_from: float) -> LeakVerdict:
+    """The leak verdict of one window from its samples, fitted over [span_from, span_to] (wall clock)."""
+    cols = samples.columns
+    rows = [r for r in samples.rows if r[0] is not None and span_from <= float(r[0]) <= span_to]
+    slopes = []
+    for q in QUANTITIES:
+        if q.key not in cols:
+            continue
+        i = cols.index(q.key)
+        pts = [(float(r[0] or 0.0), float(v)) for r in rows if (v := r[i]) is not None]
+        t_h = [(t - span_from) / 3600 for t, _ in pts]
+        y = [v for _, v in pts]
+        b, lo, hi, n_eff = slope_interval(t_h, y)
+        leaks = None if lo is None else bool(lo > max(0.0, q.tolerance_per_h))
+        slopes.append(LeakSlope(key=q.key, label=q.label, unit=q.unit, samples=len(y),
+                                first=y[0] if y else None, last=y[-1] if y else None, per_hour=b, low=lo, high=hi,
+                                n_effective=n_eff, tolerance_per_h=q.tolerance_per_h, leaks=leaks))
+    judged = [s for s in slopes if s.leaks is not None]
+    bad = [s for s in judged if s.leaks]
+    if not judged:
+        passed, detail = None, f"not judged: {len(rows)} samples in the fitted span are too few"
+    elif bad:
+        passed = False
+        detail = "LEAKS: " + "; ".join(f"{s.label} {s.fmt()} {s.unit}/h > tolerance {s.tolerance_per_h:g}"
+                                       for s in bad)
+    else:
+        passed = True
+        unjudged = [s.key for s in slopes if s.leaks is None]
+        detail = (f"no slope clearly above its tolerance ({len(judged)} quantities, {len(rows)} samples over "
+                  f"{span_to - span_from:.0f} s)" + (f"; not judged: {', '.join(unjudged)}" if unjudged else ""))
+    left = {k: (None if samples.after.get(k) is None or samples.before.get(k) is None
+                else float(samples.after[k] or 0.0) - float(samples.before[k] or 0.0))
+            for k in cols[1:]}
+    return LeakVerdict(span_from_s=span_from - work_started, span_to_s=span_to - work_started, samples=len(rows),
+                       interval_s=samples.interval_s, slopes=slopes, left=left, passed=passed, detail=detail)

@@ -1,0 +1,154 @@
+"""Leak accounting: the slope math, the sampler, and its positive control — a deliberate leak per
+attempt (a kept file descriptor, a file left in a tmp folder) fails a window's leak check; a clean
+sweep on the same substrate passes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from drumsbench.experiments import leak_sampler
+from drumsbench.experiments.run import RunConfig
+from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
+from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
+from drumsbench.measure.leaks import slope_interval
+from drumsbench.report.sweep import render
+
+# -- the math -----------------------------------------------------------------------------------------
+
+
+def test_a_flat_noisy_series_has_an_interval_around_zero():
+    rng = random.Random(1)
+    t = [i / 3600 for i in range(200)]  # one sample a second
+    y = [10 + rng.choice((-1, 0, 1)) for _ in t]
+    _, lo, hi, n_eff = slope_interval(t, y)
+    assert lo is not None and hi is not None and n_eff is not None
+    assert lo < 0 < hi
+
+
+def test_a_rising_series_is_clearly_above_zero_and_a_constant_is_exactly_zero():
+    t = [i / 3600 for i in range(100)]
+    covered = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        y = [5 + 360 * x + rng.choice((-1, 0, 1)) for x in t]  # +360 per hour, one every 10 s
+        _, lo, hi, _ = slope_interval(t, y)
+        assert lo is not None and hi is not None and lo > 100
+        covered += lo <= 360 <= hi
+    assert 0.9 <= covered / 200 <= 0.99  # a 95% interval (independent noise here)
+    assert slope_interval(t, [7.0] * len(t))[:3] == (0.0, 0.0, 0.0)
+
+
+def test_autocorrelated_steps_widen_the_interval():
+    t = [i / 3600 for i in range(60)]
+    step = [0.0] * 30 + [1.0] * 30  # one change half way: a trend is not established
+    _, lo, _, n_eff = slope_interval(t, step)
+    assert n_eff is not None and n_eff < 10
+    assert lo is None or lo < 5  # never above a tolerance of 5/h
+
+
+# -- the sampler ------------------------------------------------------------------------------------------
+
+
+def test_the_sampler_sees_fds_processes_and_files(tmp_path):
+    tmp, shm, store = tmp_path / "tmp", tmp_path / "shm", tmp_path / "store"
+    for d in (tmp, shm, store):
+        d.mkdir()
+    s = leak_sampler.LeakSampler("process", interval_s=0.05, tmp=str(tmp), shm=str(shm), store=store)
+    base = s.sample()
+    held = [open(os.devnull) for _ in range(5)]  # noqa: SIM115
+    (tmp / "a").mkdir()
+    (tmp / "a" / "b").write_text("x")
+    (store / "f").write_bytes(b"\0" * (1 << 20))
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        now = s.sample()
+    finally:
+        child.kill()
+        child.wait()
+        for f in held:
+            f.close()
+    assert now["fds"] - base["fds"] >= 5
+    assert now["processes"] - base["processes"] >= 1
+    assert now["tmp_entries"] - base["tmp_entries"] == 2
+    assert now["store_mib"] - base["store_mib"] >= 0.99
+    assert base["mounts"] > 0 and base["zombies"] is not None and "daemon_mib" not in base
+    art = s.start().stop()
+    assert art.columns[0] == "t" and art.rows and art.before and art.after and art.sample_ms is not None
+
+
+# -- the positive control: real sweeps on the process substrate ------------------------------------------------
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """The sweep's state in tmp_path; the sampler's /tmp and /dev/shm pointed at folders of this test
+    (the real ones are shared with the rest of the machine, whose churn is not this test's)."""
+    monkeypatch.setenv("DRUMSBENCH_STATE", str(tmp_path / "state"))
+    for name in ("tmp", "shm"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(leak_sampler, "HOST_TMP", str(tmp_path / "tmp"))
+    monkeypatch.setattr(leak_sampler, "HOST_SHM", str(tmp_path / "shm"))
+    return tmp_path
+
+
+def _sweep(folder: Path, run_id: str, seconds: float = 10.0):
+    ledger = Ledger(folder / f"{run_id}.sqlite")
+    cfg = SweepConfig(base=RunConfig(substrate="process", tasks="coding", policy="oracle"), concurrency=[2],
+                      window_s=seconds, soak_s=None, stability=1.0)
+    ledger.create_run(run_id, "sweep", cfg.model_dump(mode="json"), {}, "test")
+    run_sweep(ledger, run_id, cfg)
+    report = build(ledger, run_id)
+    publish(ledger, run_id, report)
+    return ledger, report
+
+
+def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, monkeypatch):
+    from drumsbench.envs.coding.env import CodingEnv
+
+    _, clean = _sweep(host, "clean")
+    (w,) = clean.windows
+    assert w.leaks is not None and w.leaks.passed is True, w.leaks
+    assert clean.leaks_passed is True
+
+    kept: list = []
+    tmp = Path(leak_sampler.HOST_TMP)
+    reset = CodingEnv.reset
+
+    def leaky_reset(self, task):  # every attempt keeps a file descriptor and leaves a file in /tmp
+        kept.append(open(os.devnull))  # noqa: SIM115
+        (tmp / f"leak-{len(kept)}").write_text("x")
+        return reset(self, task)
+
+    monkeypatch.setattr(CodingEnv, "reset", leaky_reset)
+    try:
+        ledger, leaky = _sweep(host, "leaky")
+    finally:
+        for f in kept:
+            f.close()
+    (w,) = leaky.windows
+    assert len(kept) > 20
+    assert w.leaks is not None and w.leaks.passed is False, w.leaks
+    assert {s.key for s in w.leaks.leaking} >= {"fds", "tmp_entries"}, w.leaks.detail
+    assert leaky.leaks_passed is False and "fds" in leaky.leaks_note
+    assert w.leaks.left["tmp_entries"] == len(kept)
+    # confirmation is judged apart: the leak does not change the window's four checks
+    assert [c.name for c in w.checks] == ["full_length", "invalid_rate", "isolation_control", "stable"]
+    # the samples are in the ledger, the verdict in the window artifact and the JSON
+    assert artifacts.load(ledger, "leaky", artifacts.LeakSamplesArtifact)["N2"].rows
+    art = artifacts.load(ledger, "leaky", artifacts.WindowArtifact)["N2"]
+    assert art.leaks is not None and art.leaks.passed is False
+    assert json.loads(json.dumps(leaky.dump()))["windows"][0]["leaks"]["passed"] is False
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(render(leaky))
+    text = console.export_text()
+    assert "FAIL: fds" in text and "LEAKING" in text
