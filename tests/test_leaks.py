@@ -152,3 +152,16 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     console.print(render(leaky))
     text = console.export_text()
     assert "FAIL: fds" in text and "LEAKING" in text
+
+
+def test_the_sampler_reads_dockerd_memory_on_docker(tmp_path):
+    import shutil
+    import subprocess
+
+    from conftest import require
+
+    up = shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    require(None if up else "docker is not running")
+    s = leak_sampler.LeakSampler("docker", interval_s=0.05, tmp=str(tmp_path), shm=str(tmp_path), store=tmp_path)
+    v = s.sample()
+    assert "daemon_mib" in s.columns and v["daemon_mib"] is not None and v["daemon_mib"] > 1, (v, s.notes)
