@@ -33,7 +33,7 @@ class RunData:
 
 
 def load_run_data(ledger: Ledger, run_id: str, index: int, report: RunReport | None,
-          price_files: Sequence[PriceFile] = ()) -> RunData:
+                  price_files: Sequence[PriceFile] = ()) -> RunData:
     c = columns(ledger, run_id)  # one pass over the attempts, shared with the run report
     rep = report or build(ledger, run_id, cols=c)
     run = ledger.run(run_id)
