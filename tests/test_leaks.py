@@ -152,6 +152,11 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     console.print(render(leaky))
     text = console.export_text()
     assert "FAIL: fds" in text and "LEAKING" in text
+    # and in the sweep section of the HTML report
+    from drumsbench.report.html import write_html
+
+    page = write_html(ledger, ["leaky"], host / "leaky.html").read_text()
+    assert 'data-key="leaky/leaks/N2/passed"' in page and "FAIL: fds" in page and "Leak check:" in page
 
 
 def test_the_sampler_reads_dockerd_memory_on_docker(tmp_path):

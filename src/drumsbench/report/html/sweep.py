@@ -7,6 +7,7 @@ from html import escape
 
 import numpy as np
 
+from drumsbench.measure.leaks import METHOD, QUANTITIES
 from drumsbench.report import svg
 from drumsbench.report.html.cells import (
     Keyed,
@@ -113,4 +114,35 @@ def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
                          + f"; {escape(sw.note)}</li>")
     return plot_row(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") + \
         '<p class="note">Throughput is claimed only from confirmed windows; bursts are reported as bursts.</p>' + \
-        table(head, rows, "num small", row_cls, left={0, 1, 2, 8, 9, 10})
+        table(head, rows, "num small", row_cls, left={0, 1, 2, 8, 9, 10}) + leaks_table(runs)
+
+
+def leaks_table(runs: Sequence[RunData]) -> str:
+    """Each window's leak check: the slope per hour of each sampled quantity ±its 95% half-interval."""
+    wins = [(rd, name, w) for rd in runs for name, w in rd.art.windows.items() if w.leaks is not None]
+    if not wins:
+        return ""
+    shown = [q for q in QUANTITIES if any(s.key == q.key for _, _, w in wins if w.leaks for s in w.leaks.slopes)]
+    head = ["run", "window", "N", "fitted s (samples)", *[f"{q.key} per hour" for q in shown], "leak check",
+            "after teardown − before"]
+    rows: list[list[object]] = []
+    for rd, name, w in wins:
+        lv = w.leaks
+        assert lv is not None
+        by = {s.key: s for s in lv.slopes}
+        cells: list[object] = []
+        for q in shown:
+            sl = by.get(q.key)
+            text = "–" if sl is None else sl.short()
+            cells.append(Raw(f'<b class="bad">{escape(text)}</b>') if sl is not None and sl.leaks else text)
+        check = {None: "not judged", True: Raw('<b class="ok">pass</b>'),
+                 False: Raw('<b class="bad">FAIL: ' + escape(", ".join(s.key for s in lv.leaking)) + "</b>")}[lv.passed]
+        key = f"{rd.label}/leaks/{name}"
+        rows.append([rd.label, name, w.concurrency, f"{lv.span_to_s - lv.span_from_s:.0f} ({lv.samples})", *cells,
+                     Keyed(f"{key}/passed", check),
+                     ", ".join(f"{k} {v:+.3g}" for k, v in lv.left.items() if v is not None)])
+    tol = ", ".join(f"{q.key} {q.tolerance_per_h:g}" for q in QUANTITIES)
+    return (f'<p class="note">Leak check: {escape(METHOD)}. Tolerances per hour: {escape(tol)}. Sampled: fds of '
+            "the harness, processes and zombies under it, its mounts, entries in the host's /tmp and /dev/shm, "
+            "the sandbox store's disk use, dockerd / conmon RSS on docker / podman.</p>"
+            + table(head, rows, "num small", left={0, 1, 4 + len(shown), 5 + len(shown)}))
