@@ -109,6 +109,7 @@ def summary(xs: list[float]) -> str:
 def host_timer(reps: int) -> tuple[dict[str, float], str]:
     """The timer on the host, chrooted into the cached rootfs with a private tmpfs on its /tmp."""
     root = images.ensure_rootfs()
+    tmp: str | None = None
     if os.geteuid() == 0 and shutil.which("unshare"):
         script = f'mount -t tmpfs none "$1/tmp" && exec chroot "$1" /usr/bin/python3 -c "$2" {reps} /tmp'
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(root), TIMER]
@@ -117,7 +118,11 @@ def host_timer(reps: int) -> tuple[dict[str, float], str]:
         tmp = tempfile.mkdtemp()
         argv = ["python3", "-c", TIMER, str(reps), tmp]
         where = "host binaries (not root: no chroot into the rootfs)"
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={"PATH": SANDBOX_PATH})
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={"PATH": SANDBOX_PATH})
+    finally:
+        if tmp is not None:  # nothing of the benchmark stays in /tmp
+            shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"host timer failed: {proc.stderr[-500:]}")
     return json.loads(proc.stdout), where
