@@ -83,15 +83,15 @@ def main() -> None:
     print(f"machine: {machine()}")
 
     subs: dict[str, Substrate] = {}
-    for name in SUBSTRATES:
-        cls = registry.get(name)
-        why = cls.missing()
-        if why:
-            print(f"  {name}: skipped ({why})")
-            continue
-        subs[name] = cls(run_id, state)
+    try:  # from here on the state folder is removed whatever happens (nothing stays in /tmp)
+        for name in SUBSTRATES:
+            cls = registry.get(name)
+            why = cls.missing()
+            if why:
+                print(f"  {name}: skipped ({why})")
+                continue
+            subs[name] = cls(run_id, state)
 
-    try:
         if "overlay" in subs:
             t, box = timed(subs["overlay"].create)
             print(fmt("overlay first create (fork server start)", [t]))
