@@ -42,21 +42,22 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from drumsbench.errors import SubstrateError
 from drumsbench.substrates.base import (
-    DEFAULT_OUTPUT_LIMIT,
+    SANDBOX_FOLDERS,
+    ExecRequest,
     ExecResult,
     HostFolders,
     Sandbox,
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.exec_core import kill_group, run_bounded
+from drumsbench.substrates.exec_core import SANDBOX_PATH, ProcessGroups
 from drumsbench.substrates.hostproc import kill_pids, pids_with_env
 
 PROBES = ("write_outside", "read_neighbour", "host_loopback", "network", "fill_disk", "fork_bomb")
@@ -302,7 +303,6 @@ def _fork_bomb(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, proc
 Probe = Callable[[Sandbox, Sandbox, "Mapping[str, str] | None"], ProbeResult]
 
 CONTROL_VAR = "DRUMSBENCH_ESCAPE_CONTROL"
-_HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class HostControlSandbox(Sandbox, HostFolders):
@@ -319,11 +319,10 @@ class HostControlSandbox(Sandbox, HostFolders):
         self.id = secrets.token_hex(6)
         self.host_root = Path(tempfile.mkdtemp(prefix="drumsbench-control-"))
         os.chmod(self.host_root, 0o755)
-        r = str(self.host_root)
-        self.paths = SandboxPaths(root=r, work=f"{r}/work", home=f"{r}/home", tmp=f"{r}/tmp", verify=f"{r}/verify")
-        for sub in ("work", "home", "tmp", "verify"):
+        self.paths = SandboxPaths.under(str(self.host_root))
+        for sub in SANDBOX_FOLDERS:
             (self.host_root / sub).mkdir()
-        self._groups: list[int] = []
+        self._groups = ProcessGroups()
         self._destroyed = False
 
     def host_path(self, path: str) -> Path:
@@ -333,16 +332,12 @@ class HostControlSandbox(Sandbox, HostFolders):
             raise SubstrateError(f"{path!r} is outside the control sandbox {self.id}")
         return p
 
-    def exec(self, command: str | Sequence[str], *, timeout: float, cwd: str | None = None,
-             env: Mapping[str, str] | None = None, stdin: bytes | None = None,
-             output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+    def _run(self, req: ExecRequest) -> ExecResult:
         if self._destroyed:
             raise SubstrateError(f"control sandbox {self.id} is destroyed")
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        full = {"PATH": _HOST_PATH, "HOME": self.paths.home, "TMPDIR": self.paths.tmp, "LANG": "C.UTF-8",
-                CONTROL_VAR: self.id, **(env or {})}
-        return run_bounded(argv, timeout=timeout, cwd=cwd or self.paths.work, env=full, stdin=stdin,
-                           output_limit=output_limit, on_start=self._groups.append)
+        full = {"PATH": SANDBOX_PATH, "HOME": self.paths.home, "TMPDIR": self.paths.tmp, "LANG": "C.UTF-8",
+                CONTROL_VAR: self.id, **(req.env or {})}
+        return self._groups.run(req.argv, req, cwd=req.cwd, env=full)
 
     def _host(self, path: str) -> Path:
         host = Path(os.path.normpath(path))
@@ -363,8 +358,7 @@ class HostControlSandbox(Sandbox, HostFolders):
         if self._destroyed:
             return
         self._destroyed = True
-        for pgid in self._groups:
-            kill_group(pgid)
+        self._groups.kill()
         kill_pids(list(pids_with_env(CONTROL_VAR, self.id)))
         shutil.rmtree(self.host_root, ignore_errors=True)
 

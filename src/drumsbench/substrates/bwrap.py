@@ -42,8 +42,6 @@ from pathlib import Path
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import tree_digest
-from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
@@ -146,7 +144,6 @@ class BwrapSandbox(HostFolderSandbox):
     ):
         super().__init__("bwrap", run_id, sid, host_root, SandboxPaths.under(IN_ROOT), cgroup=cgroup)
         self._prefix = bwrap_prefix(host_root, hide)
-        self._fs = rootedfs.RootedFS(str(host_root))
 
     # -- mapping -------------------------------------------------------------------------------
     def _rel(self, path: str) -> str:
@@ -181,36 +178,10 @@ class BwrapSandbox(HostFolderSandbox):
         self.groups.forget_empty()
         return res
 
-    # -- files ---------------------------------------------------------------------------------
-    def write_file(self, path: str, data: bytes) -> None:
-        try:
-            self._fs.write(self._rel(path), data)
-        except OSError as e:
-            raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
-
-    def read_file(self, path: str, limit: int | None = None) -> bytes:
-        try:
-            return self._fs.read(self._rel(path), limit)
-        except FileNotFoundError:
-            raise
-        except OSError as e:
-            raise SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}") from e
-
-    def tree_digest(self, path: str) -> str:
-        with self._fs.plain_dir(self._rel(path)) as host:
-            if host is not None:
-                return tree_digest(host)
-        return Sandbox.tree_digest(self, path)
-
-    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
-        hits: set[str] = set()
-        for folder in folders:
-            with self._fs.plain_dir(self._rel(folder)) as host:
-                if host is None:
-                    hits |= Sandbox.scan(self, [folder], tokens)
-                else:
-                    hits |= scan_tokens([host], list(tokens))
-        return hits
+    # -- files: digest and scan walk the rooted folder, not host paths (links resolve inside) ----
+    tree_digest = rootedfs.RootedFiles.tree_digest
+    scan = rootedfs.RootedFiles.scan
+    _read_failed = rootedfs.RootedFiles._read_failed  # a path through a file is not "missing" here
 
 
 class FreezableBwrapSandbox(CgroupFreezable, BwrapSandbox):

@@ -45,7 +45,6 @@ from drumsbench.substrates.base import (
     HostLaunching,
     Isolation,
     ResetStrategy,
-    Sandbox,
     SandboxPaths,
     Substrate,
 )
@@ -164,8 +163,9 @@ def new_sandbox_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-class HostFolderSandbox(Sandbox, HostFolders):
-    """A sandbox whose files live in a host folder: file methods act on the host directly.
+class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
+    """A sandbox whose files live in a host folder: file methods act on the host directly
+    (``rootedfs``; its in-sandbox paths are host paths: digest and scan walk them there).
 
     Subclasses choose how commands run (``_argv``) and how paths map (``host_path``).
     ``cgroup``: the sandbox's freezer group (every command joins it before its payload runs);
@@ -250,24 +250,16 @@ class HostFolderSandbox(Sandbox, HostFolders):
             host_argv = self.cgroup.wrap(host_argv)
         return self.groups.run(host_argv, req, cwd=host_cwd, env=host_env, uid=uid)
 
-    def write_file(self, path: str, data: bytes) -> None:
-        rel = self._rel(path)
-        owner = None if self.lease is None else (self.lease.uid, self.lease.uid)
-        try:
-            self._fs.write(rel, data, owner=owner)
-        except OSError as e:
-            raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
+    def _rooted(self) -> rootedfs.RootedFS:
+        return self._fs
 
-    def read_file(self, path: str, limit: int | None = None) -> bytes:
-        rel = self._rel(path)
-        try:
-            return self._fs.read(rel, limit)
-        except FileNotFoundError:
-            raise
-        except OSError as e:
-            if e.errno == errno.ENOTDIR:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from e
-            raise SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}") from e
+    def _file_owner(self) -> tuple[int, int] | None:
+        return None if self.lease is None else (self.lease.uid, self.lease.uid)
+
+    def _read_failed(self, path: str, e: OSError) -> Exception:
+        if e.errno == errno.ENOTDIR:
+            return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        return super()._read_failed(path, e)
 
     def tree_digest(self, path: str) -> str:
         return tree_digest(str(self.host_path(path)))

@@ -6,16 +6,23 @@ resolved with ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` relative to a
 ``..`` and absolute links stay inside that folder, exactly as the sandbox's own view resolves them
 when the folder is the sandbox's root (``/proc/PID/root`` of a process in it).
 
-Linux >= 5.6 (openat2). Stdlib + ctypes only.
+Linux >= 5.6 (openat2). ``RootedFS`` is stdlib + ctypes only; ``RootedFiles`` gives a sandbox its
+file methods through one.
 """
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+
+from drumsbench.errors import SubstrateError
+from drumsbench.fingerprint import tree_digest
+from drumsbench.scan import scan_tokens
+from drumsbench.substrates.base import Sandbox
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (added after the syscall table merge)
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -144,3 +151,58 @@ class RootedFS:
             yield f"/proc/self/fd/{fd}"
         finally:
             os.close(fd)
+
+
+class RootedFiles(Sandbox):
+    """The file methods of a sandbox whose files the harness reaches through a ``RootedFS``
+    (``_rooted()``; ``_rel`` maps an in-sandbox path into it): no process is started, and links
+    made inside the sandbox resolve as they do inside it. Digest and canary scan walk a folder on
+    the host when no part of its path is a link, else run inside the sandbox."""
+
+    @abc.abstractmethod
+    def _rooted(self) -> RootedFS:
+        """The sandbox's files; ``SubstrateError`` when the sandbox is gone."""
+
+    @abc.abstractmethod
+    def _rel(self, path: str) -> str:
+        """``path`` (absolute, in the sandbox) relative to ``_rooted()``'s root."""
+
+    def _file_owner(self) -> tuple[int, int] | None:
+        """(uid, gid) that written files and created folders get (None: the harness's)."""
+        return None
+
+    def write_file(self, path: str, data: bytes) -> None:
+        rel = self._rel(path)
+        try:
+            self._rooted().write(rel, data, owner=self._file_owner())
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        rel = self._rel(path)
+        try:
+            return self._rooted().read(rel, limit)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise self._read_failed(path, e) from e
+
+    def _read_failed(self, path: str, e: OSError) -> Exception:
+        return SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}")
+
+    def tree_digest(self, path: str) -> str:
+        with self._rooted().plain_dir(self._rel(path)) as host:
+            if host is not None:
+                return tree_digest(host)
+        return Sandbox.tree_digest(self, path)
+
+    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        hits: set[str] = set()
+        fs = self._rooted()
+        for folder in folders:
+            with fs.plain_dir(self._rel(folder)) as host:
+                if host is None:
+                    hits |= Sandbox.scan(self, [folder], tokens)
+                else:
+                    hits |= scan_tokens([host], list(tokens))
+        return hits

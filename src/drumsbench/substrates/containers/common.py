@@ -28,7 +28,7 @@ import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,39 +70,57 @@ while True:
 """
 REAPER_ARGV = ["python3", "-S", "-E", "-c", REAPER]
 
-# Kill every process of one exec: those whose environment has the token, and the members of the
-# sessions those processes lead (catches children that cleared their environment). Repeats until
-# none is left, so processes forked while it runs die too. argv[1] is "DRUMSBENCH_EXEC=<token>".
-KILL_SCRIPT = """\
+# The start of the scripts below: ``processes()`` lists every process but pid 1 and the script
+# itself, with the fields of its /proc stat after the command name (state first); ``kill(pids)``
+# SIGKILLs them and leaves them a moment to go.
+PROC_WALK = """\
 import os, signal, sys, time
-marker = sys.argv[1].encode()
 me = os.getpid()
-for _ in range(50):
-    marked, sid_of = set(), {}
+
+
+def processes():
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) in (1, me):
             continue
         try:
             with open("/proc/" + d + "/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        yield int(d), fields
+
+
+def kill(pids):
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.01)
+"""
+
+# Kill every process of one exec: those whose environment has the token, and the members of the
+# sessions those processes lead (catches children that cleared their environment). Repeats until
+# none is left, so processes forked while it runs die too. argv[1] is "DRUMSBENCH_EXEC=<token>".
+KILL_SCRIPT = PROC_WALK + """\
+marker = sys.argv[1].encode()
+for _ in range(50):
+    marked, sid_of = set(), {}
+    for pid, fields in processes():
+        try:
             if fields[0] == b"Z":
                 continue
-            sid_of[int(d)] = int(fields[3])
-            with open("/proc/" + d + "/environ", "rb") as f:
+            sid_of[pid] = int(fields[3])
+            with open("/proc/%d/environ" % pid, "rb") as f:
                 if marker in f.read().split(b"\\0"):
-                    marked.add(int(d))
+                    marked.add(pid)
         except (OSError, IndexError, ValueError):
             continue
     leaders = {p for p in marked if sid_of.get(p) == p}
     victims = marked | {p for p, s in sid_of.items() if s in leaders}
     if not victims:
         break
-    for p in victims:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.01)
+    kill(victims)
 """
 
 # In-place reset: kill everything but pid 1 (twice, for processes forked meanwhile), then empty
@@ -118,9 +136,7 @@ mkdir -p {" ".join(FOLDERS)} && chmod 1777 {PATHS.tmp} && cd {PATHS.work}
 # outrun it), then /proc is listed until nothing but kernel threads and zombies is left (zombies
 # are reaped by pid 1). Only ever run *inside* a sandbox's own pid namespace or guest: on the host
 # ``kill(-1)`` would kill every process the user may signal.
-END_SCRIPT = """\
-import os, signal, sys, time
-me = os.getpid()
+END_SCRIPT = PROC_WALK + """\
 PF_KTHREAD = 0x00200000
 left = []
 for _ in range(200):
@@ -129,25 +145,16 @@ for _ in range(200):
     except OSError:
         pass
     left = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in (1, me):
-            continue
+    for pid, fields in processes():
         try:
-            with open("/proc/" + d + "/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
             if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_KTHREAD:
                 continue
-        except (OSError, IndexError, ValueError):
+        except (IndexError, ValueError):
             continue
-        left.append(int(d))
+        left.append(pid)
     if not left:
         sys.exit(0)
-    for p in left:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.01)
+    kill(left)
 sys.exit("processes survive SIGKILL: " + " ".join(map(str, left[:20])))
 """
 END_ARGV = ["python3", "-S", "-E", "-c", END_SCRIPT]
@@ -367,6 +374,25 @@ class ContainerSubstrate(Substrate):
             if self._image is None:
                 self._image = self.build_image()
             return self._image
+
+
+def gc_containers(engine: str, labelled: Iterable[Mapping[str, Any]], dead_runs: set[str],
+                  remove: Callable[[str], object], build_containers: Callable[[], Iterable[str]],
+                  removed: list[str]) -> list[str]:
+    """Remove the containers of ``dead_runs`` (``labelled``: the engine's containers that carry
+    ``LABEL_RUN``) and, when no build is in progress, the throw-away build containers. One line per
+    container, appended to ``removed`` as it goes (an engine failing midway keeps what was done)."""
+    for c in labelled:
+        run = (c.get("Labels") or {}).get(LABEL_RUN)
+        if run in dead_runs:
+            remove(c["Id"])
+            removed.append(f"{engine} container {c['Id'][:12]} of run {run}")
+    with build_lock(f"{engine}-image", wait=False) as free:
+        if free:  # no build in progress: its throw-away containers are leftovers
+            for cid in build_containers():
+                remove(cid)
+                removed.append(f"{engine} build container {cid[:12]}")
+    return removed
 
 
 def engine_main(substrate: type[Substrate], ensure_image: Callable[[], object], argv: list[str] | None,

@@ -37,15 +37,7 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.substrates.base import (
-    Capabilities,
-    ExecRequest,
-    ExecResult,
-    Isolation,
-    ResetStrategy,
-    Sandbox,
-    SandboxFrozen,
-)
+from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail
 
@@ -477,7 +469,7 @@ class DockerSubstrate(C.ContainerSubstrate):
     def build_image(self) -> str:
         return ensure_image()
 
-    def create(self) -> Sandbox:
+    def create(self) -> DockerSandbox:
         image = self.image()
         sid = C.new_sandbox_id()
         api = self.client.api
@@ -532,22 +524,17 @@ class DockerSubstrate(C.ContainerSubstrate):
             found = client.api.containers(all=True, filters={"label": C.LABEL_RUN})
         except Exception:
             return []
-        removed = []
+        def remove(cid: str) -> None:
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(cid, force=True)
+
+        def builds() -> list[str]:
+            return [c["Id"] for c in client.api.containers(all=True, filters={"name": C.BUILD_PREFIX})
+                    if any(n.lstrip("/").startswith(C.BUILD_PREFIX) for n in c["Names"])]
+
+        removed: list[str] = []
         try:
-            for c in found:
-                run = (c.get("Labels") or {}).get(C.LABEL_RUN)
-                if run in dead_runs:
-                    with contextlib.suppress(docker.errors.NotFound):
-                        client.api.remove_container(c["Id"], force=True)
-                    removed.append(f"docker container {c['Id'][:12]} of run {run}")
-            with C.build_lock("docker-image", wait=False) as free:
-                if free:  # no build in progress: its throw-away containers are leftovers
-                    for c in client.api.containers(all=True, filters={"name": C.BUILD_PREFIX}):
-                        if not any(n.lstrip("/").startswith(C.BUILD_PREFIX) for n in c["Names"]):
-                            continue
-                        with contextlib.suppress(docker.errors.NotFound):
-                            client.api.remove_container(c["Id"], force=True)
-                        removed.append(f"docker build container {c['Id'][:12]}")
+            C.gc_containers("docker", found, dead_runs, remove, builds, removed)
         except _api_errors():
             pass
         finally:

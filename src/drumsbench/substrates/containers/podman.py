@@ -438,21 +438,14 @@ class PodmanSubstrate(C.ContainerSubstrate):
         )
         if proc.returncode != 0:
             return []
-        removed = []
-        for c in json.loads(proc.stdout or b"[]") or []:
-            run = (c.get("Labels") or {}).get(C.LABEL_RUN)
-            if run in dead_runs:
-                podman(["rm", "--force", "--time", "0", c["Id"]], check=False)
-                removed.append(f"podman container {c['Id'][:12]} of run {run}")
-        with C.build_lock("podman-image", wait=False) as free:
-            if free:  # no build in progress: its throw-away containers are leftovers
-                proc = podman(["ps", "--all", "--format", "{{.ID}} {{.Names}}"], check=False)
-                for line in proc.stdout.decode().splitlines():
-                    cid, _, names = line.partition(" ")
-                    if names.startswith(C.BUILD_PREFIX):
-                        podman(["rm", "--force", "--time", "0", cid], check=False)
-                        removed.append(f"podman build container {cid[:12]}")
-        return removed
+
+        def builds() -> list[str]:
+            listing = podman(["ps", "--all", "--format", "{{.ID}} {{.Names}}"], check=False).stdout.decode()
+            return [cid for cid, _, names in (line.partition(" ") for line in listing.splitlines())
+                    if names.startswith(C.BUILD_PREFIX)]
+
+        return C.gc_containers("podman", json.loads(proc.stdout or b"[]") or [], dead_runs,
+                               lambda cid: podman(["rm", "--force", "--time", "0", cid], check=False), builds, [])
 
 
 def _conmon_in_libexec() -> bool:

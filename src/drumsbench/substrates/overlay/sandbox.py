@@ -49,13 +49,10 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 from drumsbench import images
 from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import tree_digest
-from drumsbench.scan import scan_tokens
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
@@ -65,7 +62,6 @@ from drumsbench.substrates.base import (
     Forking,
     Isolation,
     ResetStrategy,
-    Sandbox,
     SandboxPaths,
     Snapshotting,
     Substrate,
@@ -92,7 +88,7 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "overlay" / run_id
 
 
-class OverlaySandbox(Sandbox, Snapshotting):
+class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
     cgroup: FreezerCgroup | None
 
     def __init__(
@@ -198,7 +194,7 @@ class OverlaySandbox(Sandbox, Snapshotting):
             raise SubstrateError(f"{path!r} is not an absolute path")
         return norm.lstrip("/") or "."
 
-    def _fs(self) -> rootedfs.RootedFS:
+    def _rooted(self) -> rootedfs.RootedFS:
         with self._lock:
             if self._destroyed:
                 raise SubstrateError(f"sandbox {self.id} is destroyed")
@@ -209,7 +205,7 @@ class OverlaySandbox(Sandbox, Snapshotting):
     # -- interface -------------------------------------------------------------------------------
     def _run(self, req: ExecRequest) -> ExecResult:
         workdir = os.path.normpath(req.cwd)
-        if not self._fs().is_dir(self._rel(workdir)):
+        if not self._rooted().is_dir(self._rel(workdir)):
             return missing_workdir(workdir)
         env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
         host_argv = [
@@ -227,37 +223,6 @@ class OverlaySandbox(Sandbox, Snapshotting):
         # Afterwards the group's leader is reaped: its id is forgotten before the kernel can reuse
         # it. What the command left running lives in the pid namespace and dies with the holder.
         return self.groups.run(host_argv, req, cwd=None, env=env, forget_all=True)
-
-    def write_file(self, path: str, data: bytes) -> None:
-        try:
-            self._fs().write(self._rel(path), data)
-        except OSError as e:
-            raise SubstrateError(f"sandbox {self.id}: cannot write {path}: {e}") from e
-
-    def read_file(self, path: str, limit: int | None = None) -> bytes:
-        try:
-            return self._fs().read(self._rel(path), limit)
-        except FileNotFoundError:
-            raise
-        except OSError as e:
-            raise SubstrateError(f"sandbox {self.id}: cannot read {path}: {e}") from e
-
-    def tree_digest(self, path: str) -> str:
-        with self._fs().plain_dir(self._rel(path)) as host:
-            if host is not None:
-                return tree_digest(host)
-        return super().tree_digest(path)
-
-    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
-        hits: set[str] = set()
-        fs = self._fs()
-        for folder in folders:
-            with fs.plain_dir(self._rel(folder)) as host:
-                if host is None:
-                    hits |= super().scan([folder], tokens)
-                else:
-                    hits |= scan_tokens([host], list(tokens))
-        return hits
 
     def end_processes(self) -> None:
         """Kill every process of the holder's pid namespace but the holder, and running ``nsenter``s."""
