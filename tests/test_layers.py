@@ -75,6 +75,13 @@ def test_no_upward_import(layer):
     assert not bad, f"{layer} imports a higher layer: {bad}"
 
 
+def test_only_the_command_line_imports_the_command_line():
+    """``cli/`` is the top: it calls experiments and report; nothing below it reaches back."""
+    bad = sorted((m, t) for m, targets in IMPORTS.items() if _layer(m) not in ("cli", "__main__")
+                 for t in targets if _layer(t) == "cli")
+    assert not bad, bad
+
+
 def test_environments_use_the_substrate_interface_only():
     bad = sorted((m, t) for m, targets in IMPORTS.items() if _layer(m) == "envs"
                  for t in targets if _layer(t) == "substrates" and t not in ENV_MAY_IMPORT_FROM_SUBSTRATES

@@ -21,8 +21,9 @@ def project(
     from_runs: Annotated[list[str] | None, typer.Option(
         "--from", help="Measure from these runs (in --out); repeatable. Without it, calibrate here.")] = None,
     substrate: Annotated[list[str] | None, typer.Option(
-        "--substrate", help="Substrates to calibrate, each optionally with its reset (process, process:recreate): "
-                            "repeatable and/or comma-separated (default: process).")] = None,
+        "--substrate", metavar="NAME[:RESET][,...]",
+        help="Substrates to calibrate, each optionally with its reset (process, process:recreate): "
+             "repeatable and/or comma-separated (default: process).")] = None,
     substrates: o.SubstratesAlias = None,
     tasks: Annotated[str, typer.Option("--tasks", help="Task suite for calibration and check.")] = "coding",
     calibrate_attempts: Annotated[int, typer.Option(help="Calibration trajectories per substrate.")] = 12,
