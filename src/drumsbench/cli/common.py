@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from drumsbench.substrates.base import Substrate
 
 console = Console()
-if not console.is_terminal:  # files and pipes: wide enough for the tables (no cells cut at 80 columns)
-    console = Console(width=160)
+if not console.is_terminal and not os.environ.get("COLUMNS"):
+    console = Console(width=160)  # files and pipes: wide enough for the tables (no cells cut at 80 columns)
 err = Console(stderr=True)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
