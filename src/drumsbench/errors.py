@@ -9,6 +9,9 @@
 - ``PolicyFault``: the policy's own actions or code ended the attempt (a hang in a live sandbox,
   an exit or signal of the code under test, a refused operation, running past the step limit).
   The attempt is valid and failed (reward 0), with the reason recorded — never invalid.
+- ``LedgerUnwritable``: the ledger refused a write (a full disk): the run stops handing out work,
+  drops what is in flight, and the CLI prints one line (exit 2); every attempt recorded before
+  stays, and ``run --resume`` continues once there is room.
 - ``MissingDependency``: a hidden test needs a module the sandbox lacks; the rollout confirms it
   in a fresh sandbox before it calls the attempt invalid (the policy may have deleted it).
 """
@@ -24,6 +27,10 @@ class DrumsError(Exception):
 
 class UsageError(DrumsError):
     """Bad user input: one line naming the field and the fix. CLI exit code 2."""
+
+
+class LedgerUnwritable(DrumsError):
+    """The ledger refused to record an attempt (e.g. a full disk); the run stopped cleanly."""
 
 
 class SubstrateError(DrumsError):

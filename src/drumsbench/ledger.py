@@ -130,7 +130,12 @@ class Ledger:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error:  # e.g. a full disk: leave no transaction open behind the error
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.db.close()

@@ -15,6 +15,7 @@ import typer
 
 from drumsbench.cli import (
     branch,
+    chaos,
     coldstart,
     gc,
     isolation,
@@ -34,7 +35,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 tasks_app = typer.Typer(no_args_is_help=True, help="Task suites.")
 
 for command in (run.run, report.report, gc.gc, substrates.doctor, substrates.conformance, sweep.sweep,
-                project.project, branch.branch, serve.serve, coldstart.coldstart, isolation.isolation, train.train):
+                project.project, branch.branch, serve.serve, coldstart.coldstart, isolation.isolation, train.train,
+                chaos.chaos):
     app.command()(command)
 app.add_typer(tasks_app, name="tasks")
 for name, command in (("list", tasks.tasks_list), ("fingerprint", tasks.tasks_fingerprint),

@@ -8,6 +8,7 @@ twice.
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 import uuid
 from collections import Counter
@@ -21,7 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 from drumsbench import state
 from drumsbench.envs import suites
 from drumsbench.envs.base import Environment
-from drumsbench.errors import UsageError
+from drumsbench.errors import LedgerUnwritable, UsageError
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
 from drumsbench.faults import FaultPlan
@@ -169,13 +170,25 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         else:
             executor = LocalExecutor(cfg.concurrency)
 
+        refused: list[str] = []
+
         def sink(rec: AttemptRecord) -> None:
-            ledger.record(rec, seg)
+            if refused:
+                return
+            try:
+                ledger.record(rec, seg)
+            except sqlite3.OperationalError as e:  # a full disk: stop; what was recorded stays intact
+                refused.append(f"seq {rec.seq}: {e}")
+                job.stopped.set()  # no more work; in-flight attempts are dropped like on Ctrl-C
+                return
             progress.add(rec)
 
         tick = (lambda: on_progress(progress)) if on_progress else None
         sampler = ResourceSampler(lambda: len(job._live), duration_left).start() if windowed else None
         executor.execute(job, substrate, sink, tick)
+        if refused:
+            raise LedgerUnwritable(f"the ledger refused attempt {refused[0]}; the {ledger.count(run_id)} attempts "
+                                   f"recorded are intact; make room, then `drumsbench run --resume {run_id}`")
         ledger.heartbeat(run_id, seg)
         register_screenshots(ledger, run_id)
         status = "interrupted" if executor.interrupted else "complete"

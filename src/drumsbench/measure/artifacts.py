@@ -24,6 +24,8 @@ kind               name                                written by
 ``branch-summary`` ``report``                          branch
 ``projection``     the substrate (label)               project
 ``screenshot``     ``<task>/<seq or method>/<stage>``  run on desktop tasks, branch on desktop
+``chaos-event``    ``event-NNNN``                      chaos (one per injected event)
+``chaos``          ``summary``                         chaos (its checks)
 =================  ==================================  ========================================
 """
 
@@ -328,6 +330,53 @@ class ScreenshotArtifact(Artifact):
     png_base64: str | None = None
 
 
+# -- chaos -------------------------------------------------------------------------------------------
+
+class RowsDigest(BaseModel):
+    """The attempts recorded at one moment: how many, the largest seq, and a SHA-256 over their
+    ``(seq, outcome, cause, t_end)`` in seq order (``measure.chaos.digest``). A later ledger holds the
+    same attempts exactly when its rows with ``seq <= max_seq`` give the same count and digest."""
+
+    n: int = Field(ge=0)
+    max_seq: int
+    sha256: str
+
+
+class ChaosEventArtifact(Artifact):
+    """One event a chaos run injected from outside the harness (``experiments/chaos.py``): when,
+    what, on which target, the attempts recorded before it, and what followed."""
+
+    KIND: ClassVar[str] = "chaos-event"
+    index: int
+    t: float  # wall clock when it was injected
+    kind: str  # harness_kill, sandbox_kill, container_kill, desktop_kill, ledger_reader, disk_full
+    target: str
+    harness_segment: int  # which start of the harness (0: the first `run`, then each `run --resume`)
+    before: RowsDigest  # the attempts recorded at the event (after the harness died, for a kill)
+    attempts_after: int | None = None  # recorded once what followed was over
+    hold_s: float | None = None  # ledger_reader, disk_full: how long it was held
+    followed: str = ""
+    harness_exit: int | None = None  # the harness's exit code when it ended because of the event
+    integrity: str | None = None  # the ledger's PRAGMA integrity_check after the event (disk_full)
+
+
+class ChaosCheck(BaseModel):
+    passed: bool
+    detail: str
+
+
+class ChaosSummaryArtifact(Artifact):
+    """A chaos run's verdict: its checks (``measure.chaos``), each passed or not with a detail."""
+
+    KIND: ClassVar[str] = "chaos"
+    events: int
+    by_kind: dict[str, int]
+    attempts: int
+    harness_starts: int
+    checks: dict[str, ChaosCheck]
+    passed: bool
+
+
 # -- everything of one run -----------------------------------------------------------------------------
 
 @dataclass
@@ -345,6 +394,8 @@ class RunArtifacts:
     branch: dict[str, BranchMethodArtifact] = field(default_factory=dict)
     branch_summary: BranchSummaryArtifact | None = None
     screenshots: dict[str, ScreenshotArtifact] = field(default_factory=dict)
+    chaos_events: dict[str, ChaosEventArtifact] = field(default_factory=dict)
+    chaos: ChaosSummaryArtifact | None = None
     train: TrainReport | None = None
     other_kinds: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be read
@@ -353,7 +404,7 @@ class RunArtifacts:
 KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
                                 PriceFilesArtifact, ColdstartArtifact, IsolationArtifact, ProjectionArtifact,
                                 BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact,
-                                LeakSamplesArtifact)} | {TrainReport.KIND}
+                                LeakSamplesArtifact, ChaosEventArtifact, ChaosSummaryArtifact)} | {TrainReport.KIND}
 
 
 def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
@@ -385,6 +436,8 @@ def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
     out.branch = get(BranchMethodArtifact)
     out.branch_summary = get(BranchSummaryArtifact).get("report")
     out.screenshots = get(ScreenshotArtifact)
+    out.chaos_events = get(ChaosEventArtifact)
+    out.chaos = get(ChaosSummaryArtifact).get("summary")
     if TrainReport.KIND in counts:
         try:
             out.train = TrainReport.model_validate(ledger.artifacts(run_id, TrainReport.KIND)["report"])

@@ -1,0 +1,445 @@
+"""``drumsbench chaos``: a ``run`` under events injected from outside the harness (docs/chaos.md).
+
+The driver runs the harness as a child process (``drumsbench run ...``, then ``run --resume RUN``
+after each stop) and, at seeded random moments, injects one of:
+
+- ``harness_kill``: SIGKILL of the harness, ``drumsbench gc``, then ``run --resume``;
+- ``sandbox_kill``: SIGKILL of one process of the run's sandboxes (host-process substrates);
+- ``container_kill``: ``docker kill`` of one of the run's containers (docker), SIGKILL of one of
+  their conmon processes (podman) — never dockerd or podman's service;
+- ``desktop_kill``: SIGKILL of one of the run's ``soffice.bin`` or ``Xvfb`` (desktop tasks);
+- ``ledger_reader``: a second process holds a read transaction on the ledger for some seconds;
+- ``disk_full``: the out folder (a small tmpfs the driver mounts) is filled from outside for some
+  seconds, then freed; a harness that stopped is resumed.
+
+Each event is a ``chaos-event`` artifact in the run's ledger. At the end ``gc`` runs and the checks
+of ``measure.chaos`` plus ``gc_clean`` (no sandbox folder, container, process or new /tmp entry of
+the run) and ``harness`` (no exit the driver did not cause) give the verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from drumsbench import state
+from drumsbench.errors import UsageError
+from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
+from drumsbench.measure.artifacts import ChaosCheck, ChaosEventArtifact, ChaosSummaryArtifact
+from drumsbench.measure.chaos import digest, judge
+
+KINDS = ("harness_kill", "sandbox_kill", "container_kill", "desktop_kill", "ledger_reader", "disk_full")
+HOST_PROCESS = ("process", "bwrap", "overlay")
+RUN_VAR = "DRUMSBENCH_RUN"
+DESKTOP_PROCS = ("soffice.bin", "Xvfb")
+# what a run of ours may leave in the host's /tmp (anything else new there is another user's)
+TMP_OURS = ("drumsbench", "OSL_PIPE_")
+
+
+class ChaosConfig(BaseModel):
+    substrate: str = "process"
+    tasks: str = "coding"
+    policy: str = "oracle"
+    concurrency: int = Field(2, ge=1, le=512)
+    duration_s: float = Field(60.0, gt=0)  # of the run (time the harness was alive)
+    every_s: float = Field(10.0, gt=0)  # mean time between events
+    seed: int = 0
+    kinds: list[str] = Field(default_factory=list)  # empty: every kind that applies
+    hold_s: float = Field(3.0, gt=0)  # ledger_reader and disk_full
+    tmpfs_mib: int | None = Field(None, ge=8)  # the out folder on a tmpfs of this size (disk_full needs it)
+    step_timeout_s: float = Field(30.0, gt=0)
+    episode_timeout_s: float = Field(300.0, gt=0)
+
+
+def applicable(substrate: str, tasks: str, tmpfs: bool) -> list[str]:
+    """The kinds of event that apply to this substrate and suite."""
+    out = ["harness_kill", "ledger_reader"]
+    if substrate in HOST_PROCESS:
+        out.append("sandbox_kill")
+    if substrate in ("docker", "podman"):
+        out.append("container_kill")
+    if tasks == "desktop":
+        out.append("desktop_kill")
+    if tmpfs:
+        out.append("disk_full")
+    return out
+
+
+def pids_of_run(run_id: str) -> dict[int, str]:
+    """Host processes whose environment carries ``DRUMSBENCH_RUN=run_id``: pid -> command name."""
+    needle = f"{RUN_VAR}={run_id}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            found[int(entry)] = Path(f"/proc/{entry}/comm").read_text().strip()
+        except OSError:
+            continue
+    return found
+
+
+def containers_of_run(engine: str, run_id: str) -> list[str]:
+    if shutil.which(engine) is None:
+        return []
+    proc = subprocess.run([engine, "ps", "-aq", "--filter", f"label=drumsbench.run={run_id}"], capture_output=True,
+                          text=True, timeout=60)
+    return proc.stdout.split()
+
+
+def tmp_entries() -> set[str]:
+    with contextlib.suppress(OSError):
+        return set(os.listdir("/tmp"))
+    return set()
+
+
+class Chaos:
+    """One chaos run: ``out`` keeps the ledger (copied there from the tmpfs at the end when one is
+    used) and the harness's logs."""
+
+    def __init__(self, cfg: ChaosConfig, out: Path, say: Callable[[str], None]) -> None:
+        self.cfg, self.out, self.say = cfg, out, say
+        self.kinds = cfg.kinds or applicable(cfg.substrate, cfg.tasks, cfg.tmpfs_mib is not None)
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown:
+            raise UsageError(f"--events: {unknown[0]!r} is not one of {', '.join(KINDS)}")
+        if "disk_full" in self.kinds and cfg.tmpfs_mib is None:
+            raise UsageError("--events disk_full: give --tmpfs-mib N; the out folder is filled only on a tmpfs of "
+                             "its own")
+        self.live = out / "live" if cfg.tmpfs_mib else out
+        self.rng = random.Random(f"chaos:{cfg.seed}")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.unexpected: list[str] = []
+        self.run_id: str | None = None
+        self.events: list[ChaosEventArtifact] = []
+        self.mounted = False
+
+    # -- the harness -------------------------------------------------------------------------------
+    def _harness_args(self) -> list[str]:
+        c = self.cfg
+        if self.run_id is not None:
+            return ["run", "--resume", self.run_id, "--out", str(self.live), "--no-progress"]
+        return ["run", "--substrate", c.substrate, "--tasks", c.tasks, "--policy", c.policy,
+                "--concurrency", str(c.concurrency), "--duration", f"{c.duration_s:g}s", "--seed", str(c.seed),
+                "--step-timeout", f"{c.step_timeout_s:g}s", "--episode-timeout", f"{c.episode_timeout_s:g}s",
+                "--out", str(self.live), "--no-progress"]
+
+    def _start(self) -> None:
+        logs = self.out / "chaos-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = (logs / f"harness-{self.starts}.log").open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "drumsbench", *self._harness_args()], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.starts += 1
+
+    def _log_tail(self) -> str:
+        path = self.out / "chaos-logs" / f"harness-{self.starts - 1}.log"
+        with contextlib.suppress(OSError):
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+            return lines[-1][:200] if lines else ""
+        return ""
+
+    def _gc(self) -> str:
+        proc = subprocess.run([sys.executable, "-m", "drumsbench", "gc"], capture_output=True, text=True, timeout=300)
+        return (proc.stdout.strip().splitlines() or ["gc: no output"])[0]
+
+    def _find_run(self) -> None:
+        if self.run_id is not None:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            db = sqlite3.connect(f"file:{self.live / 'ledger.sqlite'}?mode=ro", uri=True, timeout=5)
+            try:
+                row = db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT 1").fetchone()
+            finally:
+                db.close()
+            if row:
+                self.run_id = row[0]
+
+    def _ledger(self) -> Ledger:
+        return Ledger(self.live / "ledger.sqlite")
+
+    # -- the run -----------------------------------------------------------------------------------
+    def execute(self) -> tuple[str, ChaosSummaryArtifact]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.cfg.tmpfs_mib:
+            if (self.out / "ledger.sqlite").exists():
+                raise UsageError(f"--tmpfs-mib: {self.out} already has a ledger; give a new --out")
+            self.live.mkdir(parents=True, exist_ok=True)
+            mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.cfg.tmpfs_mib}m", "tmpfs",
+                                    str(self.live)], capture_output=True, text=True)
+            if mount.returncode != 0:
+                raise UsageError(f"--tmpfs-mib: cannot mount a tmpfs at {self.live}: {mount.stderr.strip()}")
+            self.mounted = True
+        tmp_before = tmp_entries()
+        try:
+            self._drive()
+            run_id = self.run_id
+            if run_id is None:
+                raise UsageError(f"chaos: the harness recorded no run; see {self.out / 'chaos-logs'}")
+            self.say("run complete; gc")
+            gc_line = self._gc()
+            clean = self._clean(run_id, tmp_before, gc_line)
+        finally:
+            with contextlib.suppress(Exception):
+                self._stop_harness()
+            if self.mounted:
+                self._copy_out()
+        ledger = Ledger(self.out / "ledger.sqlite")
+        try:
+            checks = judge(ledger, run_id)
+            checks["gc_clean"] = clean
+            checks["harness"] = ChaosCheck(passed=not self.unexpected, detail="; ".join(self.unexpected[:3]) or
+                                           f"{self.starts} start(s), every stop caused by an event; run complete")
+            summary = ChaosSummaryArtifact(
+                events=len(self.events), by_kind=dict(Counter(e.kind for e in self.events)),
+                attempts=ledger.count(run_id), harness_starts=self.starts, checks=checks,
+                passed=all(c.passed for c in checks.values()))
+            artifacts.put(ledger, run_id, "summary", summary)
+        finally:
+            ledger.close()
+        return run_id, summary
+
+    def _drive(self) -> None:
+        self._start()
+        start = time.monotonic()
+        next_at = start + self._gap()
+        while True:
+            assert self.proc is not None
+            rc = self.proc.poll()
+            if rc is not None:
+                self._find_run()
+                if rc == 0 and self._status() == "complete":
+                    return
+                self.unexpected.append(f"harness start {self.starts - 1} exited {rc} on its own: {self._log_tail()}")
+                if len(self.unexpected) > 3 or self.run_id is None:
+                    return
+                self.say(f"harness exited {rc} on its own; resuming")
+                self._gc()
+                self._start()
+                continue
+            self._find_run()
+            if self.run_id is not None and time.monotonic() >= next_at:
+                self._inject(self.rng.choice(self.kinds))
+                next_at = time.monotonic() + self._gap()
+            time.sleep(0.1)
+
+    def _gap(self) -> float:
+        return self.rng.uniform(0.5, 1.5) * self.cfg.every_s
+
+    def _status(self) -> str | None:
+        with contextlib.suppress(sqlite3.Error):
+            db = sqlite3.connect(f"file:{self.live / 'ledger.sqlite'}?mode=ro", uri=True, timeout=30)
+            try:
+                row = db.execute("SELECT status FROM runs WHERE run_id = ?", (self.run_id,)).fetchone()
+            finally:
+                db.close()
+            return row[0] if row else None
+        return None
+
+    def _stop_harness(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    # -- events ------------------------------------------------------------------------------------
+    def _inject(self, kind: str) -> None:
+        assert self.run_id is not None and self.proc is not None
+        run_id, index = self.run_id, len(self.events)
+        segment = self.starts - 1
+        t = time.time()
+        hold_s: float | None = None
+        exit_code: int | None = None
+        integrity: str | None = None
+        if kind == "harness_kill":
+            target = f"harness pid {self.proc.pid}"
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            t = time.time()
+            with contextlib.closing(self._ledger()) as ledger:
+                before = digest(ledger, run_id)
+            gc_line = self._gc()
+            self._start()
+            followed = f"{before.n} recorded when it died; {gc_line}; resumed (start {self.starts - 1})"
+        elif kind in ("sandbox_kill", "desktop_kill"):
+            pids = self._pick_pids(kind)
+            with contextlib.closing(self._ledger()) as ledger:
+                before = digest(ledger, run_id)
+            if not pids:
+                target, followed = "none", "no process of the run's sandboxes was running"
+            else:
+                pid, comm = self.rng.choice(sorted(pids.items()))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                target, followed = f"pid {pid} ({comm})", "killed; the harness goes on"
+        elif kind == "container_kill":
+            with contextlib.closing(self._ledger()) as ledger:
+                before = digest(ledger, run_id)
+            target, followed = self._kill_container(run_id)
+        elif kind == "ledger_reader":
+            with contextlib.closing(self._ledger()) as ledger:
+                before = digest(ledger, run_id)
+            target, followed = self._hold_reader(run_id, before.n)
+            hold_s = self.cfg.hold_s
+        elif kind == "disk_full":
+            with contextlib.closing(self._ledger()) as ledger:
+                before = digest(ledger, run_id)
+            target, followed, exit_code, integrity = self._fill_disk(run_id)
+            hold_s = self.cfg.hold_s
+        else:
+            raise UsageError(f"--events: {kind!r} is not one of {', '.join(KINDS)}")
+        with contextlib.closing(self._ledger()) as ledger:
+            after = ledger.count(run_id)
+            ev = ChaosEventArtifact(index=index, t=t, kind=kind, target=target, harness_segment=segment,
+                                    before=before, attempts_after=after, hold_s=hold_s, followed=followed,
+                                    harness_exit=exit_code, integrity=integrity)
+            artifacts.put(ledger, run_id, f"event-{index:04d}", ev)
+        self.events.append(ev)
+        self.say(f"event {index} {kind} -> {target}: {followed}")
+
+    def _pick_pids(self, kind: str) -> dict[int, str]:
+        assert self.run_id is not None
+        deadline = time.monotonic() + 3
+        while True:
+            pids = {p: c for p, c in pids_of_run(self.run_id).items() if self.proc is None or p != self.proc.pid}
+            if kind == "desktop_kill":
+                pids = {p: c for p, c in pids.items() if c in DESKTOP_PROCS}
+            if pids or time.monotonic() > deadline:
+                return pids
+            time.sleep(0.05)
+
+    def _kill_container(self, run_id: str) -> tuple[str, str]:
+        engine = self.cfg.substrate
+        running = subprocess.run([engine, "ps", "-q", "--filter", f"label=drumsbench.run={run_id}"],
+                                 capture_output=True, text=True, timeout=60).stdout.split()
+        if not running:
+            return "none", "no container of the run was running"
+        cid = self.rng.choice(sorted(running))
+        if engine == "docker":
+            proc = subprocess.run(["docker", "kill", cid], capture_output=True, text=True, timeout=60)
+            return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed"))[:200]
+        conmon = subprocess.run(["podman", "inspect", "--format", "{{.State.ConmonPid}}", cid], capture_output=True,
+                                text=True, timeout=60).stdout.strip()
+        if not conmon.isdigit() or int(conmon) <= 1:
+            return f"container {cid[:12]}", "no conmon found"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(conmon), signal.SIGKILL)
+        return f"conmon pid {conmon} of container {cid[:12]}", "conmon killed"
+
+    def _hold_reader(self, run_id: str, n_before: int) -> tuple[str, str]:
+        hold = self.cfg.hold_s
+        code = ("import sqlite3, sys, time\n"
+                "db = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)\n"
+                "db.execute('BEGIN'); n = db.execute('SELECT COUNT(*) FROM attempts').fetchone()[0]\n"
+                "print(n, flush=True); time.sleep(float(sys.argv[2])); db.execute('COMMIT')\n")
+        reader = subprocess.Popen([sys.executable, "-c", code, str(self.live / "ledger.sqlite"), str(hold)],
+                                  stdout=subprocess.PIPE, text=True)
+        out, _ = reader.communicate(timeout=hold + 60)
+        with contextlib.closing(self._ledger()) as ledger:
+            n_after = ledger.count(run_id)
+        return (f"reader pid {reader.pid}",
+                f"held a read transaction {hold:g} s (saw {out.strip()}); {n_after - n_before} attempts recorded "
+                f"meanwhile")
+
+    def _fill_disk(self, run_id: str) -> tuple[str, str, int | None, str]:
+        assert self.proc is not None
+        filler = self.live / ".chaos-fill"
+        chunk = b"\0" * (1 << 20)
+        written = 0
+        with filler.open("wb", buffering=0) as f:
+            for size in (1 << 20, 4096, 1):
+                try:
+                    while True:
+                        written += f.write(chunk[:size])
+                except OSError:
+                    continue
+        deadline = time.monotonic() + self.cfg.hold_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.05)
+        rc = self.proc.poll()
+        filler.unlink()
+        with contextlib.closing(self._ledger()) as ledger:
+            integrity = str(ledger.db.execute("PRAGMA integrity_check").fetchone()[0])
+        target = f"{self.live} ({written >> 20} MiB filled)"
+        if rc is None:
+            return target, f"full {self.cfg.hold_s:g} s; the harness ran on", None, integrity
+        tail = self._log_tail()
+        gc_line = self._gc()
+        self._start()
+        return target, f"the harness stopped (exit {rc}: {tail}); {gc_line}; resumed (start {self.starts - 1})", \
+            rc, integrity
+
+    # -- the end -----------------------------------------------------------------------------------
+    def _clean(self, run_id: str, tmp_before: set[str], gc_line: str) -> ChaosCheck:
+        from drumsbench.substrates import registry
+
+        left: list[str] = []
+        with contextlib.suppress(Exception):
+            left += registry.get(self.cfg.substrate)(run_id, state.state_dir()).leftovers()
+        left += [f"process {p} ({c})" for p, c in pids_of_run(run_id).items()]
+        for engine in ("docker", "podman"):
+            if self.cfg.substrate == engine:
+                left += [f"{engine} container {c}" for c in containers_of_run(engine, run_id)]
+        new_tmp = sorted(e for e in tmp_entries() - tmp_before if e.startswith(TMP_OURS))
+        left += [f"/tmp/{e}" for e in new_tmp]
+        if (self.live / ".chaos-fill").exists():
+            left.append(str(self.live / ".chaos-fill"))
+        return ChaosCheck(passed=not left, detail="; ".join(left[:5]) or f"nothing left after gc ({gc_line})")
+
+    def _copy_out(self) -> None:
+        """The tmpfs out folder's ledger and files into ``out``, then the tmpfs is unmounted."""
+        src = self.live / "ledger.sqlite"
+        if src.exists():
+            a, b = sqlite3.connect(src, timeout=60), sqlite3.connect(self.out / "ledger.sqlite")
+            try:
+                a.backup(b)
+            finally:
+                a.close()
+                b.close()
+        for p in self.live.iterdir():
+            if p.name.startswith("ledger.sqlite") or p.name == ".chaos-fill":
+                continue
+            dest = self.out / p.name
+            if p.is_dir():
+                shutil.copytree(p, dest, dirs_exist_ok=True, symlinks=True)
+            else:
+                shutil.copy2(p, dest)
+        subprocess.run(["umount", str(self.live)], check=False, capture_output=True)
+        self.mounted = False
+        with contextlib.suppress(OSError):
+            self.live.rmdir()
+
+
+def check_only(out: Path, run_id: str) -> ChaosSummaryArtifact:
+    """The ledger-only checks again on a finished chaos run (e.g. after the ledger was changed)."""
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        stored = artifacts.load(ledger, run_id, ChaosSummaryArtifact).get("summary")
+        if stored is None:
+            raise UsageError(f"--check: run {run_id} in {out} is not a finished chaos run")
+        checks = {**stored.checks, **judge(ledger, run_id)}
+        return stored.model_copy(update={"checks": checks, "attempts": ledger.count(run_id),
+                                          "passed": all(c.passed for c in checks.values())})
+    finally:
+        ledger.close()
