@@ -1,0 +1,165 @@
+"""`drumsbench chaos`: one test per event at a small size, real processes and substrates, and
+positive controls showing the checks fail on a ledger that lost an attempt, counted one twice or
+misclassified one (each made by really changing rows of a chaos run's ledger)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from drumsbench.ledger import Ledger
+from drumsbench.measure.artifacts import ChaosEventArtifact, ChaosSummaryArtifact, load
+from drumsbench.substrates import registry
+
+from conftest import require
+from helpers import cli
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+
+
+def chaos(out: Path, env: dict[str, str], *args: str, expect: int = 0) -> tuple[str, list[ChaosEventArtifact],
+                                                                                ChaosSummaryArtifact]:
+    proc = cli("chaos", "--out", str(out), "--concurrency", "2", "--seed", "1", "--no-progress", *args, env=env,
+               timeout=240)
+    assert proc.returncode == expect, proc.stdout + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    ledger = Ledger(out / "ledger.sqlite")
+    try:
+        run_id = ledger.runs()[-1]
+        events = sorted(load(ledger, run_id, ChaosEventArtifact).values(), key=lambda e: e.index)
+        summary = load(ledger, run_id, ChaosSummaryArtifact)["summary"]
+    finally:
+        ledger.close()
+    for name in ("survived", "counted_once", "classified", "ledger_intact", "gc_clean", "harness"):
+        assert f" {name}: " in proc.stdout, proc.stdout
+    return run_id, events, summary
+
+
+def check_again(out: Path, run_id: str, env: dict[str, str]) -> str:
+    proc = cli("chaos", "--check", run_id, "--out", str(out), env=env, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def copy_ledger(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    a, b = sqlite3.connect(src / "ledger.sqlite"), sqlite3.connect(dest / "ledger.sqlite")
+    a.backup(b)
+    a.close()
+    b.close()
+
+
+def test_harness_kill_then_resume_loses_nothing_and_the_check_catches_a_lost_or_doubled_attempt(tmp_path, env):
+    out = tmp_path / "chaos"
+    run_id, events, summary = chaos(out, env, "--events", "harness_kill", "--duration", "12s", "--every", "3s")
+    assert summary.passed and summary.events >= 2, summary
+    assert summary.harness_starts == summary.events + 1
+    db = sqlite3.connect(out / "ledger.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM segments").fetchone()[0] == summary.harness_starts
+    assert db.execute("SELECT status FROM runs").fetchone()[0] == "complete"
+    kill = next(e for e in events if e.before.n > 0)
+    final = db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+    assert final > kill.before.n, "the resumed run recorded nothing after the kill"
+    db.close()
+
+    # positive control 1: really delete a row recorded before a kill -> survived fails
+    lost = tmp_path / "lost"
+    copy_ledger(out, lost)
+    with sqlite3.connect(lost / "ledger.sqlite") as db:
+        seq = db.execute("SELECT MIN(seq) FROM attempts").fetchone()[0]
+        db.execute("DELETE FROM attempts WHERE seq = ?", (seq,))
+    text = check_again(lost, run_id, env)
+    assert "FAIL survived" in text and "lost" in text, text
+    assert "ok   counted_once" in text
+
+    # positive control 2: the same attempt recorded again under a new seq -> counted_once fails
+    twice = tmp_path / "twice"
+    copy_ledger(out, twice)
+    with sqlite3.connect(twice / "ledger.sqlite") as db:
+        cols = [r[1] for r in db.execute("PRAGMA table_info(attempts)")]
+        top = db.execute("SELECT MAX(seq) FROM attempts").fetchone()[0]
+        picked = ", ".join("? " if c == "seq" else c for c in cols)
+        db.execute(f"INSERT INTO attempts ({', '.join(cols)}) SELECT {picked} FROM attempts WHERE seq = ?",
+                   (top + 1, kill.before.max_seq))
+    text = check_again(twice, run_id, env)
+    assert "FAIL counted_once" in text and "recorded twice" in text, text
+
+
+def test_sandbox_kill_attempts_are_classified_and_a_wrong_cause_is_caught(tmp_path, env):
+    out = tmp_path / "chaos"
+    run_id, events, summary = chaos(out, env, "--events", "sandbox_kill", "--policy", "explorer",
+                                    "--duration", "12s", "--every", "2s")
+    assert summary.passed, summary
+    hit = [e for e in events if e.target != "none"]
+    assert hit, [e.followed for e in events]
+    # positive control: an attempt in flight at a kill made invalid with a cause no kill can have
+    db = sqlite3.connect(out / "ledger.sqlite")
+    seqs = [r[0] for e in hit for r in db.execute(
+        "SELECT seq FROM attempts WHERE t_start <= ? AND ? <= t_end", (e.t, e.t))]
+    assert seqs, "no attempt was in flight at any kill"
+    with db:
+        db.execute("UPDATE attempts SET outcome = 'invalid', cause = 'stale_generation', reward = NULL "
+                   "WHERE seq = ?", (seqs[0],))
+    db.close()
+    text = check_again(out, run_id, env)
+    assert "FAIL classified" in text and "stale_generation" in text, text
+
+
+def test_a_reader_holding_the_ledger_does_not_stop_the_run(tmp_path, env):
+    out = tmp_path / "chaos"
+    _, events, summary = chaos(out, env, "--events", "ledger_reader", "--hold", "2s", "--duration", "10s",
+                               "--every", "3s")
+    assert summary.passed and events, summary
+    # attempts were recorded while the reader held its transaction
+    first = events[0]
+    assert first.hold_s == 2.0 and "meanwhile" in first.followed
+    assert first.attempts_after is not None and first.attempts_after > first.before.n, first
+
+
+def test_a_full_out_folder_stops_the_run_cleanly_and_resume_loses_nothing(tmp_path, env):
+    if os.geteuid() != 0:
+        pytest.skip("mounting the tmpfs out folder needs root")
+    out = tmp_path / "chaos"
+    _, events, summary = chaos(out, env, "--events", "disk_full", "--tmpfs-mib", "16", "--duration", "10s",
+                               "--every", "3s")
+    assert summary.passed and events, summary
+    stopped = [e for e in events if e.harness_exit is not None]
+    assert stopped, [e.followed for e in events]
+    for e in stopped:
+        assert e.harness_exit == 2 and e.integrity == "ok", e  # one-line error, never a traceback
+        assert "the ledger refused attempt" in e.followed and "resumed" in e.followed
+    assert not (out / "live").exists() and str(out) not in Path("/proc/self/mounts").read_text()
+
+
+def test_container_kill_on_docker_makes_its_attempt_invalid(tmp_path, env):
+    require(registry.get("docker").missing())
+    out = tmp_path / "chaos"
+    _, events, summary = chaos(out, env, "--substrate", "docker", "--events", "container_kill", "--duration", "15s",
+                               "--every", "4s")
+    assert summary.passed and any(e.target.startswith("container") for e in events), summary
+    db = sqlite3.connect(out / "ledger.sqlite")
+    causes = {r[0] for r in db.execute("SELECT cause FROM attempts WHERE cause IS NOT NULL")}
+    assert causes and causes <= {"substrate_failure", "bad_observation", "step_timeout", "dirty_reset"}, causes
+
+
+def test_killing_soffice_or_xvfb_makes_the_desktop_attempt_invalid(tmp_path, env):
+    from drumsbench.envs.desktop import instance
+
+    require(instance.missing())
+    out = tmp_path / "chaos"
+    _, events, summary = chaos(out, env, "--tasks", "desktop", "--events", "desktop_kill", "--duration", "15s",
+                               "--every", "5s")
+    assert summary.passed and any(e.target != "none" for e in events), summary
+    db = sqlite3.connect(out / "ledger.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome = 'invalid'").fetchone()[0] >= 1
+
+
+def test_disk_full_without_a_tmpfs_is_refused(tmp_path, env):
+    proc = cli("chaos", "--events", "disk_full", "--out", str(tmp_path / "c"), env=env, timeout=60)
+    assert proc.returncode == 2 and "--tmpfs-mib" in proc.stderr.strip().splitlines()[-1], proc.stderr
