@@ -17,7 +17,7 @@ def chaos(
     substrate: o.Substrate = "process",
     tasks: o.Tasks = "coding",
     policy: o.Policy = "oracle",
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Attempts at once.")] = 2,
+    concurrency: o.Concurrency = None,
     duration: o.Duration = "60s",
     every: Annotated[str, typer.Option(help="Mean time between events (each gap drawn from 0.5x to 1.5x).")] = "10s",
     events: Annotated[list[str] | None, typer.Option(
@@ -42,7 +42,8 @@ def chaos(
         run_id, summary = check, check_only(out, check)
     else:
         try:
-            cfg = ChaosConfig(substrate=substrate, tasks=tasks, policy=policy, concurrency=concurrency,
+            extra = {} if concurrency is None else {"concurrency": concurrency}
+            cfg = ChaosConfig(substrate=substrate, tasks=tasks, policy=policy, **extra,
                               duration_s=parse_duration(duration, "--duration"),
                               every_s=parse_duration(every, "--every"), seed=seed, kinds=names(events),
                               hold_s=parse_duration(hold, "--hold"), tmpfs_mib=tmpfs_mib,

@@ -53,7 +53,7 @@ class ChaosConfig(BaseModel):
     substrate: str = "process"
     tasks: str = "coding"
     policy: str = "oracle"
-    concurrency: int = Field(2, ge=1, le=512)
+    concurrency: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
     duration_s: float = Field(60.0, gt=0)  # of the run (time the harness was alive)
     every_s: float = Field(10.0, gt=0)  # mean time between events
     seed: int = 0
