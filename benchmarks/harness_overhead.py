@@ -19,13 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from drumsbench.core.outcome import Outcome
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import Outcome
 from drumsbench.policies.scripted import Oracle, Policy
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
 
 

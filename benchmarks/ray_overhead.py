@@ -29,15 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
+from drumsbench.core.outcome import Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
-from drumsbench.faults import FaultPlan
 from drumsbench.measure.stats import quantile
-from drumsbench.outcome import Outcome
 from drumsbench.policies.scripted import make_policy
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig
+from drumsbench.rollout.attempt import RolloutConfig
+from drumsbench.rollout.faults import FaultPlan
 from drumsbench.substrates import registry
 
 ROOT = Path(__file__).resolve().parents[1]

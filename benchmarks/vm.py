@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from drumsbench import images
-from drumsbench.machine import commit, machine_info
+from drumsbench.core.machine import commit, machine_info
 from drumsbench.substrates.exec_core import SANDBOX_PATH
 from drumsbench.substrates.vm.qemu import qemu_version
 from drumsbench.substrates.vm.sandbox import VmSubstrate, run_folder

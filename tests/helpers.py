@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from drumsbench.envs.coding.env import CodingEnv
-from drumsbench.rollout import Slot
+from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates import registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
+from drumsbench.core.outcome import Outcome
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import Outcome
 from drumsbench.policies.adversary import STRATEGIES, Adversary
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
 
 from conftest import require
@@ -115,7 +115,7 @@ def test_desktop_strategies_end_failed(tmp_path, run_id):
     from drumsbench.envs.desktop.env import DesktopEnv
     from drumsbench.envs.desktop.task import load_suite as load_desktop
     from drumsbench.policies.adversary import DESKTOP_STRATEGIES
-    from drumsbench.rollout import Slot
+    from drumsbench.rollout.attempt import Slot
 
     require(instance.missing())
     state = tmp_path / "state"

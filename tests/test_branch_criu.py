@@ -18,7 +18,7 @@ def ledger(tmp_path):
 
 
 def test_desktop_criu_fork(ledger, state_dir):
-    from drumsbench import criu as criu_install
+    from drumsbench.branching import criu_binary as criu_install
     from drumsbench.envs.desktop import instance
 
     from conftest import require

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.outcome import InvalidCause
+from drumsbench.core.outcome import InvalidCause
 
 from helpers import MINI, ROOT, cli
 

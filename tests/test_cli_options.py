@@ -11,7 +11,7 @@ import typer
 
 from drumsbench.cli import app
 from drumsbench.cli.common import names, substrate_names
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 from helpers import cli
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.measure.cost import (
     DEFAULT_PRICE,
     HOURS_PER_MONTH,

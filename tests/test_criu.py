@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from drumsbench import criu as criu_install
+from drumsbench.branching import criu_binary as criu_install
 from drumsbench.branching.criu import LiveTree, checkpoint, restore
 
 from conftest import require

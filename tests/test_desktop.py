@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
+from drumsbench.core.errors import InvalidAttempt, UsageError
+from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs import suites
 from drumsbench.envs.base import Action, ActionSpec
 from drumsbench.envs.desktop import instance, odf
 from drumsbench.envs.desktop.env import DesktopEnv
 from drumsbench.envs.desktop.task import compute_fingerprints, load_suite, lock_name
-from drumsbench.errors import InvalidAttempt, UsageError
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.policies import replay
 from drumsbench.policies.scripted import Null, Oracle, Policy
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.process import ProcessSubstrate
 
 from conftest import require

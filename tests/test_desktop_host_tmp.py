@@ -34,7 +34,7 @@ def test_desktop_single_office_pipe_name():
 
 
 def test_criu_branch_leaves_nothing_in_host_tmp(tmp_path):
-    from drumsbench import criu as criu_install
+    from drumsbench.branching import criu_binary as criu_install
     from drumsbench.envs.desktop import instance
 
     from conftest import require

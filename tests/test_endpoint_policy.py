@@ -12,13 +12,13 @@ import sqlite3
 import pytest
 from loopback_openai import LoopbackOpenAI
 
+from drumsbench.core.errors import UsageError
+from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.errors import UsageError
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.policies.endpoint import EndpointPolicy, policy_name
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
 
 from helpers import cli, slot_on
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from drumsbench.errors import UsageError
-from drumsbench.faults import FaultPlan
-from drumsbench.outcome import InvalidCause
+from drumsbench.core.errors import UsageError
+from drumsbench.core.outcome import InvalidCause
+from drumsbench.rollout.faults import FaultPlan
 
 
 @pytest.mark.parametrize("text,needle", [

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
+from drumsbench.core.fingerprint import DIGEST_SCRIPT, UnreadableEntry, files_digest, tree_digest
 from drumsbench.experiments import escape
-from drumsbench.fingerprint import DIGEST_SCRIPT, UnreadableEntry, files_digest, tree_digest
 from drumsbench.substrates import registry
 
 from conftest import require
@@ -113,7 +113,7 @@ def test_unreadable_folder_fails_naming_it(world):
     assert proc.stdout == ""
     assert proc.stderr.strip() == f"unreadable entry {locked} in the start state: Permission denied"
     # the host function itself (the source, imported by a non-root python), raising UnreadableEntry
-    code = ("import sys; sys.path.insert(0, sys.argv[2]); from drumsbench import fingerprint as f\n"
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); from drumsbench.core import fingerprint as f\n"
             "try:\n    f.tree_digest(sys.argv[1])\n"
             "except f.UnreadableEntry as e:\n    print(type(e).__name__, isinstance(e, OSError), e.path); print(e)\n")
     src = str(Path(__file__).resolve().parents[1] / "src")

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.ledger import Ledger
 from drumsbench.measure import summary
 from drumsbench.measure.stats import rate_per_hour, wilson
-from drumsbench.outcome import InvalidCause
 from drumsbench.report.html import build_html
 from drumsbench.testing.sample_ledger import synthesize
 

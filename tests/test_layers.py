@@ -12,15 +12,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "drumsbench"
 
 # layer -> layers it must never import (directly or lazily)
 UPWARD = {
+    "core": {"ledger", "measure", "report", "experiments", "executors", "rollout", "envs", "substrates", "policies",
+             "branching", "train", "serve", "cli", "gym", "images"},
     "report": {"experiments", "executors", "rollout", "envs", "substrates", "policies", "branching", "train",
-               "serve", "cli", "faults", "gates"},
+               "serve", "cli"},
     "measure": {"experiments", "executors", "rollout", "envs", "substrates", "policies", "branching", "train",
-                "serve", "report", "cli", "faults", "gates"},
+                "serve", "report", "cli"},
     "ledger": {"measure", "report", "experiments", "executors", "rollout", "envs", "substrates", "policies"},
     "substrates": {"envs", "rollout", "policies", "branching", "experiments", "executors", "measure", "report",
-                   "train", "serve", "faults", "gates"},
+                   "train", "serve"},
     "envs": {"branching", "experiments", "executors", "rollout", "report", "measure", "train", "serve", "cli",
-             "faults", "gates", "policies"},
+             "policies"},
     "policies": {"rollout", "experiments", "executors", "report", "branching", "train", "serve", "substrates"},
     "rollout": {"experiments", "executors", "report", "branching", "train", "serve", "cli"},
     "branching": {"experiments", "executors", "report", "train", "serve", "cli"},

@@ -8,8 +8,8 @@ import sys
 
 from helpers import ROOT
 
-STRICT = ["src/drumsbench/substrates/base.py", "src/drumsbench/envs/base.py", "src/drumsbench/rollout.py",
-          "src/drumsbench/ledger.py", "src/drumsbench/measure"]
+STRICT = ["src/drumsbench/substrates/base.py", "src/drumsbench/envs/base.py", "src/drumsbench/rollout/attempt.py",
+          "src/drumsbench/ledger.py", "src/drumsbench/measure", "src/drumsbench/core"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

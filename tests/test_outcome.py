@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from drumsbench.outcome import InvalidCause, Outcome, Verdict
+from drumsbench.core.outcome import InvalidCause, Outcome, Verdict
 
 
 def test_constructors_are_consistent():

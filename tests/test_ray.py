@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from drumsbench.core.machine import commit, machine_info
+from drumsbench.core.outcome import Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.executors import ray_env
 from drumsbench.executors.ray import missing as ray_missing
 from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
 from drumsbench.ledger import Ledger
-from drumsbench.machine import commit, machine_info
 from drumsbench.measure.summary import build
-from drumsbench.outcome import Outcome
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig
+from drumsbench.rollout.attempt import RolloutConfig
 
 from conftest import require
 from helpers import MINI, ROOT, cli

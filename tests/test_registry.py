@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.substrates import registry
 from drumsbench.substrates.process import ProcessSubstrate
 

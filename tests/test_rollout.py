@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.isolation import CanaryRegistry, positive_control
-from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import ResetStrategy
 

@@ -23,9 +23,9 @@ from openenv.core.generic_client import GenericEnvClient
 from typer.testing import CliRunner
 from websockets.sync.client import connect as ws_connect
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import ActionSpec
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.errors import UsageError
 from drumsbench.substrates.process import ProcessSubstrate
 
 from helpers import cli

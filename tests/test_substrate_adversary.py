@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Freezable, Sandbox, Substrate
 from drumsbench.substrates.bwrap import BwrapSubstrate
 from drumsbench.substrates.hostproc import FreezerCgroup, UidLease

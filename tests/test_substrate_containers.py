@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates import registry
 from drumsbench.substrates.containers import common as C
 

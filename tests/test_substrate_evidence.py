@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.errors import SubstrateError
-from drumsbench.isolation import CANARY_FILE, plant
+from drumsbench.core.errors import SubstrateError
+from drumsbench.rollout.isolation import CANARY_FILE, plant
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Freezable
 

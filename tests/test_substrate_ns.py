@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates import registry
 from drumsbench.substrates.hostproc import pids_with_env
 from drumsbench.substrates.overlay.forkserver import host_mounts_below

@@ -7,11 +7,11 @@ import sqlite3
 
 import pytest
 
+from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
 from drumsbench.measure.windows import Criteria, judge, pooled_rate
-from drumsbench.outcome import InvalidCause, Outcome
-from drumsbench.records import AttemptRecord
 
 from helpers import MINI, ROOT, cli
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
 
 from conftest import require
 from helpers import MINI, cli, slot_on

@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.errors import UsageError
 
 from helpers import MINI
 

@@ -254,13 +254,13 @@ def test_cli_trains_writes_json_and_rebuilds(tmp_path):
 def test_integrity_off_lets_sabotage_reach_reward_one(state_dir, run_id):
     """The integrity contrast's environment: a forgeable verdict pays the adversary actions; the honest
     verifier fails them. The golden patch succeeds on both; a damaged naive runner is still invalid."""
+    from drumsbench.core.outcome import InvalidCause
     from drumsbench.envs import suites
     from drumsbench.envs.base import SUBMIT, ActionSpec
     from drumsbench.envs.coding.env import CodingEnv
-    from drumsbench.isolation import CanaryRegistry
-    from drumsbench.outcome import InvalidCause
     from drumsbench.policies.scripted import Policy
-    from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+    from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+    from drumsbench.rollout.isolation import CanaryRegistry
     from drumsbench.train.integrity import ForgeableCodingEnv
 
     class Plan(Policy):

@@ -12,7 +12,7 @@ import tomllib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from drumsbench.fingerprint import tree_digest  # noqa: E402
+from drumsbench.core.fingerprint import tree_digest  # noqa: E402
 from tasks_spec import TASKS  # noqa: E402
 
 GIT = ["git", "-c", "user.name=gen", "-c", "user.email=gen@example.invalid",

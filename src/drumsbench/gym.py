@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.serve.wire import DrumsAction, DrumsObservation
 
 KINDS = ("shell", "write", "patch", "submit")
@@ -60,7 +60,7 @@ class _Local:
 
     def __init__(self, substrate: str, tasks: str, out: Path, max_steps: int, step_timeout_s: float,
                  episode_timeout_s: float) -> None:
-        from drumsbench.rollout import RolloutConfig
+        from drumsbench.rollout.attempt import RolloutConfig
         from drumsbench.serve.hub import Hub, ServeConfig
         from drumsbench.serve.session import ServedEnv
 

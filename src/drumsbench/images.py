@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 
 INCLUDE = ["python3", "git", "procps", "ca-certificates"]
 RECIPE: dict[str, object] = {

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from drumsbench.errors import UsageError
-from drumsbench.records import AttemptRecord
+from drumsbench.core.errors import UsageError
+from drumsbench.core.records import AttemptRecord
 
 SCHEMA_VERSION = 1
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsbench import criu as criu_install
-from drumsbench.errors import SubstrateError
+from drumsbench.branching import criu_binary as criu_install
+from drumsbench.core.errors import SubstrateError
 
 
 def criu_bin() -> str:

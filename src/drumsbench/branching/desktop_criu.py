@@ -25,12 +25,12 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from drumsbench import criu as criu_install
 from drumsbench.branching import criu
+from drumsbench.branching import criu_binary as criu_install
 from drumsbench.branching.methods import ForkMethod
+from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.envs.base import Environment
-from drumsbench.errors import SubstrateError, UsageError
-from drumsbench.rollout import Slot
+from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.process import ProcessSandbox
 
 

@@ -21,10 +21,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from drumsbench.core.errors import SubstrateError, UsageError
+from drumsbench.core.plugins import Registry
 from drumsbench.envs.base import Action, ActionSpec, Environment, Resumable, Task
-from drumsbench.errors import SubstrateError, UsageError
-from drumsbench.plugins import Registry
-from drumsbench.rollout import Slot
+from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.base import Forking, Snapshotting, Substrate
 
 

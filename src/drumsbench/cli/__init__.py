@@ -28,7 +28,7 @@ from drumsbench.cli import (
     tasks,
     train,
 )
-from drumsbench.errors import DrumsError
+from drumsbench.core.errors import DrumsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run and judge the infrastructure under RL agents' rollouts.")

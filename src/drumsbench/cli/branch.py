@@ -45,11 +45,11 @@ def branch(
     progress: o.Progress = True,
 ) -> None:
     """Prepare k steps, fork continuations with each method, check faithfulness, run them to the end."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.experiments.branch import BranchConfig, run_branch
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
-    from drumsbench.machine import commit, machine_info
     from drumsbench.report.tables import branch_group
-    from drumsbench.rollout import RolloutConfig
+    from drumsbench.rollout.attempt import RolloutConfig
 
     suite = one_suite(tasks, env)
     step = parse_duration(step_timeout, "--step-timeout")

@@ -34,10 +34,10 @@ def coldstart(
     progress: o.Progress = True,
 ) -> None:
     """Cold start, teardown, idle memory and reset per substrate, beside each one's raw floor."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.envs.coding.task import load_suite
     from drumsbench.experiments.coldstart import ColdstartConfig, measure
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
-    from drumsbench.machine import commit, machine_info
     from drumsbench.measure import artifacts
     from drumsbench.report.tables import coldstart_group
 

@@ -18,11 +18,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 if TYPE_CHECKING:
     from drumsbench.ledger import Ledger
-    from drumsbench.rollout import RolloutConfig
+    from drumsbench.rollout.attempt import RolloutConfig
     from drumsbench.substrates.base import Substrate
 
 console = Console()
@@ -101,7 +101,7 @@ def rollout_config(step_timeout: str, episode_timeout: str, think_time: str = "0
                    verify_timeout: str = "task") -> RolloutConfig:
     """The rollout limits of ``--step-timeout``, ``--episode-timeout``, ``--think-time``, ``--reset``
     (already checked by ``parse_reset``) and ``--verify-timeout`` ('task': each task's own)."""
-    from drumsbench.rollout import RolloutConfig
+    from drumsbench.rollout.attempt import RolloutConfig
     from drumsbench.substrates.base import ResetStrategy
 
     return RolloutConfig(

@@ -7,7 +7,7 @@ from drumsbench.cli.common import console, err
 
 def gc() -> None:
     """Remove what crashed runs left behind: sandboxes, containers, mounts, processes."""
-    from drumsbench import state
+    from drumsbench.core import host_state as state
     from drumsbench.substrates import registry
 
     dead = state.dead_runs()

@@ -9,7 +9,7 @@ import typer
 
 from drumsbench.cli import options as o
 from drumsbench.cli.common import console, finishing, progress_lines, substrate_names, write_json
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 if TYPE_CHECKING:
     from drumsbench.measure.artifacts import IsolationArtifact
@@ -40,12 +40,12 @@ def isolation(
     Per probe: whether it ran, whether the escape was contained, and whether its positive control
     (the same probe where nothing isolates) fired; "contained" needs a control that fired, else
     the probe is "unconfirmed"; a probe that could not run says "did not run"."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.experiments.escape import probe_substrate, run_control
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
-    from drumsbench.isolation import positive_control
-    from drumsbench.machine import commit, machine_info
     from drumsbench.measure import artifacts
     from drumsbench.report.tables import isolation_group
+    from drumsbench.rollout.isolation import positive_control
 
     chosen = substrate_names(substrate, substrates)
     if not 1 <= disk_mb <= 4096:

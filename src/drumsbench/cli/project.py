@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from drumsbench.cli import options as o
 from drumsbench.cli.common import console, err, progress_lines, substrate_names, usage_error, write_json
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 FLAGS = {"targets": "--substrate"}  # the other fields' flags are --field-name
 
@@ -36,10 +36,10 @@ def project(
     progress: o.Progress = True,
 ) -> None:
     """Worker-hours for N trajectories of S steps per substrate, from measured phase times."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.experiments.project import ProjectConfig, Target, build, publish, run_projection
     from drumsbench.experiments.run import ledger_path, make_substrate, new_run_id, open_ledger
     from drumsbench.ledger import Ledger
-    from drumsbench.machine import commit, machine_info
     from drumsbench.report.sweep import projection_group
 
     calibrate = bool(substrate or substrates)

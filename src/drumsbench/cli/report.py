@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from drumsbench.cli import options as o
 from drumsbench.cli.common import console, err, write_json
 from drumsbench.cli.prices import load_price_files, run_costs
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.measure import artifacts
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from drumsbench.cli import options as o
 from drumsbench.cli.common import err, live, parse_duration, parse_reset, rollout_config, usage_error
 from drumsbench.cli.prices import remember_prices, run_price
 from drumsbench.cli.report import show_report
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 # configuration fields whose flag is not ``--field-name`` (without a ``_s`` unit suffix)
 FLAGS = {"max_attempts": "--attempts"}
@@ -46,8 +46,8 @@ def run(
     ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
 ) -> None:
     """Run attempts and print the report."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
-    from drumsbench.machine import commit, machine_info
     from drumsbench.measure.cost import HostPrice
 
     ledger = open_ledger(out)
@@ -94,8 +94,8 @@ def run(
         # Validate everything that can be wrong before the ledger records a run.
         from drumsbench.envs import suites
         from drumsbench.experiments.run import make_substrate
-        from drumsbench.faults import FaultPlan
         from drumsbench.policies.scripted import make_policy
+        from drumsbench.rollout.faults import FaultPlan
 
         FaultPlan.parse(cfg.inject)
         make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from drumsbench.cli import options as o
 from drumsbench.cli.common import console, err, parse_duration, rollout_config, usage_error
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 
 class _Stopped(Exception):

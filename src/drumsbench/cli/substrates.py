@@ -11,7 +11,7 @@ from drumsbench.cli.common import console
 
 def doctor() -> None:
     """Which substrates are ready here, and what to install for the others."""
-    from drumsbench import criu
+    from drumsbench.branching import criu_binary as criu
     from drumsbench.report.tables import doctor_table
     from drumsbench.substrates import registry
 

@@ -54,13 +54,13 @@ def sweep(
     progress: o.Progress = True,
 ) -> None:
     """Confirmed windows at rising concurrency: N_max, a soak at N_max, bursts, USD per valid rollout."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.envs import suites
     from drumsbench.experiments.run import RunConfig, make_substrate, new_run_id, open_ledger
     from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
-    from drumsbench.faults import FaultPlan
-    from drumsbench.machine import commit, machine_info
     from drumsbench.policies.scripted import make_policy
     from drumsbench.report.sweep import print_sweep
+    from drumsbench.rollout.faults import FaultPlan
 
     reset_to = parse_reset(reset)
     levels = parse_int_list(concurrency, "--concurrency")

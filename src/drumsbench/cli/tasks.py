@@ -10,7 +10,7 @@ import typer
 
 from drumsbench.cli import options as o
 from drumsbench.cli.common import console, substrate_names
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 
 def tasks_list(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
@@ -41,10 +41,10 @@ def tasks_check(
     each substrate's image). Exit 1 on a problem."""
     import tempfile
 
+    from drumsbench.core.plugins import load_spec
     from drumsbench.envs import suites
     from drumsbench.experiments.envcheck import check_environment
     from drumsbench.experiments.taskcheck import TaskCheck
-    from drumsbench.plugins import load_spec
     from drumsbench.substrates import registry
 
     kind = suites.KINDS.load(suites.suite_kind(suite))

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from drumsbench.cli import options as o
 from drumsbench.cli.common import console, err, live, names, parse_duration, parse_int_list, usage_error, write_json
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 
 def _seeds(seeds: int, seed_list: str | None, base: int) -> list[int]:
@@ -69,10 +69,10 @@ def train(
                                                                       "from the ledger in --out.")] = None,
 ) -> None:
     """Train a small policy through the real rollout engine, once per treatment of invalid attempts."""
+    from drumsbench.core.machine import commit, machine_info
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
-    from drumsbench.machine import commit, machine_info
     from drumsbench.report.tables import train_parts
-    from drumsbench.rollout import RolloutConfig
+    from drumsbench.rollout.attempt import RolloutConfig
     from drumsbench.train.experiment import RUN_KIND, TrainConfig, run_train
     from drumsbench.train.fault_model import FaultMode
     from drumsbench.train.rebuild import build_report

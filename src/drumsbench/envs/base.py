@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from drumsbench.errors import StaleGeneration
+from drumsbench.core.errors import StaleGeneration
 from drumsbench.substrates.base import Sandbox
 
 

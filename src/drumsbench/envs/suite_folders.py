@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import Task
-from drumsbench.errors import UsageError
 
 T = TypeVar("T", bound=Task)
 

@@ -4,7 +4,7 @@ A suite folder may hold ``suite.toml`` with ``env = "<kind>"``; without it the s
 suite. An environment kind (``EnvKind``) names, as ``"module:attr"`` strings loaded only when used,
 its environment class, its suite loader and its start-fingerprint function. Kinds are found in the
 registry ``KINDS`` (built-ins plus the ``drumsbench.env_kinds`` entry-point group, the pattern of
-every registry: ``drumsbench.plugins``); ``load(name_or_path)`` returns the kind's environment
+every registry: ``drumsbench.core.plugins``); ``load(name_or_path)`` returns the kind's environment
 factory with the tasks, so experiments never need to know which kind they run.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from drumsbench.core.errors import UsageError
+from drumsbench.core.plugins import Registry, load_spec
 from drumsbench.envs.base import Environment, Task
 from drumsbench.envs.coding.task import suite_dir
-from drumsbench.errors import UsageError
-from drumsbench.plugins import Registry, load_spec
 
 
 @dataclass(frozen=True)

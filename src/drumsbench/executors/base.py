@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from drumsbench.core.outcome import InvalidCause
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs.base import Environment, Task
-from drumsbench.faults import FaultPlan
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import InvalidCause
 from drumsbench.policies.scripted import Policy
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.faults import FaultPlan
+from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.base import Sandbox, Substrate
 
 

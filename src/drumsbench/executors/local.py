@@ -15,9 +15,9 @@ from collections.abc import Callable
 import anyio
 import anyio.to_thread
 
+from drumsbench.core.records import AttemptRecord
 from drumsbench.executors.base import Job
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import Slot
+from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.base import Substrate
 
 

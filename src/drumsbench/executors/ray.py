@@ -37,15 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drumsbench.core.errors import UsageError
+from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs.base import Environment, Task
-from drumsbench.errors import UsageError
 from drumsbench.executors import ray_env
 from drumsbench.executors.base import Job, Work
-from drumsbench.isolation import CanaryRegistry, positive_control
-from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.policies.scripted import Policy
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates.base import Sandbox, Substrate
 
 log = logging.getLogger("drumsbench.ray")
@@ -137,7 +137,7 @@ class RemoteJob:
         """The driver's state folder on the driver's host; the node's own elsewhere."""
         if socket.gethostname() == self.driver_host:
             return Path(self.driver_state_dir)
-        from drumsbench import state
+        from drumsbench.core import host_state as state
 
         return state.state_dir()
 
@@ -169,7 +169,7 @@ class NodeRunner:
         state_dir = self.spec.state_dir()
         self.substrate = cls(self.spec.run_id, state_dir)
         if self.host != self.spec.driver_host:  # let `drumsbench gc` on this host clean after a crash
-            from drumsbench import state
+            from drumsbench.core import host_state as state
 
             state.register(self.spec.run_id, [cls.name])
             self._registered = True
@@ -222,7 +222,7 @@ class NodeRunner:
             with contextlib.suppress(Exception):
                 self.substrate.close()
         if self._registered:
-            from drumsbench import state
+            from drumsbench.core import host_state as state
 
             state.unregister(self.spec.run_id)
 

@@ -22,19 +22,19 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from drumsbench import gates
 from drumsbench.branching.methods import METHODS, ForkMethod, timed_fork
+from drumsbench.core.errors import UsageError
 from drumsbench.envs import suites
 from drumsbench.envs.base import Action, Task
-from drumsbench.errors import UsageError
-from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
 from drumsbench.measure.artifacts import BranchMethodArtifact, BranchSummaryArtifact, latency, share
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
 from drumsbench.measure.stats import Estimate, quantile, rate_per_hour
 from drumsbench.policies.scripted import Continue, Policy, make_policy
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout import gates
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates.base import Substrate
 
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from drumsbench import state
-from drumsbench.errors import UsageError
+from drumsbench.core import host_state as state
+from drumsbench.core.errors import UsageError
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
 from drumsbench.measure.artifacts import ChaosCheck, ChaosEventArtifact, ChaosSummaryArtifact

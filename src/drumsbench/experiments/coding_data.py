@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drumsbench.errors import UsageError
-from drumsbench.fingerprint import tree_digest
+from drumsbench.core.errors import UsageError
+from drumsbench.core.fingerprint import tree_digest
 
 ID_RE = re.compile(r"[a-z0-9-]+")
 REQUIRED = {

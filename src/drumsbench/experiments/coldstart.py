@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.measure.artifacts import ColdstartArtifact, Latency, latency
 from drumsbench.measure.stats import wilson
 from drumsbench.substrates.base import ResetStrategy, Substrate

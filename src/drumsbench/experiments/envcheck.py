@@ -23,13 +23,13 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from drumsbench import gates
+from drumsbench.core.errors import InvalidAttempt, StaleGeneration, SubstrateError
+from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.base import SUBMIT, Action, Environment, Task
-from drumsbench.errors import InvalidAttempt, StaleGeneration, SubstrateError
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import InvalidCause, Outcome
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout import gates
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.base import Substrate
 
 CHECKS = ("reset", "stale_action", "capture", "oracle", "null", "bad_observation", "verifier_unavailable")

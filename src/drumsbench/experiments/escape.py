@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
     ExecRequest,

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from drumsbench import state
+from drumsbench.core import host_state as state
 from drumsbench.measure.artifacts import LeakSamplesArtifact
 from drumsbench.measure.leaks import QUANTITIES
 

@@ -19,15 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs import suites
 from drumsbench.envs.base import SUBMIT
-from drumsbench.errors import UsageError
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts, projection
 from drumsbench.measure.reports import ProjectionReport
 from drumsbench.measure.windows import window_info
-from drumsbench.rollout import RolloutConfig
+from drumsbench.rollout.attempt import RolloutConfig
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import ResetStrategy
 

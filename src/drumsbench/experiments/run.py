@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from drumsbench import state
+from drumsbench.core import host_state as state
+from drumsbench.core.errors import LedgerUnwritable, UsageError
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Environment
-from drumsbench.errors import LedgerUnwritable, UsageError
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
-from drumsbench.faults import FaultPlan
-from drumsbench.isolation import positive_control
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice
 from drumsbench.measure.windows import ResourceSampler
 from drumsbench.policies.scripted import make_policy
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig
+from drumsbench.rollout.attempt import RolloutConfig
+from drumsbench.rollout.faults import FaultPlan
+from drumsbench.rollout.isolation import positive_control
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Substrate
 

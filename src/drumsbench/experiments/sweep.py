@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.experiments.leak_sampler import LeakSampler
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, SubstrateError
 from drumsbench.envs.base import Action
 from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import CodingTask, load_suite
-from drumsbench.errors import InvalidAttempt, MissingDependency, PolicyFault, SubstrateError
 from drumsbench.substrates import registry
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.ledger import Ledger
 from drumsbench.measure.artifacts import ChaosCheck, ChaosEventArtifact, RowsDigest, load
-from drumsbench.outcome import InvalidCause
 
 # events that kill something a running attempt uses
 SANDBOX_EVENTS = ("sandbox_kill", "container_kill", "desktop_kill")

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.measure.stats import Estimate, inverse
 
 HOURS_PER_MONTH = 730.0  # 365 x 24 / 12

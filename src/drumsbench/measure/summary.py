@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.ledger import Ledger
 from drumsbench.measure.artifacts import WHOLE_RUN
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
 from drumsbench.measure.stats import Estimate, quantile, rate_per_hour, scale, wilson
-from drumsbench.outcome import InvalidCause
 
 REPORT_SCHEMA = "drumsbench.run-report/1"
 PHASES = ("provision", "reset", "step", "verify", "teardown", "attempt")

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.ledger import Ledger
 from drumsbench.measure import leaks
 from drumsbench.measure.leaks import LeakVerdict
 from drumsbench.measure.stats import Estimate, rate_per_hour, wilson
-from drumsbench.outcome import InvalidCause
 
 if TYPE_CHECKING:
     from drumsbench.measure.artifacts import LeakSamplesArtifact

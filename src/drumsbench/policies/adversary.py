@@ -20,9 +20,9 @@ import random
 import threading
 from collections.abc import Callable
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.errors import UsageError
 from drumsbench.policies.registry import PolicyArgs
 from drumsbench.policies.scripted import Policy
 

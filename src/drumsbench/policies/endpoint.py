@@ -27,8 +27,8 @@ import random
 import time
 from typing import Any
 
+from drumsbench.core.errors import PolicyFault, PolicyUnavailable, UsageError
 from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
-from drumsbench.errors import PolicyFault, PolicyUnavailable, UsageError
 from drumsbench.policies.registry import PolicyArgs
 from drumsbench.policies.scripted import Policy
 

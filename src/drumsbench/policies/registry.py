@@ -3,7 +3,7 @@
 Built-ins: ``oracle``, ``null``, ``noisy``, ``explorer`` (scripted), ``adversary[:STRATEGY,...]`` (the
 red team) and ``endpoint:MODEL@URL`` (a model behind an OpenAI-compatible endpoint). Plugins add
 factories through the ``drumsbench.policies`` entry-point group (the pattern of every registry:
-``drumsbench.plugins``). A factory takes ``PolicyArgs`` and returns a fresh ``Policy``; a bad
+``drumsbench.core.plugins``). A factory takes ``PolicyArgs`` and returns a fresh ``Policy``; a bad
 argument is a one-line ``UsageError``.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from drumsbench.plugins import Registry
+from drumsbench.core.plugins import Registry
 from drumsbench.policies.scripted import Policy
 
 

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
-from drumsbench.errors import UsageError
 from drumsbench.policies.scripted import Policy
 
 Recording = list[ActionSpec] | dict[str, list[ActionSpec]]

@@ -16,8 +16,8 @@ import random
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
-from drumsbench.errors import UsageError
 
 if TYPE_CHECKING:
     from drumsbench.policies.registry import PolicyArgs

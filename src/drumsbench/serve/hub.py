@@ -26,15 +26,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from drumsbench import state
+from drumsbench.core import host_state as state
+from drumsbench.core.errors import PolicyUnavailable, UsageError
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Action, ActionSpec, Observation, Task
-from drumsbench.errors import PolicyUnavailable, UsageError
-from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.ledger import Ledger
 from drumsbench.policies.scripted import Policy
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates.base import Sandbox, Substrate
 
 
@@ -162,8 +162,8 @@ class Hub:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Hub:
+        from drumsbench.core.machine import commit, machine_info
         from drumsbench.experiments.run import make_substrate, open_ledger
-        from drumsbench.machine import commit, machine_info
 
         self.substrate = make_substrate(self.cfg.substrate, self.run_id, self.cfg.tasks)
         self.ledger = open_ledger(self.out)

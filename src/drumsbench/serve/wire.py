@@ -17,9 +17,9 @@ from openenv.core.env_server.types import Observation as OEObservation
 from openenv.core.env_server.types import State as OEState
 from pydantic import Field
 
+from drumsbench.core.outcome import Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs.base import SUBMIT, Observation
-from drumsbench.outcome import Outcome
-from drumsbench.records import AttemptRecord
 
 # What a coding action needs besides its kind (the desktop takes its arguments in ``args``).
 CODING_FIELDS = {"shell": ("command",), "write": ("path", "content"), "patch": ("patch",), SUBMIT: ()}

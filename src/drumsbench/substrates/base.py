@@ -31,9 +31,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import DIGEST_SCRIPT
-from drumsbench.scan import SCAN_SCRIPT
+from drumsbench.core.canary_scan import SCAN_SCRIPT
+from drumsbench.core.errors import SubstrateError
+from drumsbench.core.fingerprint import DIGEST_SCRIPT
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 # the folders of every sandbox, below its root (``SandboxPaths``)
@@ -178,7 +178,7 @@ class Sandbox(ABC):
         the substrate could not run in time. It never changes the sandbox. The default runs ``true``;
         the built-in substrates override it with their records only, since a liveness command runs
         under the sandbox's own limits, which the policy can exhaust."""
-        from drumsbench.errors import SubstrateError
+        from drumsbench.core.errors import SubstrateError
 
         try:
             res = self.exec(["true"], timeout=timeout, cwd=self.paths.root)
@@ -189,7 +189,7 @@ class Sandbox(ABC):
         return None
 
     def _run_checked(self, command: Sequence[str], what: str, timeout: float = 60.0) -> str:
-        from drumsbench.errors import SubstrateError
+        from drumsbench.core.errors import SubstrateError
 
         res = self.exec(command, timeout=timeout, cwd=self.paths.root)
         if res.exit_code != 0 or res.timed_out:
@@ -208,8 +208,8 @@ class Sandbox(ABC):
 
         The tokens travel on the command's stdin, never in its argv or environment (which a runtime
         may write to host files, e.g. runc's ``/tmp/runc-process*``), and come back as indices."""
-        from drumsbench.errors import SubstrateError
-        from drumsbench.scan import scan_hits, scan_request
+        from drumsbench.core.canary_scan import scan_hits, scan_request
+        from drumsbench.core.errors import SubstrateError
 
         if not tokens:
             return set()

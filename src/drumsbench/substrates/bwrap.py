@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import files_digest
+from drumsbench.core.errors import SubstrateError
+from drumsbench.core.fingerprint import files_digest
 from drumsbench.substrates.base import Forking, HostFolders, ResetStrategy, Sandbox, Snapshotting, Substrate
 
 

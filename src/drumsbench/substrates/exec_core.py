@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import ExecRequest, ExecResult, SandboxPaths
 
 # PATH of every sandbox command (host, container or guest: the same Debian layout)

@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import tree_digest
-from drumsbench.scan import scan_tokens
+from drumsbench.core.canary_scan import scan_tokens
+from drumsbench.core.errors import SubstrateError
+from drumsbench.core.fingerprint import tree_digest
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,

@@ -2,12 +2,12 @@
 
 A plugin package declares ``[project.entry-points."drumsbench.substrates"] NAME = "pkg.mod:Class"``
 where ``Class`` subclasses ``drumsbench.substrates.base.Substrate`` (see docs/adding-a-substrate.md).
-The pattern is the one of every registry (``drumsbench.plugins``).
+The pattern is the one of every registry (``drumsbench.core.plugins``).
 """
 
 from __future__ import annotations
 
-from drumsbench.plugins import Registry
+from drumsbench.core.plugins import Registry
 from drumsbench.substrates.base import Substrate
 
 ENTRY_POINT_GROUP = "drumsbench.substrates"

@@ -19,9 +19,9 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from drumsbench.errors import SubstrateError
-from drumsbench.fingerprint import tree_digest
-from drumsbench.scan import scan_tokens
+from drumsbench.core.canary_scan import scan_tokens
+from drumsbench.core.errors import SubstrateError
+from drumsbench.core.fingerprint import tree_digest
 from drumsbench.substrates.base import Sandbox
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (added after the syscall table merge)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from drumsbench.core.machine import machine_info
+from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.ledger import Ledger
-from drumsbench.machine import machine_info
 from drumsbench.measure import artifacts as art
 from drumsbench.measure.stats import Estimate, inverse, rate_per_hour, wilson
-from drumsbench.outcome import InvalidCause, Outcome
-from drumsbench.records import AttemptRecord
 
 # relative cost of starting / resetting a sandbox on each substrate
 SCALE = {"process": 1.0, "bwrap": 1.6, "overlay": 1.3, "docker": 5.0, "podman": 6.0}

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.errors import UsageError
 from drumsbench.policies import adversary
 
 ADVERSARY_STRATEGIES: tuple[str, ...] = ("verdict_stdout", "skip_every_test", "patch_result")

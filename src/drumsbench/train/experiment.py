@@ -34,17 +34,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from drumsbench import gates
 from drumsbench.branching.methods import FileCopy
+from drumsbench.core.errors import UsageError
+from drumsbench.core.outcome import InvalidCause
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Action, Task
-from drumsbench.errors import UsageError
-from drumsbench.isolation import CanaryRegistry, positive_control
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice
-from drumsbench.outcome import InvalidCause
-from drumsbench.records import AttemptRecord
-from drumsbench.rollout import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout import gates
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates.base import Substrate
 from drumsbench.train.action_space import GOLDEN_SLOT, SABOTAGE_SLOTS, SLOTS, ActionSpace
 from drumsbench.train.fault_model import FaultMode, FaultModel

@@ -5,7 +5,7 @@ Contracts:
   step); nothing else enters it — not the treatment, not the ledger's sequence number — so every
   treatment sees the same fault draws for the same seed. Whether a draw *fires* depends on the
   action taken at that step (``correlated``) or not (``uniform``).
-- A step fault is the real ``step_timeout`` injector of ``drumsbench.faults`` (the host freezes the
+- A step fault is the real ``step_timeout`` injector of ``drumsbench.rollout.faults`` (the host freezes the
   sandbox) called after the policy chose its action and before the action runs; the rollout's
   gates then find the frozen sandbox and make the attempt ``invalid/step_timeout``.
 - A verifier fault is the real ``verifier_unavailable`` injector (the staged runner damaged from

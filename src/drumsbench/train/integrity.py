@@ -17,11 +17,11 @@ line: the verifier could not start, ``invalid/verifier_unavailable``, as with th
 
 from __future__ import annotations
 
+from drumsbench.core.errors import InvalidAttempt, PolicyFault
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.envs.base import Task
 from drumsbench.envs.coding.env import OBS_LIMIT, CodingEnv
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.errors import InvalidAttempt, PolicyFault
-from drumsbench.outcome import InvalidCause
 
 NAIVE_RUNNER = b"""import sys, unittest
 print("NAIVE_READY", flush=True)

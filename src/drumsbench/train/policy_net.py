@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.envs.base import Action, Environment, Observation, Task
-from drumsbench.faults import injector_for
-from drumsbench.outcome import InvalidCause
 from drumsbench.policies.scripted import Policy
+from drumsbench.rollout.faults import injector_for
 from drumsbench.train.action_space import N_ACTIONS, SLOTS, SUBMIT_SLOT, ActionSpace
 from drumsbench.train.fault_model import FaultModel
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from enum import StrEnum
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 STD_EPS = 1e-6
 

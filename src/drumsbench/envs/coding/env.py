@@ -25,11 +25,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault
+from drumsbench.core.outcome import InvalidCause
+from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
 from drumsbench.envs.base import Action, Environment, Observation, Task
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.errors import InvalidAttempt, MissingDependency, PolicyFault
-from drumsbench.outcome import InvalidCause
-from drumsbench.verdict_channel import authentic_verdict, new_secret, saw_ready
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()

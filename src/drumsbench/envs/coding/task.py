@@ -18,10 +18,10 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from drumsbench.core.errors import UsageError
+from drumsbench.core.fingerprint import files_digest
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.suite_folders import load_folders
-from drumsbench.errors import UsageError
-from drumsbench.fingerprint import files_digest
 
 BUILTIN_ROOT = Path(__file__).resolve().parents[2] / "tasks"
 _SKIP_PARTS = {"__pycache__", ".git"}

@@ -55,6 +55,9 @@ from typing import Any
 
 import numpy as np
 
+from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError
+from drumsbench.core.outcome import InvalidCause
+from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
 from drumsbench.envs.base import (
     Action,
     ActionSpec,
@@ -75,10 +78,7 @@ from drumsbench.envs.desktop.instance import (
     screen_problem,
 )
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
-from drumsbench.errors import InvalidAttempt, PolicyFault, SubstrateError
-from drumsbench.outcome import InvalidCause
 from drumsbench.substrates.base import HostFolders, HostLaunching
-from drumsbench.verdict_channel import authentic_verdict, new_secret, saw_ready
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OUTPUT_LIMIT = 16 * 1024
@@ -108,7 +108,7 @@ class ArtifactSink:
         env = os.environ.get("DRUMSBENCH_ARTIFACTS")
         if env:
             return Path(env)
-        from drumsbench import state
+        from drumsbench.core import host_state as state
 
         return state.state_dir() / "artifacts"
 

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
+from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
-from drumsbench.errors import SubstrateError
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostFolders, HostLaunching, Sandbox
 
 RUN_VAR, SANDBOX_VAR = HostLaunching.RUN_VAR, HostLaunching.SANDBOX_VAR

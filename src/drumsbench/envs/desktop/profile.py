@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.images import cache_dir
 
 SOFFICE = "/usr/lib/libreoffice/program/soffice"

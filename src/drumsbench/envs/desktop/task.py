@@ -21,11 +21,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.task import suite_dir
 from drumsbench.envs.desktop import odf
 from drumsbench.envs.suite_folders import load_folders
-from drumsbench.errors import UsageError
 
 ACTION_KINDS = {"key", "type", "click", "double_click", "drag", "scroll", "move", "wait", "shell"}
 APP_TITLES = {"writer": "LibreOffice Writer", "calc": "LibreOffice Calc"}

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import PriceFile
 from drumsbench.measure.summary import RunReport

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.measure.stats import inverse
-from drumsbench.outcome import InvalidCause
 from drumsbench.report import svg
 from drumsbench.report.html.cells import Palette, Raw, fmt_est, plot_row, table
 from drumsbench.report.html.data import RunData, throughput_basis

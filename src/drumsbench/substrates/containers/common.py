@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import ExecRequest, ExecResult, Freezable, Sandbox, SandboxPaths, Substrate
 from drumsbench.substrates.exec_core import sandbox_env
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.exec_core import SANDBOX_PATH
 from drumsbench.substrates.process import RUN_VAR
 

@@ -17,8 +17,8 @@
  *   write {path, data}; put {base, files}; read {path, limit} -> {data}
  *   reset {dirs}                             kill every process but the agent, empty dirs and the
  *                                            guest's temp folders
- *   digest {path} -> {digest}                drumsbench.fingerprint.tree_digest, computed here
- *   scan {folders, tokens, max_bytes} -> {hits}   drumsbench.scan.scan_tokens, computed here
+ *   digest {path} -> {digest}                drumsbench.core.fingerprint.tree_digest, computed here
+ *   scan {folders, tokens, max_bytes} -> {hits}   drumsbench.core.canary_scan.scan_tokens, computed here
  *   sync                                     flush file systems (before a snapshot)
  * Each request runs in its own thread. As PID 1 the agent reaps every process: one reaper thread
  * waits for any child and hands exit statuses to the execs waiting for them.
@@ -900,7 +900,7 @@ static void sha_hex(sha256 *s, char out[65]) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* tree digest: exactly drumsbench.fingerprint.tree_digest (os.walk order, sorted names)           */
+/* tree digest: exactly drumsbench.core.fingerprint.tree_digest (os.walk order, sorted names)           */
 
 typedef struct { char *name; int is_dir; } ent;
 
@@ -1000,7 +1000,7 @@ static int op_digest(json *req, buf_t *res, char *err, size_t errlen) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* canary scan: drumsbench.scan.scan_tokens (regular files, links not followed, size-capped)        */
+/* canary scan: drumsbench.core.canary_scan.scan_tokens (regular files, links not followed, size-capped)        */
 
 static void scan_dir(const char *dir, json *tokens, char *found, size_t max_bytes) {
     DIR *d = opendir(dir);

@@ -8,7 +8,7 @@ import socket
 import threading
 from typing import Any
 
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 
 
 class AgentError(Exception):

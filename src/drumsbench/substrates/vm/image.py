@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 
 IMAGE_RECIPE: dict[str, object] = {"disk_size": "2G", "fs": "ext4", "version": 1}
 # Modules the guest needs, beyond what Debian builds in; their dependencies are added.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.vm.agent import Channel
 from drumsbench.substrates.vm.image import PROBE_MARK, GuestImage
 

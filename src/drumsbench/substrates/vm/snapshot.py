@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench import images
-from drumsbench.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import SANDBOX_FOLDERS
 from drumsbench.substrates.exec_core import SANDBOX_PATH
 from drumsbench.substrates.vm.agent import AgentError

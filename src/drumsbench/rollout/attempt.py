@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field, model_validator
 
-from drumsbench import gates
-from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, Task
-from drumsbench.errors import (
+from drumsbench.core.errors import (
     InvalidAttempt,
     MissingDependency,
     PolicyFault,
@@ -38,11 +36,13 @@ from drumsbench.errors import (
     SubstrateError,
     UsageError,
 )
-from drumsbench.faults import Injector, injector_for
-from drumsbench.isolation import CanaryRegistry, plant
-from drumsbench.outcome import InvalidCause, Outcome, Verdict
+from drumsbench.core.outcome import InvalidCause, Outcome, Verdict
+from drumsbench.core.records import AttemptRecord
+from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, Task
 from drumsbench.policies.scripted import Policy
-from drumsbench.records import AttemptRecord
+from drumsbench.rollout import gates
+from drumsbench.rollout.faults import Injector, injector_for
+from drumsbench.rollout.isolation import CanaryRegistry, plant
 from drumsbench.substrates.base import ResetStrategy, Sandbox, SandboxFrozen, Substrate
 
 DESTROY_AFTER = {

@@ -7,11 +7,11 @@ rollout loop), 4 observation validity, 5 verifier availability (inside ``run_ver
 
 from __future__ import annotations
 
+from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError
+from drumsbench.core.fingerprint import UnreadableEntry
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.envs.base import Environment, Observation, Task
-from drumsbench.errors import InvalidAttempt, PolicyFault, SubstrateError
-from drumsbench.fingerprint import UnreadableEntry
-from drumsbench.isolation import CanaryRegistry, shared_places_hits
-from drumsbench.outcome import InvalidCause
+from drumsbench.rollout.isolation import CanaryRegistry, shared_places_hits
 
 
 def check_reset(env: Environment, task: Task) -> None:

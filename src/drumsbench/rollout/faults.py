@@ -36,11 +36,11 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
+from drumsbench.core.errors import PolicyUnavailable, UsageError
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.envs.base import Action, ActionSpec, BreakableObservation, Environment, Observation, Task
-from drumsbench.errors import PolicyUnavailable, UsageError
-from drumsbench.isolation import CanaryRegistry
-from drumsbench.outcome import InvalidCause
 from drumsbench.policies.scripted import Policy
+from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Freezable, Sandbox
 
 NEEDS_FREEZE = (InvalidCause.STEP_TIMEOUT, InvalidCause.EPISODE_TIMEOUT)

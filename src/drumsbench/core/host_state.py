@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def state_dir() -> Path:
@@ -39,7 +40,7 @@ def unregister(run_id: str) -> None:
     (state_dir() / "runs" / f"{run_id}.json").unlink(missing_ok=True)
 
 
-def registered() -> list[dict]:
+def registered() -> list[dict[str, Any]]:
     out = []
     for p in sorted((state_dir() / "runs").glob("*.json")):
         try:
@@ -49,9 +50,9 @@ def registered() -> list[dict]:
     return out
 
 
-def is_alive(entry: dict) -> bool:
+def is_alive(entry: dict[str, Any]) -> bool:
     return entry.get("start") is not None and _start_time(int(entry["pid"])) == entry["start"]
 
 
-def dead_runs() -> list[dict]:
+def dead_runs() -> list[dict[str, Any]]:
     return [e for e in registered() if not is_alive(e)]

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from drumsbench.outcome import InvalidCause
+from drumsbench.core.outcome import InvalidCause
 
 
 class DrumsError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from drumsbench.outcome import InvalidCause, Outcome
+from drumsbench.core.outcome import InvalidCause, Outcome
 
 
 class AttemptRecord(BaseModel):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar, cast
 
-from drumsbench.errors import UsageError
+from drumsbench.core.errors import UsageError
 
 T = TypeVar("T")
 
