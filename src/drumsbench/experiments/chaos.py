@@ -226,7 +226,10 @@ class Chaos:
             rc = self.proc.poll()
             if rc is not None:
                 self._find_run()
-                if rc == 0 and self._status() == "complete":
+                if self._status() == "complete":
+                    if rc != 0:  # it crashed after its last attempt (e.g. in its report)
+                        self.unexpected.append(f"harness start {self.starts - 1} exited {rc} after the run was "
+                                               f"complete: {self._log_tail()}")
                     return
                 self.unexpected.append(f"harness start {self.starts - 1} exited {rc} on its own: {self._log_tail()}")
                 if len(self.unexpected) > 3 or self.run_id is None:
@@ -272,11 +275,12 @@ class Chaos:
         hold_s: float | None = None
         exit_code: int | None = None
         integrity: str | None = None
+        stopped_t: float | None = None
         if kind == "harness_kill":
             target = f"harness pid {self.proc.pid}"
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
-            t = time.time()
+            t = stopped_t = time.time()
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
             gc_line = self._gc()
@@ -305,15 +309,26 @@ class Chaos:
         elif kind == "disk_full":
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
-            target, followed, exit_code, integrity = self._fill_disk(run_id)
+            target, exit_code, integrity = self._fill_disk()
             hold_s = self.cfg.hold_s
+            if exit_code is None:
+                followed = f"full {hold_s:g} s; the harness ran on"
+            else:
+                stopped_t = time.time()
+                with contextlib.closing(self._ledger()) as ledger:  # the rows when it died, as for a kill
+                    before = digest(ledger, run_id)
+                tail, gc_line = self._log_tail(), self._gc()
+                self._start()
+                followed = (f"the harness stopped (exit {exit_code}: {tail}); {gc_line}; resumed "
+                            f"(start {self.starts - 1})")
         else:
             raise UsageError(f"--events: {kind!r} is not one of {', '.join(KINDS)}")
         with contextlib.closing(self._ledger()) as ledger:
             after = ledger.count(run_id)
             ev = ChaosEventArtifact(index=index, t=t, kind=kind, target=target, harness_segment=segment,
                                     before=before, attempts_after=after, hold_s=hold_s, followed=followed,
-                                    harness_exit=exit_code, integrity=integrity)
+                                    harness_exit=exit_code, integrity=integrity,
+                                    stopped_t=stopped_t)
             artifacts.put(ledger, run_id, f"event-{index:04d}", ev)
         self.events.append(ev)
         self.say(f"event {index} {kind} -> {target}: {followed}")
@@ -362,7 +377,9 @@ class Chaos:
                 f"held a read transaction {hold:g} s (saw {out.strip()}); {n_after - n_before} attempts recorded "
                 f"meanwhile")
 
-    def _fill_disk(self, run_id: str) -> tuple[str, str, int | None, str]:
+    def _fill_disk(self) -> tuple[str, int | None, str]:
+        """Fill the out folder, hold it full (or until the harness exits), free it: (target, the
+        harness's exit code or None, the ledger's integrity check)."""
         assert self.proc is not None
         filler = self.live / ".chaos-fill"
         chunk = b"\0" * (1 << 20)
@@ -381,14 +398,7 @@ class Chaos:
         filler.unlink()
         with contextlib.closing(self._ledger()) as ledger:
             integrity = str(ledger.db.execute("PRAGMA integrity_check").fetchone()[0])
-        target = f"{self.live} ({written >> 20} MiB filled)"
-        if rc is None:
-            return target, f"full {self.cfg.hold_s:g} s; the harness ran on", None, integrity
-        tail = self._log_tail()
-        gc_line = self._gc()
-        self._start()
-        return target, f"the harness stopped (exit {rc}: {tail}); {gc_line}; resumed (start {self.starts - 1})", \
-            rc, integrity
+        return f"{self.live} ({written >> 20} MiB filled)", rc, integrity
 
     # -- the end -----------------------------------------------------------------------------------
     def _clean(self, run_id: str, tmp_before: set[str], gc_line: str) -> ChaosCheck:

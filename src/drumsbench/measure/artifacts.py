@@ -357,6 +357,7 @@ class ChaosEventArtifact(Artifact):
     hold_s: float | None = None  # ledger_reader, disk_full: how long it was held
     followed: str = ""
     harness_exit: int | None = None  # the harness's exit code when it ended because of the event
+    stopped_t: float | None = None  # when the harness was seen dead (a kill; a full disk that stopped it)
     integrity: str | None = None  # the ledger's PRAGMA integrity_check after the event (disk_full)
 
 

@@ -6,7 +6,7 @@
 - ``counted_once``: no seq twice, and no attempt recorded twice under two seqs (same task, worker,
   start and end).
 - ``classified``: the attempts each event touched ended in a consistent outcome: after a harness
-  kill or a stop on a full disk nothing recorded straddles the moment it died (in-flight attempts
+  kill or a stop on a full disk nothing recorded straddles the moment it was seen dead (in-flight attempts
   are dropped, never half written) and what ran after it took new seqs (the dropped work is retried
   under them); an attempt in flight when a sandbox, container or desktop process was killed is
   recorded, and if invalid, with an infrastructure cause; events on the ledger alone (a reader, a
@@ -86,8 +86,9 @@ def classified(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) ->
     for ev in events:
         stopped = ev.kind in STOP_EVENTS or (ev.kind == "disk_full" and ev.harness_exit is not None)
         if stopped:
-            half = [s for s, _, _, t0, t1 in rows if t0 < ev.t < t1]
-            reused = [s for s, _, _, t0, _ in rows if t0 > ev.t and s <= ev.before.max_seq]
+            dead = ev.stopped_t if ev.stopped_t is not None else ev.t
+            half = [s for s, _, _, t0, t1 in rows if t0 < dead < t1]
+            reused = [s for s, _, _, t0, _ in rows if t0 > dead and s <= ev.before.max_seq]
             if half:
                 problems.append(f"event {ev.index} ({ev.kind}): seq {half[0]} was in flight when the harness died "
                                 f"yet recorded")
