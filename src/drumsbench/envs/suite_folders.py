@@ -1,15 +1,36 @@
-"""What every task suite on disk shares: one folder per task with a task.toml, unique ids."""
+"""What every task suite on disk shares: one folder per task with a task.toml, unique ids, and the
+spelling of a task id and of a start fingerprint (``TaskId``, ``StartFingerprint``: field types of
+every kind's task.toml model)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
+
+from pydantic import AfterValidator
 
 from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import Task
 
 T = TypeVar("T", bound=Task)
+
+
+def _task_id(v: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
+        raise ValueError("must be lowercase letters, digits and dashes")
+    return v
+
+
+def _fingerprint(v: str) -> str:
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
+        raise ValueError("must look like sha256:<64 hex digits>")
+    return v
+
+
+TaskId = Annotated[str, AfterValidator(_task_id)]
+StartFingerprint = Annotated[str, AfterValidator(_fingerprint)]
 
 
 def load_folders(suite: Path, load_one: Callable[[Path], T], doc: str) -> tuple[T, ...]:

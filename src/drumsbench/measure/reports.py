@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from drumsbench.measure import projection
 from drumsbench.measure.cost import INFERENCE_EXCLUDED, Attribution, HostFigure
 from drumsbench.measure.stats import Estimate
+from drumsbench.measure.summary import RunHeader
 from drumsbench.measure.windows import WindowVerdict
 
 SWEEP_SCHEMA = "drumsbench.sweep-report/1"
@@ -31,14 +32,8 @@ class SteadyState(BaseModel):
     note: str
 
 
-class SweepReport(BaseModel):
+class SweepReport(RunHeader):
     schema_: str = SWEEP_SCHEMA
-    run_id: str
-    kind: str
-    status: str
-    machine: dict[str, Any]
-    commit: str
-    config: dict[str, Any]
     criteria: dict[str, Any]
     host_seconds: float
     windows: list[WindowVerdict]

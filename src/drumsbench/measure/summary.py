@@ -67,14 +67,20 @@ class SabotageLine(BaseModel):
     reached_invalid: list[str]
 
 
-class RunReport(BaseModel):
-    schema_: str = REPORT_SCHEMA
+class RunHeader(BaseModel):
+    """What every report of a run starts with: its schema, the run, its status, machine, commit and config."""
+
+    schema_: str
     run_id: str
     kind: str
     status: str
     machine: dict[str, Any]
     commit: str
     config: dict[str, Any]
+
+
+class RunReport(RunHeader):
+    schema_: str = REPORT_SCHEMA
     host_seconds: float
     segments: int
     attempts: int

@@ -16,12 +16,12 @@ import tomllib
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from drumsbench.core.errors import UsageError
 from drumsbench.core.fingerprint import files_digest
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
-from drumsbench.envs.suite_folders import load_folders
+from drumsbench.envs.suite_folders import StartFingerprint, TaskId, load_folders
 
 BUILTIN_ROOT = Path(__file__).resolve().parents[2] / "tasks"
 _SKIP_PARTS = {"__pycache__", ".git"}
@@ -36,29 +36,15 @@ class TaskSpec(BaseModel):
     """The fields of task.toml."""
 
     model_config = ConfigDict(extra="forbid")
-    id: str
+    id: TaskId
     project: str
     description: str = Field(min_length=1)
     bug_patch: str
     golden_patch: str
     wrong_patches: list[str] = Field(min_length=1)
     hidden_tests: list[str] = Field(min_length=1)
-    start_fingerprint: str
+    start_fingerprint: StartFingerprint
     verify: VerifySpec = Field(default_factory=VerifySpec)
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
-            raise ValueError("must be lowercase letters, digits and dashes")
-        return v
-
-    @field_validator("start_fingerprint")
-    @classmethod
-    def _fp(cls, v: str) -> str:
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
-            raise ValueError("must look like sha256:<64 hex digits>")
-        return v
 
 
 class CodingTask(Task):

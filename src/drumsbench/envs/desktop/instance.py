@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,20 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "desktop environment needs root (it creates pid/net/mount namespaces with unshare)"
     return None
+
+
+def _children(parent: int) -> Iterator[tuple[int, str]]:
+    """(pid, command name) of each live process whose parent is ``parent`` (read from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        head, rest = stat.rsplit(")", 1)
+        if int(rest.split()[1]) == parent:
+            yield int(entry), head.partition("(")[2]
 
 
 @dataclass(frozen=True)
@@ -310,15 +325,9 @@ class DesktopInstance:
 
     def _find_holder(self, parent: int, deadline: float) -> int:
         while time.monotonic() < deadline:
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
-                    continue
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                    return int(entry)
+            child = next((pid for pid, _comm in _children(parent)), None)
+            if child is not None:
+                return child
             if self.proc is not None and self.proc.poll() is not None:
                 break
             time.sleep(0.005)
@@ -388,16 +397,9 @@ class DesktopInstance:
         """Host pid of the instance's Xvfb (a child of the holder)."""
         if self.holder_pid is None:
             return None
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            head, rest = stat.rsplit(")", 1)
-            if head.endswith("(Xvfb") and int(rest.split()[1]) == self.holder_pid:
-                return int(entry)
+        for pid, comm in _children(self.holder_pid):
+            if comm == "Xvfb":
+                return pid
         return None
 
     # -- X ---------------------------------------------------------------------------------------

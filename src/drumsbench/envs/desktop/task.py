@@ -25,7 +25,7 @@ from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding.task import suite_dir
 from drumsbench.envs.desktop import odf
-from drumsbench.envs.suite_folders import load_folders
+from drumsbench.envs.suite_folders import StartFingerprint, TaskId, load_folders
 
 ACTION_KINDS = {"key", "type", "click", "double_click", "drag", "scroll", "move", "wait", "shell"}
 APP_TITLES = {"writer": "LibreOffice Writer", "calc": "LibreOffice Calc"}
@@ -51,29 +51,15 @@ class DesktopTaskSpec(BaseModel):
     """The fields of a desktop task.toml."""
 
     model_config = ConfigDict(extra="forbid")
-    id: str
+    id: TaskId
     app: Literal["writer", "calc"]
     description: str = Field(min_length=1)
     document: str = ""
     body: str
-    start_fingerprint: str
+    start_fingerprint: StartFingerprint
     oracle: list[ActionModel] = Field(min_length=1)
     wrong: list[list[ActionModel]] = Field(min_length=1)
     verify_timeout_s: float = Field(30.0, gt=0)
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
-            raise ValueError("must be lowercase letters, digits and dashes")
-        return v
-
-    @field_validator("start_fingerprint")
-    @classmethod
-    def _fp(cls, v: str) -> str:
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
-            raise ValueError("must look like sha256:<64 hex digits>")
-        return v
 
 
 def lock_name(document: str) -> str:
