@@ -46,7 +46,8 @@ HOST_PROCESS = ("process", "bwrap", "overlay")
 RUN_VAR = "DRUMSBENCH_RUN"
 DESKTOP_PROCS = ("soffice.bin", "Xvfb")
 # what a run of ours may leave in the host's /tmp (anything else new there is another user's)
-TMP_OURS = ("drumsbench", "OSL_PIPE_")
+TMP_OURS: tuple[str, ...] = ("drumsbench",)
+TMP_DESKTOP = ("OSL_PIPE_",)  # LibreOffice's pipes: counted only for desktop runs (others' are not ours)
 
 
 class ChaosConfig(BaseModel):
@@ -130,6 +131,7 @@ class Chaos:
         self.run_id: str | None = None
         self.events: list[ChaosEventArtifact] = []
         self.mounted = False
+        self.done = False  # the run was complete when an event stopped the harness: nothing to resume
 
     # -- the harness -------------------------------------------------------------------------------
     def _harness_args(self) -> list[str]:
@@ -223,6 +225,8 @@ class Chaos:
         next_at = start + self._gap()
         while True:
             assert self.proc is not None
+            if self.done:
+                return
             rc = self.proc.poll()
             if rc is not None:
                 self._find_run()
@@ -283,9 +287,7 @@ class Chaos:
             t = stopped_t = time.time()
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
-            gc_line = self._gc()
-            self._start()
-            followed = f"{before.n} recorded when it died; {gc_line}; resumed (start {self.starts - 1})"
+            followed = f"{before.n} recorded when it died; {self._gc()}; {self._resume()}"
         elif kind in ("sandbox_kill", "desktop_kill"):
             pids = self._pick_pids(kind)
             with contextlib.closing(self._ledger()) as ledger:
@@ -318,9 +320,7 @@ class Chaos:
                 with contextlib.closing(self._ledger()) as ledger:  # the rows when it died, as for a kill
                     before = digest(ledger, run_id)
                 tail, gc_line = self._log_tail(), self._gc()
-                self._start()
-                followed = (f"the harness stopped (exit {exit_code}: {tail}); {gc_line}; resumed "
-                            f"(start {self.starts - 1})")
+                followed = f"the harness stopped (exit {exit_code}: {tail}); {gc_line}; {self._resume()}"
         else:
             raise UsageError(f"--events: {kind!r} is not one of {', '.join(KINDS)}")
         with contextlib.closing(self._ledger()) as ledger:
@@ -332,6 +332,14 @@ class Chaos:
             artifacts.put(ledger, run_id, f"event-{index:04d}", ev)
         self.events.append(ev)
         self.say(f"event {index} {kind} -> {target}: {followed}")
+
+    def _resume(self) -> str:
+        """After the driver stopped the harness: ``run --resume``, unless the run had already ended."""
+        if self._status() == "complete":
+            self.done = True
+            return "the run was already complete: not resumed"
+        self._start()
+        return f"resumed (start {self.starts - 1})"
 
     def _pick_pids(self, kind: str) -> dict[int, str]:
         assert self.run_id is not None
@@ -411,7 +419,8 @@ class Chaos:
         for engine in ("docker", "podman"):
             if self.cfg.substrate == engine:
                 left += [f"{engine} container {c}" for c in containers_of_run(engine, run_id)]
-        new_tmp = sorted(e for e in tmp_entries() - tmp_before if e.startswith(TMP_OURS))
+        ours = TMP_OURS + (TMP_DESKTOP if self.cfg.tasks == "desktop" else ())
+        new_tmp = sorted(e for e in tmp_entries() - tmp_before if e.startswith(ours))
         left += [f"/tmp/{e}" for e in new_tmp]
         if (self.live / ".chaos-fill").exists():
             left.append(str(self.live / ".chaos-fill"))
@@ -437,6 +446,7 @@ class Chaos:
                 shutil.copy2(p, dest)
         subprocess.run(["umount", str(self.live)], check=False, capture_output=True)
         self.mounted = False
+        self.done = False  # the run was complete when an event stopped the harness: nothing to resume
         with contextlib.suppress(OSError):
             self.live.rmdir()
 

@@ -333,12 +333,14 @@ class ScreenshotArtifact(Artifact):
 # -- chaos -------------------------------------------------------------------------------------------
 
 class RowsDigest(BaseModel):
-    """The attempts recorded at one moment: how many, the largest seq, and a SHA-256 over their
-    ``(seq, outcome, cause, t_end)`` in seq order (``measure.chaos.digest``). A later ledger holds the
-    same attempts exactly when its rows with ``seq <= max_seq`` give the same count and digest."""
+    """The attempts recorded at one moment: how many, the largest seq, the seqs below it not
+    recorded then (in flight, or dropped), and a SHA-256 over the rows' ``(seq, outcome, cause,
+    t_end)`` in seq order (``measure.chaos.digest``). A later ledger holds the same attempts exactly
+    when its rows with ``seq <= max_seq`` outside ``gaps`` give the same count and digest."""
 
     n: int = Field(ge=0)
     max_seq: int
+    gaps: list[int] = Field(default_factory=list)
     sha256: str
 
 

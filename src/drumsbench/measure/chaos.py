@@ -1,8 +1,8 @@
 """The checks of a chaos run that the ledger alone answers (``drumsbench chaos``, docs/chaos.md).
 
 - ``survived``: every attempt recorded when an event struck is still there, unchanged (each event
-  keeps a ``RowsDigest`` of the rows at that moment; the rows with ``seq <= max_seq`` must give the
-  same count and digest at the end).
+  keeps a ``RowsDigest`` of the rows at that moment; the same seqs must give the same count and
+  digest at the end).
 - ``counted_once``: no seq twice, and no attempt recorded twice under two seqs (same task, worker,
   start and end).
 - ``classified``: the attempts each event touched ended in a consistent outcome: after a harness
@@ -33,16 +33,24 @@ INFRA_CAUSES = frozenset({InvalidCause.SUBSTRATE_FAILURE, InvalidCause.STEP_TIME
                           InvalidCause.DIRTY_RESET})
 
 
-def digest(ledger: Ledger, run_id: str, max_seq: int | None = None) -> RowsDigest:
-    """The run's attempts (those with ``seq <= max_seq`` when given) as a ``RowsDigest``."""
+def digest(ledger: Ledger, run_id: str, max_seq: int | None = None, gaps: list[int] | None = None) -> RowsDigest:
+    """The run's attempts as a ``RowsDigest``; with ``max_seq`` and ``gaps`` (of an earlier digest)
+    only the rows that digest covered, for comparing with it. Attempts are recorded out of seq order
+    (an attempt in flight may end after a later one), so the gaps below ``max_seq`` are part of it."""
     rows = ledger.db.execute(
         "SELECT seq, outcome, cause, t_end FROM attempts WHERE run_id = ? AND (? IS NULL OR seq <= ?) ORDER BY seq",
         (run_id, max_seq, max_seq)).fetchall()
-    h = hashlib.sha256()
-    for seq, outcome, cause, t_end in rows:
-        h.update(f"{seq}|{outcome}|{cause}|{t_end!r}\n".encode())
     top = max_seq if max_seq is not None else (rows[-1][0] if rows else -1)
-    return RowsDigest(n=len(rows), max_seq=top, sha256=h.hexdigest())
+    if gaps is None:
+        gaps = sorted(set(range(top + 1)) - {r[0] for r in rows})
+    skip = set(gaps)
+    h = hashlib.sha256()
+    n = 0
+    for seq, outcome, cause, t_end in rows:
+        if seq not in skip:
+            h.update(f"{seq}|{outcome}|{cause}|{t_end!r}\n".encode())
+            n += 1
+    return RowsDigest(n=n, max_seq=top, gaps=gaps, sha256=h.hexdigest())
 
 
 def _rows(ledger: Ledger, run_id: str) -> list[tuple[int, str, str | None, float, float]]:
@@ -53,11 +61,11 @@ def _rows(ledger: Ledger, run_id: str) -> list[tuple[int, str, str | None, float
 def survived(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) -> ChaosCheck:
     problems = []
     for ev in events:
-        now = digest(ledger, run_id, ev.before.max_seq)
+        now = digest(ledger, run_id, ev.before.max_seq, ev.before.gaps)
         if now.n < ev.before.n:
             problems.append(f"event {ev.index} ({ev.kind}): {ev.before.n - now.n} of its {ev.before.n} recorded "
                             f"attempts lost")
-        elif now != ev.before:
+        elif now.n != ev.before.n or now.sha256 != ev.before.sha256:
             problems.append(f"event {ev.index} ({ev.kind}): the {ev.before.n} attempts recorded then changed")
     counts = ", ".join(f"{e.before.n}->{e.attempts_after}" for e in events if e.kind in (*STOP_EVENTS, "disk_full"))
     return ChaosCheck(passed=not problems, detail="; ".join(problems[:5]) or
