@@ -59,7 +59,7 @@ def test_harness_kill_then_resume_loses_nothing_and_the_check_catches_a_lost_or_
     out = tmp_path / "chaos"
     run_id, events, summary = chaos(out, env, "--events", "harness_kill", "--duration", "12s", "--every", "3s")
     assert summary.passed and summary.events >= 2, summary
-    resumed = [e for e in events if "resumed" in e.followed]  # a kill after the run's end resumes nothing
+    resumed = [e for e in events if "resumed (start" in e.followed]  # a kill after the run's end resumes nothing
     assert len(resumed) >= 2 and summary.harness_starts == len(resumed) + 1, [e.followed for e in events]
     db = sqlite3.connect(out / "ledger.sqlite")
     assert db.execute("SELECT COUNT(*) FROM segments").fetchone()[0] == summary.harness_starts
