@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
+import shutil
 import subprocess
 import tempfile
 import tomllib
@@ -121,9 +123,23 @@ def _read_tree(root: Path) -> dict[str, bytes]:
     return out
 
 
+PATCH_PREFIX = "drumsbench-patch-"
+
+
+def _sweep_patch_folders() -> None:
+    """Remove the patch folders of processes that died before removing theirs (a harness killed
+    with SIGKILL while loading its suite): their names carry the pid."""
+    base = Path(tempfile.gettempdir())
+    for folder in base.glob(f"{PATCH_PREFIX}*-*"):
+        pid = folder.name[len(PATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def apply_patch_to_files(files: dict[str, bytes], patch: str, where: str) -> dict[str, bytes]:
     """``git apply`` ``patch`` to an in-memory tree; ``UsageError`` naming ``where`` if it does not apply."""
-    with tempfile.TemporaryDirectory(prefix="drumsbench-patch-") as tmp:
+    _sweep_patch_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{PATCH_PREFIX}{os.getpid()}-") as tmp:
         root = Path(tmp) / "t"
         for rel, data in files.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
