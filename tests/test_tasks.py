@@ -42,3 +42,20 @@ def test_malformed_task_toml(tmp_path, edit, needle):
     toml.write_text(edit(toml.read_text()))
     with pytest.raises(UsageError, match=needle):
         load_suite(str(suite))
+
+
+def test_a_folder_named_like_a_builtin_does_not_shadow_it(tmp_path, monkeypatch):
+    """An out folder called ``desktop`` or ``coding`` in the working folder (as `--out desktop` makes) must not
+    turn `--tasks desktop` into that folder; ``./coding`` still means the folder."""
+    from drumsbench.envs import suites
+    from drumsbench.envs.coding.task import BUILTIN_ROOT, suite_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "coding").mkdir()
+    (tmp_path / "desktop").mkdir()
+    assert suite_dir("coding") == BUILTIN_ROOT / "coding"
+    assert suites.suite_kind("desktop") == "desktop"
+    assert len(load_suite("coding")) >= 10
+    assert suite_dir("./coding").resolve() == tmp_path / "coding"
+    with pytest.raises(UsageError, match="holds no"):
+        load_suite("./coding")
