@@ -139,8 +139,12 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     assert {s.key for s in w.leaks.leaking} >= {"fds", "tmp_entries"}, w.leaks.detail
     assert leaky.leaks_passed is False and "fds" in leaky.leaks_note
     assert w.leaks.left["tmp_entries"] == len(kept)
-    # confirmation is judged apart: the leak does not change the window's four checks
-    assert [c.name for c in w.checks] == ["full_length", "invalid_rate", "isolation_control", "stable"]
+    # a leaking window is not confirmed, for that reason alone; the clean one is, with the check passed
+    assert [c.name for c in w.checks] == ["full_length", "invalid_rate", "isolation_control", "stable", "leaks"]
+    assert not w.confirmed and [c.name for c in w.checks if not c.passed] == ["leaks"], w.checks
+    assert "LEAKS" in w.verdict_line() and leaky.n_max is None
+    (cw,) = clean.windows
+    assert cw.confirmed and cw.checks[-1].name == "leaks" and cw.checks[-1].passed, cw.checks
     # the samples are in the ledger, the verdict in the window artifact and the JSON
     assert artifacts.load(ledger, "leaky", artifacts.LeakSamplesArtifact)["N2"].rows
     art = artifacts.load(ledger, "leaky", artifacts.WindowArtifact)["N2"]

@@ -11,7 +11,7 @@ never counted as steady state.
 Beside every window, the leak sampler (``experiments.leak_sampler``) records what the harness
 holds — fds, processes and zombies under it, mounts, /tmp and /dev/shm entries, the sandbox store's
 disk use, dockerd's or conmon's memory — as a ``leaks`` artifact; each window's leak check (the slope
-per hour of each, with its interval: ``measure.leaks``) is reported beside its four checks.
+per hour of each, with its interval: ``measure.leaks``) is one of its confirmation checks when judged.
 
 The steady-state figure — valid rollouts per host-hour, bootstrap interval — pools the confirmed
 windows at N_max (its step window and the soak, when it held). The report is rebuilt from the

@@ -16,9 +16,10 @@ them, from the ledger alone:
   samples taken seconds apart are not independent, and the plain t-interval would be too narrow.
   With n_eff < 4 there is no interval (the quantity is "not judged").
 - **Check**: a quantity *leaks* when its interval's low end is above zero and above its tolerance
-  (``Quantity.tolerance_per_h``); a window fails its leak check when any quantity leaks. The check
-  is reported beside the window's four confirmation checks and does not change whether a window
-  is confirmed (throughput is not wrong because something accumulates).
+  (``Quantity.tolerance_per_h``); a window fails its leak check when any quantity leaks, and a
+  window that fails it is not confirmed (``measure.windows``: the check ``leaks``): a fleet that
+  accumulates cannot hold its throughput for days, however good its first hour. A window with too
+  few independent samples is "not judged" and keeps its other checks' verdict.
 - **Left**: each quantity after the window's teardown minus before the window (for information).
 """
 

@@ -2,14 +2,17 @@
 
 A **window** is one segment of a run at a fixed concurrency N, labelled in the ledger (the
 segment's label, each attempt's ``window``, the positive control's ``window`` and a ``segment``
-artifact written by ``experiments.run.execute``). A window is **confirmed** when all four checks
+artifact written by ``experiments.run.execute``). A window is **confirmed** when all its checks
 pass:
 
 1. ``full_length`` — it ran its planned length and was not interrupted;
 2. ``invalid_rate`` — at least one attempt finished and invalid / attempts <= the threshold;
 3. ``isolation_control`` — the isolation positive control ran in the window and fired;
 4. ``stable`` — the valid-rollout rates of its two halves differ by at most the tolerance
-   (relative to the larger half).
+   (relative to the larger half);
+5. ``leaks`` — when the window's leak samples can be judged (``measure.leaks``: enough independent
+   samples after the ramp-up), no quantity's slope per hour is clearly above its tolerance. A
+   window too short to judge carries its leak verdict ("not judged") without this check.
 
 Throughput of a window = valid rollouts that finished inside ``[work start, work start + planned
 length]`` divided by that length (attempts finishing in the drain after the deadline count toward
@@ -179,7 +182,7 @@ class WindowVerdict(BaseModel):
     checks: list[Check]
     resources: dict[str, Any] = Field(default_factory=dict)
     counted: bool = False  # in the steady-state figure (set by the sweep report)
-    leaks: LeakVerdict | None = None  # the leak check (measure/leaks.py), beside the four checks
+    leaks: LeakVerdict | None = None  # the leak check (measure/leaks.py); when judged, also the check "leaks"
 
     @property
     def reasons(self) -> list[str]:
@@ -314,6 +317,9 @@ def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
     if window_samples is not None:
         span_from = leaks.ramp_end(started, planned, [r[5] for r in rows], concurrency)
         leak = leaks.judge(window_samples, started, span_to=started + measured, span_from=span_from)
+        if leak.passed is not None:  # a window too short to judge is not failed for it (the detail says so)
+            checks.append(Check(name="leaks", passed=leak.passed, detail=(
+                "leak check: " + leak.detail if leak.passed else leak.detail)))
 
     return WindowVerdict(
         label=label, kind=kind_of(label), concurrency=concurrency, planned_s=planned, ran_s=ran_s,
