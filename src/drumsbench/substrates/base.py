@@ -21,6 +21,7 @@ Contracts every substrate keeps (checked by ``drumsbench.substrates.conformance`
 
 from __future__ import annotations
 
+import os
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -32,12 +33,64 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from drumsbench.core.canary_scan import SCAN_SCRIPT
-from drumsbench.core.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.fingerprint import DIGEST_SCRIPT
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 # the folders of every sandbox, below its root (``SandboxPaths``)
 SANDBOX_FOLDERS = ("work", "home", "tmp", "verify")
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """Per-sandbox bounds a substrate enforces from the host (``None``: that bound is off).
+
+    ``pids``: processes (and threads) at once; ``memory_mb``: resident memory in MiB, including a
+    sandbox's tmpfs pages; ``disk_mb``: what the sandbox may write, in MiB. Each substrate states
+    its mechanism per bound (``Substrate.limit_mechanisms``; docs/substrates.md has the table); a
+    bound the substrate cannot enforce on this host is named there as not enforced, never claimed.
+    The settings are environment variables (``LIMIT_VARS``; ``0`` turns a bound off)."""
+
+    pids: int | None = 2048
+    memory_mb: int | None = 4096
+    disk_mb: int | None = 4096
+
+    @classmethod
+    def off(cls) -> SandboxLimits:
+        return cls(None, None, None)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SandboxLimits:
+        """The defaults, overridden by ``DRUMSBENCH_LIMIT_PIDS``, ``..._MEMORY_MB``, ``..._DISK_MB``.
+
+        ``UsageError`` (one line naming the variable and the fix) for a value that is not a whole
+        number >= 0."""
+        env = os.environ if environ is None else environ
+        default = cls()
+        values: dict[str, int | None] = {}
+        for field, var in LIMIT_VARS.items():
+            raw = env.get(var)
+            if raw is None or raw.strip() == "":
+                values[field] = getattr(default, field)
+                continue
+            try:
+                n = int(raw)
+            except ValueError:
+                n = -1
+            if n < 0:
+                raise UsageError(f"{var}={raw!r}: a whole number >= 0 (0 turns the bound off)")
+            values[field] = n or None
+        return cls(values["pids"], values["memory_mb"], values["disk_mb"])
+
+    def describe(self) -> str:
+        def one(v: int | None, unit: str) -> str:
+            return "off" if v is None else f"{v}{unit}"
+        return (f"pids {one(self.pids, '')}, memory {one(self.memory_mb, ' MiB')}, "
+                f"disk {one(self.disk_mb, ' MiB')}")
+
+
+LIMIT_VARS = {"pids": "DRUMSBENCH_LIMIT_PIDS", "memory_mb": "DRUMSBENCH_LIMIT_MEMORY_MB",
+              "disk_mb": "DRUMSBENCH_LIMIT_DISK_MB"}
 
 
 class Isolation(StrEnum):
@@ -327,6 +380,13 @@ class Substrate(ABC):
     def __init__(self, run_id: str, state_dir: Path) -> None:
         self.run_id = run_id
         self.state_dir = state_dir
+        # Bounds of the sandboxes ``create`` makes from now on; a caller may replace them first.
+        self.limits = SandboxLimits.from_env()
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        """Per bound (``pids``, ``memory_mb``, ``disk_mb``): how this substrate enforces it here, or
+        why it does not ("not enforced: ..."). Read only; the built-in substrates override it."""
+        return {field: "not enforced: the substrate declares no mechanism" for field in LIMIT_VARS}
 
     @classmethod
     @abstractmethod

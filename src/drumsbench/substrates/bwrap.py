@@ -54,12 +54,13 @@ from drumsbench.substrates.base import (
     SandboxPaths,
     Substrate,
 )
-from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup
+from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, mount_limited, unmount_below
 from drumsbench.substrates.process import (
     SHARED_BASE,
     HostFolderSandbox,
     gc_host_runs,
     host_leftovers,
+    host_limit_mechanisms,
     new_sandbox_id,
 )
 
@@ -231,23 +232,33 @@ class BwrapSubstrate(Substrate):
         root = self._folder / sid
         try:
             root.mkdir(parents=True)
+            if self.limits.disk_mb is not None and self.freezer:
+                mount_limited(root, self.limits.disk_mb)  # /sandbox and /tmp inside
             for sub in SANDBOX_FOLDERS:
                 (root / sub).mkdir()
             (root / "tmp").chmod(0o1777)
-        except OSError as e:
+        except (OSError, SubstrateError) as e:
+            unmount_below(root)
+            shutil.rmtree(root, ignore_errors=True)
             raise SubstrateError(f"bwrap: cannot create sandbox folder {root}: {e}") from e
         if not self.freezer:
             return BwrapSandbox(self.run_id, sid, root, self._hide)
         try:
-            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}")
+            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
         except SubstrateError:
+            unmount_below(root)
             shutil.rmtree(root, ignore_errors=True)
             raise
         return FreezableBwrapSandbox(self.run_id, sid, root, self._hide, cgroup)
 
+    def limit_mechanisms(self) -> dict[str, str]:
+        return host_limit_mechanisms(self.limits, self.freezer, "the sandbox folder (/sandbox and /tmp inside; "
+                                     "the rest of / is read-only)")
+
     def close(self) -> None:
         for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
             cg.remove()
+        unmount_below(self._folder)
         if self._folder.is_dir() and not any(self._folder.iterdir()):
             self._folder.rmdir()
 

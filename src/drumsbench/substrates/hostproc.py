@@ -1,5 +1,6 @@
 """Host-side machinery of the substrates whose sandboxes are host processes (process, bwrap,
-overlay): finding and killing labelled processes, per-sandbox uids and freezer cgroups.
+overlay): finding and killing labelled processes, per-sandbox uids, freezer cgroups with their
+pids and memory limit groups, and size-limited tmpfs folders (``LimitedFolder``).
 
 Running one command (timeout, bounded output, killing its tree) is ``exec_core``'s.
 """
@@ -7,6 +8,7 @@ Running one command (timeout, bounded output, killing its tree) is ``exec_core``
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import secrets
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Freezable, sh_quote
+from drumsbench.substrates.base import Freezable, SandboxLimits, sh_quote
 
 
 def pids_with_env(var: str, value: str | None = None) -> dict[int, str]:
@@ -68,6 +70,8 @@ def _has_memory(pid: int) -> bool:
 # -- per-sandbox identities and freezer cgroups (process, bwrap, overlay) ------------------------
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
+# v1 hierarchies of the limit groups: controller -> mount point
+LIMIT_ROOTS = {"pids": Path("/sys/fs/cgroup/pids"), "memory": Path("/sys/fs/cgroup/memory")}
 CGROUP_PREFIX = "drumsbench"
 UID_BASE = 2_000_000
 UID_SPAN = 1_000_000
@@ -148,6 +152,61 @@ class UidLease:
         return found
 
 
+def _v1_mounted(root: Path, controller: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [ln.split() for ln in f]
+    except OSError:
+        return False
+    return any(len(m) >= 4 and m[2] == "cgroup" and m[1] == str(root) and controller in m[3].split(",")
+               for m in mounts) and os.access(root, os.W_OK)
+
+
+def own_cgroup(controller: str) -> str:
+    """This process's group in the v1 ``controller`` hierarchy ("/" when unknown)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for ln in f:
+                parts = ln.rstrip("\n").split(":", 2)
+                if len(parts) == 3 and controller in parts[1].split(","):
+                    return parts[2] or "/"
+    except OSError:
+        pass
+    return "/"
+
+
+def limit_hierarchies() -> dict[str, Path] | None:
+    """Where limit groups go: controller -> the parent of ``drumsbench/<run>/...``, i.e. this
+    process's own group in each v1 hierarchy (the sandboxes stay inside whatever bounds the
+    harness itself); ``None`` without root or without both the pids and memory hierarchies."""
+    if os.geteuid() != 0:
+        return None
+    found = {}
+    for ctl, root in LIMIT_ROOTS.items():
+        if not _v1_mounted(root, ctl):
+            return None
+        found[ctl] = root / own_cgroup(ctl).lstrip("/")
+    return found
+
+
+def _limit_run_dirs(run_id: str) -> list[Path]:
+    """Every ``.../drumsbench/<run_id>`` limit folder (any harness's parent group, up to 3 deep)."""
+    found: list[Path] = []
+    for root in LIMIT_ROOTS.values():
+        for depth in range(4):
+            found += [p for p in root.glob("/".join(["*"] * depth + [CGROUP_PREFIX, run_id])) if p.is_dir()]
+    return found
+
+
+def limit_runs() -> set[str]:
+    """Run ids that have limit folders on this machine."""
+    runs: set[str] = set()
+    for root in LIMIT_ROOTS.values():
+        for depth in range(4):
+            runs |= {p.name for p in root.glob("/".join(["*"] * depth + [CGROUP_PREFIX, "*"])) if p.is_dir()}
+    return runs
+
+
 def uid_separation_available() -> bool:
     """Per-sandbox uids need root (setuid, chown)."""
     return os.geteuid() == 0
@@ -162,8 +221,11 @@ class FreezerCgroup:
     injector's (``Freezable``) and destroy's path.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limit_dirs: Sequence[Path] = ()) -> None:
         self.path = path
+        # the sandbox's pids and memory groups (same name, in those hierarchies); every process
+        # placed in the freezer group is placed in them too
+        self.limit_dirs = list(limit_dirs)
 
     @staticmethod
     def hierarchy() -> Path | None:
@@ -185,31 +247,74 @@ class FreezerCgroup:
         return FREEZER_ROOT / CGROUP_PREFIX / run_id
 
     @classmethod
-    def create(cls, run_id: str, name: str, owner: int | None = None) -> FreezerCgroup:
+    def create(cls, run_id: str, name: str, owner: int | None = None,
+               limits: SandboxLimits | None = None) -> FreezerCgroup:
         """A new group; ``owner`` (a sandbox uid) may write its ``cgroup.procs``, so a command
-        already running as that uid can place itself (never another sandbox's, never out of it)."""
+        already running as that uid can place itself (never another sandbox's, never out of it).
+
+        With ``limits`` whose pids or memory bound is on, the group of the same name is made in the
+        v1 pids and memory hierarchies (below the harness's own group, ``limit_hierarchies``) with
+        ``pids.max`` and ``memory.limit_in_bytes``; ``SubstrateError`` when they are missing."""
         path = cls.run_dir(run_id) / name
+        made: list[Path] = []
         try:
             path.mkdir(parents=True)
-            if owner is not None:
-                os.chown(path / "cgroup.procs", owner, owner)
+            made.append(path)
+            if limits is not None and (limits.pids is not None or limits.memory_mb is not None):
+                parents = limit_hierarchies()
+                if parents is None:
+                    raise OSError("the v1 pids and memory cgroup hierarchies are not mounted and writable")
+                for ctl, parent in parents.items():
+                    d = parent / CGROUP_PREFIX / run_id / name
+                    d.mkdir(parents=True)
+                    made.append(d)
+                    if ctl == "pids" and limits.pids is not None:
+                        (d / "pids.max").write_text(str(limits.pids))
+                    if ctl == "memory" and limits.memory_mb is not None:
+                        (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
+            for d in made:
+                if owner is not None:
+                    os.chown(d / "cgroup.procs", owner, owner)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-            raise SubstrateError(f"cannot create freezer cgroup {path}: {e}") from e
-        return cls(path)
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise SubstrateError(f"cannot create the sandbox's cgroups {path}: {e}") from e
+        return cls(path, made[1:])
 
     @property
     def procs_file(self) -> str:
         return str(self.path / "cgroup.procs")
 
+    @property
+    def procs_files(self) -> list[str]:
+        """The freezer group's ``cgroup.procs`` and its limit groups'."""
+        return [self.procs_file, *(str(d / "cgroup.procs") for d in self.limit_dirs)]
+
+    def place(self, pid: int) -> None:
+        """Put ``pid`` in the group and its limit groups (``OSError`` when it cannot)."""
+        for procs in self.procs_files:
+            with open(procs, "w") as f:
+                f.write(str(pid))
+
     def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` prefixed so that its process joins this group before the payload starts."""
-        procs = sh_quote([self.procs_file])
+        """``argv`` prefixed so that its process joins this group (and its limit groups) before the
+        payload starts."""
+        place = " && ".join(f"echo $$ > {sh_quote([p])}" for p in self.procs_files)
         if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
             # the command's own shell places itself: one exec fewer, the same $0 and $$
-            return ["/bin/sh", "-c", f"echo $$ > {procs} || exit 125\n{argv[2]}"]
-        return ["/bin/sh", "-c", f'echo $$ > {procs} || exit 125; exec "$@"', "sh", *argv]
+            return ["/bin/sh", "-c", f"{{ {place}; }} || exit 125\n{argv[2]}"]
+        return ["/bin/sh", "-c", f'{{ {place}; }} || exit 125; exec "$@"', "sh", *argv]
+
+    def limit_state(self) -> dict[str, str]:
+        """What the limit groups say now (read only): pids.current/max, memory usage/limit/failcnt."""
+        out: dict[str, str] = {}
+        for d in self.limit_dirs:
+            for name in ("pids.current", "pids.max", "memory.max_usage_in_bytes", "memory.limit_in_bytes",
+                         "memory.failcnt"):
+                with contextlib.suppress(OSError):
+                    out[name] = (d / name).read_text().strip()
+        return out
 
     def exists(self) -> bool:
         return self.path.is_dir()
@@ -287,15 +392,33 @@ class FreezerCgroup:
                     break
         with contextlib.suppress(OSError):
             self.path.parent.rmdir()
+        problems += _remove_limit_dirs(self.limit_dirs)
         return problems
 
     @classmethod
     def of_run(cls, run_id: str, prefix: str = "") -> list[FreezerCgroup]:
+        """The run's groups, each with its limit groups."""
+        limits: dict[str, list[Path]] = {}
+        for run_dir in _limit_run_dirs(run_id):
+            with contextlib.suppress(OSError):
+                for d in run_dir.iterdir():
+                    if d.is_dir():
+                        limits.setdefault(d.name, []).append(d)
         folder = cls.run_dir(run_id)
         try:
-            return [cls(p) for p in sorted(folder.iterdir()) if p.is_dir() and p.name.startswith(prefix)]
+            return [cls(p, limits.get(p.name, ())) for p in sorted(folder.iterdir())
+                    if p.is_dir() and p.name.startswith(prefix)]
         except OSError:
             return []
+
+    @staticmethod
+    def limit_leftovers(run_id: str, prefix: str = "") -> list[Path]:
+        """Limit groups of ``run_id`` whose name starts with ``prefix`` (whatever their freezer group)."""
+        found = []
+        for run_dir in _limit_run_dirs(run_id):
+            with contextlib.suppress(OSError):
+                found += [d for d in run_dir.iterdir() if d.is_dir() and d.name.startswith(prefix)]
+        return found
 
     @classmethod
     def gc(cls, dead_runs: set[str]) -> list[str]:
@@ -307,7 +430,32 @@ class FreezerCgroup:
                 removed.append(f"cgroup {cg.path}")
             with contextlib.suppress(OSError):
                 cls.run_dir(run).rmdir()
+            # limit groups whose freezer group was already gone
+            left = cls.limit_leftovers(run)
+            _remove_limit_dirs(left)
+            removed += [f"cgroup {d}" for d in left]
         return removed
+
+
+def _remove_limit_dirs(dirs: Sequence[Path]) -> list[str]:
+    """Kill what is left in the limit groups ``dirs``, remove them and their empty run folders."""
+    problems = []
+    for d in dirs:
+        try:
+            pids = [int(x) for x in (d / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            pids = []
+        if pids:
+            kill_pids(pids)
+        try:
+            d.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            problems.append(f"cgroup {d}: {e}")
+        with contextlib.suppress(OSError):
+            d.parent.rmdir()
+    return problems
 
 
 def host_probe(sandbox_id: str, destroyed: bool, cgroup: FreezerCgroup | None,
@@ -335,3 +483,48 @@ class CgroupFreezable(Freezable):
         assert self.cgroup is not None
         if self.cgroup.exists():
             self.cgroup.write_state("THAWED")
+
+
+# -- size-limited sandbox folders (process, bwrap) ----------------------------------------------
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def mount_limited(folder: Path, size_mb: int) -> None:
+    """Mount a tmpfs of ``size_mb`` MiB (root's, 0755, nosuid, nodev) on the existing ``folder``: the
+    sandbox's disk bound. A write past it fails with ENOSPC inside the tmpfs, never on the host's
+    file system; its pages are charged to the writer's memory cgroup (the sandbox's memory bound
+    covers them too). ``SubstrateError`` when the mount fails."""
+    data = f"size={size_mb}m,mode=0755".encode()
+    if _libc().mount(b"tmpfs", os.fsencode(folder), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), data) != 0:
+        err = ctypes.get_errno()
+        raise SubstrateError(f"cannot mount a {size_mb} MiB tmpfs on {folder}: {os.strerror(err)}")
+
+
+def mounts_below(folder: Path) -> list[str]:
+    """Mount points in this process's mount namespace at or below ``folder``, deepest first."""
+    prefix = os.path.realpath(folder)
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                point = line.split()[4].replace("\\040", " ")
+                if point == prefix or point.startswith(prefix + "/"):
+                    found.append(point)
+    except OSError:
+        pass
+    return sorted(found, key=len, reverse=True)
+
+
+def unmount_below(folder: Path) -> list[str]:
+    """Detach every mount at or below ``folder`` (a sandbox's tmpfs); returns the mount points."""
+    done = []
+    libc = _libc()
+    for point in mounts_below(folder):
+        if libc.umount2(os.fsencode(point), _MNT_DETACH) == 0:
+            done.append(point)
+    return done

@@ -45,6 +45,7 @@ from drumsbench.substrates.base import (
     HostLaunching,
     Isolation,
     ResetStrategy,
+    SandboxLimits,
     SandboxPaths,
     Substrate,
 )
@@ -57,8 +58,12 @@ from drumsbench.substrates.hostproc import (
     UidLease,
     host_probe,
     kill_pids,
+    limit_hierarchies,
+    mount_limited,
+    mounts_below,
     pids_with_env,
     uid_separation_available,
+    unmount_below,
 )
 
 RUN_VAR = HostLaunching.RUN_VAR
@@ -126,10 +131,12 @@ def host_leftovers(run_id: str, folder: Path, cgroup_prefix: str | None = None) 
     """Host processes labelled with ``run_id``, sandbox folders still under ``folder``, and (for
     a substrate with ``cgroup_prefix``) the run's freezer cgroups and uid leases."""
     left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, run_id)]
+    left += [f"mount {m}" for m in mounts_below(folder)]
     if folder.is_dir():
         left += [f"folder {p}" for p in folder.iterdir()]
     if cgroup_prefix is not None:
         left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(run_id, cgroup_prefix)]
+        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(run_id, cgroup_prefix)]
         left += [f"uid lease {p} of {run_id}" for p in UidLease.of_runs({run_id})
                  if os.readlink(p).split("/", 1)[-1].startswith(cgroup_prefix)]
     return left
@@ -153,10 +160,30 @@ def gc_host_runs(dead_runs: set[str], folder_of: Callable[[str], Path] | Sequenc
     for run in dead_runs:
         for of in folders:
             folder = of(run)
+            removed += [f"mount {m}" for m in unmount_below(folder)]
             if folder.exists():
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(f"folder {folder}")
     return removed
+
+
+def host_limit_mechanisms(limits: SandboxLimits, cgroups: bool, disk_scope: str) -> dict[str, str]:
+    """``Substrate.limit_mechanisms`` of the host-process substrates (process, bwrap): cgroup v1
+    pids and memory groups beside the freezer group, a tmpfs of the disk bound's size."""
+    if not cgroups:
+        why = "not enforced: needs root and the cgroup v1 freezer, pids and memory hierarchies"
+        return {"pids": why, "memory_mb": why, "disk_mb": why}
+    ok = limit_hierarchies() is not None
+    out = {}
+    for field, what in (("pids", "pids.max of the sandbox's v1 pids cgroup"),
+                        ("memory_mb", "memory.limit_in_bytes of the sandbox's v1 memory cgroup (OOM kill "
+                                      "inside it)")):
+        value = getattr(limits, field)
+        out[field] = ("off (setting)" if value is None else
+                      f"{value}: {what}" if ok else "not enforced: the v1 pids/memory hierarchies are missing")
+    out["disk_mb"] = ("off (setting)" if limits.disk_mb is None else
+                      f"{limits.disk_mb} MiB: a tmpfs of that size on {disk_scope}; ENOSPC inside it")
+    return out
 
 
 def new_sandbox_id() -> str:
@@ -311,6 +338,7 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
         self.kill_all()
         if self.cgroup is not None:
             self.cgroup.remove()
+        unmount_below(self.host_root)  # the disk bound's tmpfs, with everything written into it
         shutil.rmtree(self.host_root, ignore_errors=True)
         if self.lease is not None:
             remove_owned_by(self.lease.uid)
@@ -388,6 +416,10 @@ class ProcessSubstrate(Substrate):
     def missing(cls) -> str | None:
         return None
 
+    def limit_mechanisms(self) -> dict[str, str]:
+        return host_limit_mechanisms(self.limits, self.freezer, "the sandbox folder (its work, home, tmp and "
+                                     "verify; host places such as /tmp are shared and not bounded)")
+
     def create(self) -> ProcessSandbox:
         sid = new_sandbox_id()
         root = sandbox_root(self.state_dir, self.run_id) / sid
@@ -396,11 +428,13 @@ class ProcessSubstrate(Substrate):
         try:
             _make_reachable(root.parent)
             root.mkdir(mode=0o755)
+            if self.limits.disk_mb is not None and self.freezer:
+                mount_limited(root, self.limits.disk_mb)
             if self.separate_uids:
                 lease = UidLease.acquire(self.run_id, f"{self.name}-{sid}", root)
             if self.freezer:
                 cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
-                                              owner=None if lease is None else lease.uid)
+                                              owner=None if lease is None else lease.uid, limits=self.limits)
             paths = SandboxPaths.under(str(root))
             cls = FreezableProcessSandbox if cgroup is not None else ProcessSandbox
             return cls(self.name, self.run_id, sid, root, paths, cgroup=cgroup, lease=lease)
@@ -409,6 +443,7 @@ class ProcessSubstrate(Substrate):
                 cgroup.remove()
             if lease is not None:
                 lease.release()
+            unmount_below(root)
             shutil.rmtree(root, ignore_errors=True)
             if isinstance(e, SubstrateError):
                 raise
@@ -424,6 +459,7 @@ class ProcessSubstrate(Substrate):
                 if os.readlink(lease).split("/", 1)[-1].startswith(f"{self.name}-"):
                     lease.unlink()
         folder = sandbox_root(self.state_dir, self.run_id)
+        unmount_below(folder)
         shutil.rmtree(folder, ignore_errors=True)
         _remove_empty_parents(folder)
 

@@ -43,6 +43,7 @@ pid namespace but the holder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -68,7 +69,15 @@ from drumsbench.substrates.base import (
 )
 from drumsbench.substrates.bwrap import SANDBOX_CAPS
 from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
-from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, host_probe, kill_pids, pids_with_env
+from drumsbench.substrates.hostproc import (
+    CgroupFreezable,
+    FreezerCgroup,
+    host_probe,
+    kill_pids,
+    mount_limited,
+    pids_with_env,
+    unmount_below,
+)
 from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
 from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
@@ -110,12 +119,19 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
         self._destroyed = False
         self.cgroup = cgroup
         try:
-            (self._dir / "m").mkdir(parents=True)
-        except OSError as e:
+            self._dir.mkdir(parents=True)
+            if sub.limits.disk_mb is not None and sub.freezer:
+                # the disk bound: upper and work layers live on a tmpfs of that size
+                mount_limited(self._dir, sub.limits.disk_mb)
+            (self._dir / "m").mkdir()
+        except (OSError, SubstrateError) as e:
+            unmount_below(self._dir)
+            shutil.rmtree(self._dir, ignore_errors=True)
             raise SubstrateError(f"overlay: cannot create sandbox folder {self._dir}: {e}") from e
         try:
             self._start()
         except BaseException:
+            unmount_below(self._dir)
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
 
@@ -152,8 +168,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
         if self.cgroup is not None:
             # The holder starts nothing by itself: placing it now, before any command, is race-free.
             try:
-                with open(self.cgroup.procs_file, "w") as f:
-                    f.write(str(self._pid))
+                self.cgroup.place(self._pid)
             except OSError as e:
                 raise SubstrateError(f"overlay: cannot place sandbox {self.id} in {self.cgroup.path}: {e}") from e
 
@@ -277,7 +292,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
             snap = uuid.uuid4().hex[:12]
             layer = f"layers/{snap}"
             try:
-                os.rename(self._sub.folder / upper, self._sub.folder / layer)
+                _move_layer(self._sub.folder / upper, self._sub.folder / layer)
             except OSError as e:
                 raise SubstrateError(f"overlay: cannot freeze the upper of {self.id}: {e}") from e
             self._extra.insert(0, layer)
@@ -296,6 +311,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
             finally:
                 if self.cgroup is not None:
                     self.cgroup.remove()
+                unmount_below(self._dir)  # the disk bound's tmpfs
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._sub.forget(self)
 
@@ -334,6 +350,12 @@ class OverlaySubstrate(Substrate, Forking):
         self._snapshots: dict[str, tuple[str, ...]] = {}
         self.trash = Trash(self.folder / "trash")
         self.freezer = FreezerCgroup.hierarchy() is not None
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        from drumsbench.substrates.process import host_limit_mechanisms
+
+        return host_limit_mechanisms(self.limits, self.freezer, "the sandbox's upper layer (everything it "
+                                     "writes; a snapshot then copies the upper layer instead of renaming it)")
 
     def raw_floor(self) -> list[str] | None:
         """What a hand-written harness does for one overlay sandbox: fresh namespaces, an overlay
@@ -406,7 +428,7 @@ class OverlaySubstrate(Substrate, Forking):
         if not self.freezer:
             box = OverlaySandbox(self, sid, base)
         else:
-            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}")
+            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
             try:
                 box = FreezableOverlaySandbox(self, sid, base, cgroup)
             except BaseException:
@@ -463,6 +485,7 @@ class OverlaySubstrate(Substrate, Forking):
         left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id) if pid != own]
         left += [f"mount {m}" for m in host_mounts_below(self.folder)]
         left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-")]
+        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(self.run_id, f"{self.name}-")]
         sandboxes = self.folder / "sb"
         if sandboxes.is_dir():
             left += [f"folder {p}" for p in sandboxes.iterdir()]
@@ -490,6 +513,24 @@ class OverlaySubstrate(Substrate, Forking):
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(f"folder {folder}")
         return removed
+
+
+def _move_layer(src: Path, dest: Path) -> None:
+    """Rename ``src`` to ``dest`` (O(1)); across file systems (an upper layer on the sandbox's disk-bound
+    tmpfs) copy it with ``cp -a`` (whiteouts, xattrs, owners kept) and remove the original."""
+    try:
+        os.rename(src, dest)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    import subprocess
+
+    proc = subprocess.run(["cp", "-a", "--", str(src), str(dest)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise OSError(errno.EIO, f"cp -a {src} {dest}: {proc.stderr.strip()[-200:]}")
+    shutil.rmtree(src, ignore_errors=True)
 
 
 def _umount_detach(point: str) -> int:
