@@ -165,3 +165,29 @@ def test_killing_soffice_or_xvfb_makes_the_desktop_attempt_invalid(tmp_path, env
 def test_disk_full_without_a_tmpfs_is_refused(tmp_path, env):
     proc = cli("chaos", "--events", "disk_full", "--out", str(tmp_path / "c"), env=env, timeout=60)
     assert proc.returncode == 2 and "--tmpfs-mib" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_vm_kill_makes_its_attempt_invalid_with_an_infrastructure_cause(tmp_path, env):
+    require(registry.get("vm").missing())
+    out = tmp_path / "chaos"
+    _, events, summary = chaos(out, env, "--substrate", "vm", "--events", "vm_kill", "--duration", "25s",
+                               "--every", "8s")
+    assert summary.passed, summary
+    hit = [e for e in events if e.target.startswith("pid") and "qemu-system" in e.target]
+    assert hit, [(e.target, e.followed) for e in events]
+    db = sqlite3.connect(out / "ledger.sqlite")
+    in_flight = [r for e in hit for r in db.execute(
+        "SELECT outcome, cause FROM attempts WHERE t_start <= ? AND ? <= t_end", (e.t, e.t))]
+    invalid = [c for o, c in in_flight if o == "invalid"]  # the other slot's attempt goes on
+    assert invalid and set(invalid) <= {x.value for x in INFRA_CAUSES}, in_flight
+
+
+def test_machine_wide_events_must_be_named_and_fit_the_substrate(tmp_path, env):
+    from drumsbench.experiments.chaos import applicable
+
+    assert "daemon_kill" not in applicable("docker", "coding", tmpfs=True)
+    assert "vm_kill" in applicable("vm", "coding", tmpfs=False)
+    for args, flag in ((["--events", "vm_kill"], "--substrate vm"),
+                       (["--events", "daemon_kill"], "--substrate docker")):
+        proc = cli("chaos", *args, "--out", str(tmp_path / "c"), env=env, timeout=60)
+        assert proc.returncode == 2 and flag in proc.stderr.strip().splitlines()[-1], proc.stderr

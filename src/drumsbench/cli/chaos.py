@@ -22,8 +22,9 @@ def chaos(
     every: Annotated[str, typer.Option(help="Mean time between events (each gap drawn from 0.5x to 1.5x).")] = "10s",
     events: Annotated[list[str] | None, typer.Option(
         "--events", metavar="KIND[,KIND...]",
-        help="Kinds of event: harness_kill, sandbox_kill, container_kill, desktop_kill, ledger_reader, disk_full "
-             "(default: every kind that applies).")] = None,
+        help="Kinds of event: harness_kill, sandbox_kill, container_kill, desktop_kill, vm_kill, ledger_reader, "
+             "disk_full (default: every kind that applies), and daemon_kill (docker: kills and restarts the "
+             "machine's dockerd; only when named).")] = None,
     hold: Annotated[str, typer.Option(help="How long a reader holds the ledger and a disk stays full.")] = "3s",
     tmpfs_mib: Annotated[int | None, typer.Option(help="Run with the out folder on a tmpfs of this many MiB "
                                                        "(needs root); enables disk_full.")] = None,

@@ -8,6 +8,9 @@ after each stop) and, at seeded random moments, injects one of:
 - ``container_kill``: ``docker kill`` of one of the run's containers (docker), SIGKILL of one of
   their conmon processes (podman) — never dockerd or podman's service;
 - ``desktop_kill``: SIGKILL of one of the run's ``soffice.bin`` or ``Xvfb`` (desktop tasks);
+- ``vm_kill``: SIGKILL of one of the run's QEMU processes (vm);
+- ``daemon_kill``: SIGKILL of dockerd, then dockerd started again with the same command line (docker;
+  opt-in only: it stops every user's containers on the machine);
 - ``ledger_reader``: a second process holds a read transaction on the ledger for some seconds;
 - ``disk_full``: the out folder (a small tmpfs the driver mounts) is filled from outside for some
   seconds, then freed; a harness that stopped is resumed.
@@ -41,10 +44,15 @@ from drumsbench.measure import artifacts
 from drumsbench.measure.artifacts import ChaosCheck, ChaosEventArtifact, ChaosSummaryArtifact
 from drumsbench.measure.chaos import digest, judge
 
-KINDS = ("harness_kill", "sandbox_kill", "container_kill", "desktop_kill", "ledger_reader", "disk_full")
+KINDS = ("harness_kill", "sandbox_kill", "container_kill", "desktop_kill", "vm_kill", "daemon_kill", "ledger_reader",
+         "disk_full")
+OPT_IN = ("daemon_kill",)  # never in the default set: it hits everyone on the machine, not only this run
 HOST_PROCESS = ("process", "bwrap", "overlay")
 RUN_VAR = "DRUMSBENCH_RUN"
 DESKTOP_PROCS = ("soffice.bin", "Xvfb")
+QEMU_PREFIX = "qemu-system"
+DOCKERD_LOG = Path(os.environ.get("DRUMSBENCH_DOCKERD_LOG", "/var/log/drumsbench-dockerd.log"))
+DOCKERD_WAIT_S = 120.0
 # what a run of ours may leave in the host's /tmp (anything else new there is another user's)
 TMP_OURS: tuple[str, ...] = ("drumsbench",)
 TMP_DESKTOP = ("OSL_PIPE_",)  # LibreOffice's pipes: counted only for desktop runs (others' are not ours)
@@ -66,12 +74,15 @@ class ChaosConfig(BaseModel):
 
 
 def applicable(substrate: str, tasks: str, tmpfs: bool) -> list[str]:
-    """The kinds of event that apply to this substrate and suite."""
+    """The kinds of event that apply to this substrate and suite by default (``OPT_IN`` kinds are
+    never among them; ``--events`` names them)."""
     out = ["harness_kill", "ledger_reader"]
     if substrate in HOST_PROCESS:
         out.append("sandbox_kill")
     if substrate in ("docker", "podman"):
         out.append("container_kill")
+    if substrate == "vm":
+        out.append("vm_kill")
     if tasks == "desktop":
         out.append("desktop_kill")
     if tmpfs:
@@ -120,6 +131,11 @@ class Chaos:
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown:
             raise UsageError(f"--events: {unknown[0]!r} is not one of {', '.join(KINDS)}")
+        if "vm_kill" in self.kinds and cfg.substrate != "vm":
+            raise UsageError("--events vm_kill: only with --substrate vm")
+        if "daemon_kill" in self.kinds and cfg.substrate != "docker":
+            raise UsageError("--events daemon_kill: only with --substrate docker (podman has no daemon; its "
+                             "conmon is killed by container_kill)")
         if "disk_full" in self.kinds and cfg.tmpfs_mib is None:
             raise UsageError("--events disk_full: give --tmpfs-mib N; the out folder is filled only on a tmpfs of "
                              "its own")
@@ -288,7 +304,7 @@ class Chaos:
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
             followed = f"{before.n} recorded when it died; {self._gc()}; {self._resume()}"
-        elif kind in ("sandbox_kill", "desktop_kill"):
+        elif kind in ("sandbox_kill", "desktop_kill", "vm_kill"):
             pids = self._pick_pids(kind)
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
@@ -303,6 +319,10 @@ class Chaos:
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
             target, followed = self._kill_container(run_id)
+        elif kind == "daemon_kill":
+            with contextlib.closing(self._ledger()) as ledger:
+                before = digest(ledger, run_id)
+            target, followed = self._kill_dockerd()
         elif kind == "ledger_reader":
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
@@ -348,6 +368,8 @@ class Chaos:
             pids = {p: c for p, c in pids_of_run(self.run_id).items() if self.proc is None or p != self.proc.pid}
             if kind == "desktop_kill":
                 pids = {p: c for p, c in pids.items() if c in DESKTOP_PROCS}
+            elif kind == "vm_kill":
+                pids = {p: c for p, c in pids.items() if c.startswith(QEMU_PREFIX)}
             if pids or time.monotonic() > deadline:
                 return pids
             time.sleep(0.05)
@@ -369,6 +391,36 @@ class Chaos:
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(conmon), signal.SIGKILL)
         return f"conmon pid {conmon} of container {cid[:12]}", "conmon killed"
+
+    def _kill_dockerd(self) -> tuple[str, str]:
+        """SIGKILL of dockerd, then the same command line started again (detached, its log appended to
+        ``DOCKERD_LOG``) and waited for until ``docker info`` answers."""
+        pids = [int(p) for p in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True,
+                                               timeout=30).stdout.split()]
+        if not pids:
+            return "none", "no dockerd was running"
+        pid = pids[0]
+        try:
+            argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            return f"dockerd pid {pid}", "gone before it could be read"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while Path(f"/proc/{pid}").exists() and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
+        with DOCKERD_LOG.open("ab") as log:
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        while time.monotonic() - t0 < DOCKERD_WAIT_S:
+            if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0:
+                return (f"dockerd pid {pid}", f"killed; `{' '.join(argv)}` answered again after "
+                        f"{time.monotonic() - t0:.1f} s")
+            time.sleep(0.5)
+        self.unexpected.append(f"dockerd did not answer within {DOCKERD_WAIT_S:g} s of its restart "
+                               f"(log: {DOCKERD_LOG})")
+        return f"dockerd pid {pid}", f"killed; restarted but not answering after {DOCKERD_WAIT_S:g} s"
 
     def _hold_reader(self, run_id: str, n_before: int) -> tuple[str, str]:
         hold = self.cfg.hold_s

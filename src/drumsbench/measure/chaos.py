@@ -24,7 +24,7 @@ from drumsbench.ledger import Ledger
 from drumsbench.measure.artifacts import ChaosCheck, ChaosEventArtifact, RowsDigest, load
 
 # events that kill something a running attempt uses
-SANDBOX_EVENTS = ("sandbox_kill", "container_kill", "desktop_kill")
+SANDBOX_EVENTS = ("sandbox_kill", "container_kill", "desktop_kill", "vm_kill", "daemon_kill")
 # events after which the harness is dead (and is resumed)
 STOP_EVENTS = ("harness_kill",)
 # the causes an attempt hit by a killed sandbox, container or desktop process may carry
