@@ -13,7 +13,11 @@ sandbox and harness (``bad_observation``). Output after the marker
 (a background process) is cut off, never parsed.
 
 Verification: ``verify_runner.py`` (see its docstring) prints a verdict authenticated with a
-per-verification secret handed over on stdin; the code under test never holds it.
+per-verification secret handed over on stdin; the code under test never holds it. ``verifier``
+chooses how it runs (``VERIFIERS``): ``warm`` (the default) — one interpreter that does the
+imports, then forks the child that runs the tests; ``cold`` — two interpreters, the child started
+afresh (docs/warm-verifier.md). Both start only after ``end_processes``: nothing of the policy
+runs when they do.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault
+from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, UsageError
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
 from drumsbench.envs.base import Action, Environment, Observation, Task
 from drumsbench.envs.coding.task import CodingTask
+from drumsbench.substrates.base import ExecResult
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
@@ -40,8 +45,22 @@ _WRAP = '/bin/sh -c "$1"; s=$?; printf "\\n%s %d\\n" "$2" "$s"; exit $s'
 VERIFY_MARGIN_S = 2.0
 
 
+# How the verifier runs: "warm" forks the child from a prepared interpreter, "cold" starts it afresh.
+VERIFIERS = ("warm", "cold")
+DEFAULT_VERIFIER = "warm"
+
+
 class CodingEnv(Environment):
     kind = "coding"
+
+    def __init__(self, verifier: str = DEFAULT_VERIFIER) -> None:
+        super().__init__()
+        if verifier not in VERIFIERS:
+            raise UsageError(f"--verifier: {verifier!r} is not one of {', '.join(VERIFIERS)}")
+        self.verifier = verifier
+        # warm verifications that gave no authenticated READY and were run again cold (each with
+        # the reason); the verdict is then the cold one's
+        self.fallbacks: list[str] = []
 
     def _write_start(self, task: Task) -> None:
         assert isinstance(task, CodingTask)
@@ -126,6 +145,12 @@ class CodingEnv(Environment):
         """Damage the staged runner from the host (fault injection): it cannot even start."""
         self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
 
+    def _exec_runner(self, secret: bytes, config: dict[str, Any], timeout: float, *, warm: bool) -> ExecResult:
+        verify = self.box.paths.verify
+        argv = ["python3", "-I", f"{verify}/runner.py", *(["--warm"] if warm else []), verify]
+        return self.box.exec(argv, timeout=timeout, output_limit=OBS_LIMIT,
+                             stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
+
     def run_verifier(self, task: Task, timeout: float) -> bool:
         """True: passed; False: the tests ran and did not pass. ``PolicyFault`` when the code under
         test ended the verification itself (reason recorded); ``MissingDependency`` when a hidden
@@ -136,10 +161,15 @@ class CodingEnv(Environment):
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
                   "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
-        res = self.box.exec(["python3", "-I", f"{self.box.paths.verify}/runner.py", self.box.paths.verify],
-                            timeout=timeout, output_limit=OBS_LIMIT,
-                            stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
+        res = self._exec_runner(secret, config, timeout, warm=self.verifier == "warm")
         lines = res.stdout.decode(errors="replace").splitlines()
+        if self.verifier == "warm" and not saw_ready(lines, secret) and not res.timed_out:
+            # The warm runner could not start its child (nothing of the policy ran yet): the cold
+            # runner decides, under today's rules, with a fresh secret.
+            self.fallbacks.append(f"warm runner exit {res.exit_code}: {res.stderr.decode(errors='replace')[-120:]}")
+            secret = new_secret()
+            res = self._exec_runner(secret, config, timeout, warm=False)
+            lines = res.stdout.decode(errors="replace").splitlines()
         err = res.stderr.decode(errors="replace")[-200:]
         if not saw_ready(lines, secret):
             if res.timed_out:

@@ -221,22 +221,108 @@ def main():
         pass
     if exit_code is None:
         proc.wait()
+    _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code)
+
+
+def _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code):
     verdict = json.dumps(_verdict(expected, events, problem, exit_code, _test_imports(verify_dir, config["tests"]),
                                   frozenset(config.get("task_modules", ()))), sort_keys=True)
     sys.stdout.write(f"DRUMSBENCH_VERDICT {_mac(secret, verdict)} {verdict}\n")
     sys.stdout.flush()
 
 
+# -- warm: one interpreter, the child forked from it -------------------------------------------------
+def warm_main():
+    """``python3 -I runner.py --warm VERIFY_DIR``: the same stdin, output and verdicts as ``main``,
+    with one interpreter instead of two.
+
+    Everything the child needs is imported first (unittest, secrets, types: nothing of the work
+    tree, which is not on ``sys.path``). Then the child is forked **before the secret is read**: it
+    never holds the secret, not even in memory it inherited. The child points stdin, stdout and
+    stderr at /dev/null (the unread secret stays in the parent's pipe), leaves the parent's session
+    (``killpg`` then ends whatever it starts), waits for its config on a pipe and runs ``child``
+    exactly as the cold child does; it ends with an ``_exit`` bound before the code under test ran,
+    so it never returns into the parent's code. The parent then goes on as ``main``: it makes
+    itself non-dumpable (``ctypes`` is imported only now, never into the child), reads the secret,
+    prints READY, hands the child its config, reads the report and prints the verdict."""
+    import secrets  # noqa: F401 - the child's imports, done before the fork
+    import types  # noqa: F401
+    import unittest  # noqa: F401
+
+    verify_dir = os.path.abspath(sys.argv[2])
+    rfd, wfd = os.pipe()  # report: child -> parent
+    cfg_r, cfg_w = os.pipe()  # config: parent -> child
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        _exit, code = os._exit, 1
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            for target in (0, 1, 2):
+                os.dup2(null, target)
+            for fd in (null, rfd, cfg_w):
+                os.close(fd)
+            os.setsid()
+            data = b""
+            while True:
+                chunk = os.read(cfg_r, 65536)
+                if not chunk:
+                    break
+                data += chunk
+            os.close(cfg_r)
+            if data:  # nothing: the parent gave up before the tests
+                cfg = json.loads(data)
+                child(verify_dir, wfd, frozenset(cfg["task_modules"]), list(cfg["tests"]))
+                code = 0
+        finally:
+            _exit(code)
+    os.close(wfd)
+    os.close(cfg_r)
+    _no_dump()
+    secret = bytes.fromhex(sys.stdin.readline().strip())
+    config = json.loads(sys.stdin.readline())
+    if len(secret) < 16:
+        raise SystemExit("runner: no secret on stdin")
+    expected = _expected_tests(verify_dir, config["tests"])
+    print("DRUMSBENCH_READY " + _mac(secret, "ready"), flush=True)
+    deadline = time.monotonic() + float(config["limit_s"])
+    os.write(cfg_w, json.dumps({"tests": list(config["tests"]),
+                                "task_modules": list(config.get("task_modules", ()))}).encode())
+    os.close(cfg_w)
+    events, problem = _read_report(None, rfd, deadline)
+    exit_code = _wait_child(pid, max(0.1, min(2.0, deadline - time.monotonic())))
+    if exit_code is None:
+        problem = problem or "timeout"
+    for kill in (os.killpg, os.kill):  # the child's session (whatever it left running), then the child
+        try:  # noqa: SIM105 - the runner imports as little as it can
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if exit_code is None:
+        os.waitpid(pid, 0)
+    _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code)
+
+
+def _wait_child(pid, timeout):
+    """The forked child's exit code (-N: killed by signal N), or None when it still runs after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= end:
+            return None
+        time.sleep(0.002)
+
+
 # -- child ------------------------------------------------------------------------------------------
-def child():
-    """Run the hidden tests; report on fd ``argv[3]``. Everything it uses later is bound to locals
+def child(verify_dir, fd, task_modules, names):
+    """Run the hidden tests; report on fd ``fd``. Everything it uses later is bound to locals
     (and closures) before the first import of the code under test, so patching module globals or
     ``os`` does not reach it."""
     import secrets
     import unittest
 
-    verify_dir, fd, task_modules = sys.argv[2], int(sys.argv[3]), frozenset(sys.argv[4].split(",")) - {""}
-    names = sys.argv[5:]
     write, dumps, monotonic = os.write, json.dumps, time.monotonic
     nonce = secrets.token_hex(16)
     tests_dir = os.path.join(verify_dir, "tests")
@@ -411,6 +497,8 @@ def _flatten(suite):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child()
+        child(sys.argv[2], int(sys.argv[3]), frozenset(sys.argv[4].split(",")) - {""}, sys.argv[5:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--warm":
+        warm_main()
     else:
         main()
