@@ -10,6 +10,7 @@ Each probe runs commands in a sandbox as a task would and checks the effect from
 | network | list interfaces; compare network namespace and kernel with the host's | only `lo`, own namespace |
 | fill_disk | write up to ``disk_mb`` MiB into the sandbox's tmp | a limit cuts the write short |
 | fork_bomb | start up to ``procs`` sleeping processes | a fork fails before that (a process limit) |
+| memory_hog | allocate and touch up to ``mem_mb`` MiB | the allocation fails or the hog is killed (a memory limit) |
 
 Nothing here is assumed: every probe says whether it **ran** — reached its check with the tools it
 needs (a missing command, a sandbox that would not start, a crash or a timeout before the check
@@ -29,6 +30,14 @@ fork): a write or fork that stopped for any other reason is "did not run". The v
   may be the probe's own blindness.
 
 Network traffic goes only to 127.0.0.1 (host_loopback); the network probe sends none.
+
+**Bounds** (``probe_bounds``): the three resource probes sized just above a substrate's own limit
+(``Substrate.limits``), run in the substrate's sandboxes with the limits on and again with them off.
+The limits-off run is the bound's positive control (the probe exceeds the bound there); a bound is
+``bounded`` only when the limits-on run was stopped *by its limit* and the control exceeded it. The
+fill also records the free space of the host's file system (the one holding the sandbox folder, or
+``/``) before and while the sandbox was full: a sandbox that hits ENOSPC must leave the host's
+file system with room.
 """
 
 from __future__ import annotations
@@ -60,7 +69,8 @@ from drumsbench.substrates.base import (
 from drumsbench.substrates.exec_core import SANDBOX_PATH, ProcessGroups
 from drumsbench.substrates.hostproc import kill_pids, pids_with_env
 
-PROBES = ("write_outside", "read_neighbour", "host_loopback", "network", "fill_disk", "fork_bomb")
+PROBES = ("write_outside", "read_neighbour", "host_loopback", "network", "fill_disk", "fork_bomb", "memory_hog")
+BOUND_PROBES = {"pids": "fork_bomb", "memory_mb": "memory_hog", "disk_mb": "fill_disk"}
 
 MISSING = "DRUMSBENCH-MISSING"
 DONE = "DRUMSBENCH-DONE"
@@ -241,16 +251,16 @@ def _network(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None) -> Pro
 _LIMIT_SIGNS = ("No space left", "Disk quota exceeded", "File too large", "File size limit exceeded")
 
 
-def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk_mb: int) -> ProbeResult:
+def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk_mb: int,
+               keep: bool = False) -> ProbeResult:
     # The sandbox may write to this host's disk (a host folder, a container layer): never fill it.
-    host_root = box.host_root if isinstance(box, HostFolders) else None
-    free_mb = shutil.disk_usage(str(host_root or "/")).free // (1 << 20)
+    free_mb = _host_free_mb(box)
     if free_mb < 4 * disk_mb + 1024:
         return _not_run("fill_disk", f"did not run: refused, the host disk has only {free_mb} MiB free "
                                      f"for a {disk_mb} MiB fill")
     f = shlex.quote(f"{box.paths.tmp}/.drumsbench-fill")
     body = (f"dd if=/dev/zero of={f} bs=1M count={disk_mb} 2>&1; echo \"DDRC $?\"; "
-            f"echo \"SIZE $(wc -c < {f} 2>/dev/null || echo 0)\"; rm -f {f}")
+            f"echo \"SIZE $(wc -c < {f} 2>/dev/null || echo 0)\"" + ("" if keep else f"; rm -f {f}"))
     res = box.exec(_script("dd wc rm", body), timeout=90, env=env)
     why = _unfinished(res)
     if why:
@@ -298,6 +308,43 @@ def _fork_bomb(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, proc
     why = _unfinished(res) or (f"did not run: {alive.group(1) if alive else '?'} of {started} started processes "
                                "alive, with no fork failure")
     return _not_run("fork_bomb", why)
+
+
+_HOG = """\
+import sys
+want, got, chunks = int(sys.argv[1]), 0, []
+try:
+    while got < want:
+        step = min(16, want - got)
+        chunks.append(bytearray(step << 20))  # zero-filled: every page is touched
+        got += step
+        print("GOT", got, flush=True)
+except MemoryError:
+    print("MEMORYERROR", got, flush=True)
+    sys.exit(0)
+print("HELD", got, flush=True)
+"""
+
+
+def _memory_hog(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, mem_mb: int) -> ProbeResult:
+    # Bounded: at most ``mem_mb`` MiB, freed when the one python3 process ends (at once).
+    body = f"python3 -c {shlex.quote(_HOG)} {mem_mb}; echo \"HOGRC $?\""
+    res = box.exec(_script("python3", body), timeout=120, env=env)
+    why = _unfinished(res)
+    out = _text(res.stdout)
+    got = [int(x) for x in re.findall(r"^GOT (\d+)$", out, re.M)]
+    reached = max(got, default=0)
+    if re.search(rf"^HELD {mem_mb}$", out, re.M):
+        return ProbeResult("memory_hog", True, False, f"held {mem_mb} MiB with no limit")
+    if why:
+        return _not_run("memory_hog", why)
+    rc = re.search(r"^HOGRC (\d+)$", out, re.M)
+    if re.search(r"^MEMORYERROR", out, re.M):
+        return ProbeResult("memory_hog", True, True, f"allocation failed (MemoryError) at {reached} of {mem_mb} MiB")
+    if rc and int(rc.group(1)) == 137:  # 128 + SIGKILL: the OOM killer of the sandbox's memory bound
+        return ProbeResult("memory_hog", True, True, f"killed (SIGKILL, OOM) at {reached} of {mem_mb} MiB")
+    return _not_run("memory_hog", f"did not run: the hog stopped at {reached} MiB without hitting a limit "
+                                  f"(exit {rc.group(1) if rc else '?'}): {_text(res.stderr).strip()[-120:]}")
 
 
 Probe = Callable[[Sandbox, Sandbox, "Mapping[str, str] | None"], ProbeResult]
@@ -363,15 +410,18 @@ class HostControlSandbox(Sandbox, HostFolders):
         shutil.rmtree(self.host_root, ignore_errors=True)
 
 
-def _run(create: Callable[[], Sandbox], disk_mb: int, procs: int, env: Mapping[str, str] | None) -> list[ProbeResult]:
-    probes: list[tuple[str, Probe]] = [
+def _run(create: Callable[[], Sandbox], disk_mb: int, procs: int, env: Mapping[str, str] | None,
+         mem_mb: int = 256, only: tuple[str, ...] = PROBES) -> list[ProbeResult]:
+    every: list[tuple[str, Probe]] = [
         ("write_outside", _write_outside),
         ("read_neighbour", _read_neighbour),
         ("host_loopback", _host_loopback),
         ("network", _network),
         ("fill_disk", lambda b, o, e: _fill_disk(b, o, e, disk_mb)),
         ("fork_bomb", lambda b, o, e: _fork_bomb(b, o, e, procs)),
+        ("memory_hog", lambda b, o, e: _memory_hog(b, o, e, mem_mb)),
     ]
+    probes = [(name, fn) for name, fn in every if name in only]
     boxes: list[Sandbox] = []
     try:
         try:
@@ -394,17 +444,18 @@ def _run(create: Callable[[], Sandbox], disk_mb: int, procs: int, env: Mapping[s
 
 
 def run_probes(sub: Substrate, disk_mb: int = 256, procs: int = 300,
-               env: Mapping[str, str] | None = None) -> list[ProbeResult]:
+               env: Mapping[str, str] | None = None, mem_mb: int = 256) -> list[ProbeResult]:
     """Every probe once in two fresh sandboxes of ``sub`` (no control); destroys them before returning.
 
     ``env`` is added to every probe command's environment (a ``PATH`` without a tool shows how a
     probe that cannot run is reported)."""
-    return _run(sub.create, disk_mb, procs, env)
+    return _run(sub.create, disk_mb, procs, env, mem_mb)
 
 
-def run_control(disk_mb: int = 256, procs: int = 300, env: Mapping[str, str] | None = None) -> list[ProbeResult]:
+def run_control(disk_mb: int = 256, procs: int = 300, env: Mapping[str, str] | None = None,
+                mem_mb: int = 256) -> list[ProbeResult]:
     """The positive control: every probe in ``HostControlSandbox``es, where nothing isolates."""
-    return _run(HostControlSandbox, disk_mb, procs, env)
+    return _run(HostControlSandbox, disk_mb, procs, env, mem_mb)
 
 
 def with_control(results: list[ProbeResult], control: list[ProbeResult]) -> list[ProbeResult]:
@@ -426,10 +477,119 @@ def with_control(results: list[ProbeResult], control: list[ProbeResult]) -> list
 
 
 def probe_substrate(sub: Substrate, disk_mb: int = 256, procs: int = 300, env: Mapping[str, str] | None = None,
-                    control_results: list[ProbeResult] | None = None) -> list[ProbeResult]:
+                    control_results: list[ProbeResult] | None = None, mem_mb: int = 256) -> list[ProbeResult]:
     """Every probe on ``sub``, each with its positive control (``run_control`` with the same inputs,
     unless ``control_results`` are given: one control can serve several substrates)."""
-    results = run_probes(sub, disk_mb, procs, env)
+    results = run_probes(sub, disk_mb, procs, env, mem_mb)
     if control_results is None:
-        control_results = run_control(disk_mb, procs, env)
+        control_results = run_control(disk_mb, procs, env, mem_mb)
     return with_control(results, control_results)
+
+
+# -- bounds: the resource probes against a substrate's own limits, limits on and off -------------
+
+@dataclass(frozen=True)
+class BoundResult:
+    """One bound (``pids``, ``memory_mb``, ``disk_mb``) of a substrate, probed above its size."""
+
+    bound: str
+    limit: int | None  # the size probed against (None: the bound was off)
+    mechanism: str  # ``Substrate.limit_mechanisms`` for it
+    size: int  # what the probe tried (processes or MiB), above ``limit``
+    on: ProbeResult  # limits on
+    off: ProbeResult  # limits off: the positive control
+    host_free_mb: tuple[int, int] | None = None  # disk: host file system free before, and while the sandbox was full
+
+    @property
+    def verdict(self) -> str:
+        if self.limit is None:
+            return "off"
+        if not self.on.ran:
+            return "did not run"
+        if not self.on.contained:
+            return "NOT bounded"
+        if not (self.off.ran and self.off.contained is False):
+            return "unconfirmed"
+        if self.host_free_mb is not None and self.host_free_mb[1] < 1024:
+            return "NOT bounded"  # the sandbox's "full" left the host with under 1 GiB
+        return "bounded"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def _host_free_mb(box: Sandbox) -> int:
+    """Free MiB of the host file system under the sandbox: the one holding its host folder (the
+    folder's parent: the folder itself may be the sandbox's own size-limited mount), else ``/``."""
+    host_root = box.host_root if isinstance(box, HostFolders) else None
+    return shutil.disk_usage(str(host_root.parent if host_root is not None else "/")).free >> 20
+
+
+def _fill_and_watch(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk_mb: int,
+                    seen: list[int]) -> ProbeResult:
+    """``fill_disk`` that keeps the file until the host's free space is read (the sandbox full)."""
+    seen.append(_host_free_mb(box))
+    res = _fill_disk(box, other, env, disk_mb, keep=True)
+    seen.append(_host_free_mb(box))
+    with contextlib.suppress(Exception):
+        box.exec(["rm", "-f", f"{box.paths.tmp}/.drumsbench-fill"], timeout=30)
+    return res
+
+
+def probe_bounds(sub: Substrate, margin: float = 1.5, env: Mapping[str, str] | None = None) -> list[BoundResult]:
+    """Each bound of ``sub.limits`` that is on: its probe sized ``margin`` times the bound, in ``sub``'s
+    sandboxes with the limits on and then off (the positive control); ``sub.limits`` is restored.
+
+    The limits-off fill writes that much to the host's file system (refused, as ``fill_disk`` is,
+    when the host is short): keep the bounds small here (tests use 64 MiB)."""
+    from drumsbench.substrates.base import SandboxLimits
+
+    limits = sub.limits
+    mechanisms = sub.limit_mechanisms()
+    out: list[BoundResult] = []
+    for bound, probe in BOUND_PROBES.items():
+        limit = getattr(limits, bound)
+        if limit is None:
+            continue
+        size = int(limit * margin) + (8 if bound == "pids" else 16)
+        runs: list[ProbeResult] = []
+        free: list[int] = []
+        for lim in (limits, SandboxLimits.off()):
+            sub.limits = lim
+            try:
+                if bound == "disk_mb":
+                    runs.append(_with_boxes(sub, _filler(env, size, free if lim is limits else [])))
+                elif bound == "pids":
+                    runs.append(_run(sub.create, 1, size, env, 1, only=(probe,))[0])
+                else:
+                    runs.append(_run(sub.create, 1, 1, env, size, only=(probe,))[0])
+            finally:
+                sub.limits = limits
+        out.append(BoundResult(bound, limit, mechanisms.get(bound, ""), size, runs[0], runs[1],
+                               (free[0], free[1]) if len(free) == 2 else None))
+    return out
+
+
+def _filler(env: Mapping[str, str] | None, size: int, seen: list[int]) -> Callable[[Sandbox, Sandbox], ProbeResult]:
+    def fill(box: Sandbox, other: Sandbox) -> ProbeResult:
+        return _fill_and_watch(box, other, env, size, seen)
+    return fill
+
+
+def _with_boxes(sub: Substrate, fn: Callable[[Sandbox, Sandbox], ProbeResult]) -> ProbeResult:
+    """``fn`` on two fresh sandboxes of ``sub`` (destroyed after); a crash is "did not run"."""
+    boxes: list[Sandbox] = []
+    try:
+        try:
+            boxes.append(sub.create())
+            boxes.append(sub.create())
+        except Exception as e:
+            return _not_run("fill_disk", f"did not run: could not create a sandbox: {type(e).__name__}: {e}")
+        try:
+            return fn(boxes[0], boxes[1])
+        except Exception as e:
+            return _not_run("fill_disk", f"did not run: probe crashed: {type(e).__name__}: {e}")
+    finally:
+        for box in boxes:
+            with contextlib.suppress(Exception):
+                box.destroy()

@@ -34,7 +34,15 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import ExecRequest, ExecResult, Freezable, Sandbox, SandboxPaths, Substrate
+from drumsbench.substrates.base import (
+    ExecRequest,
+    ExecResult,
+    Freezable,
+    Sandbox,
+    SandboxLimits,
+    SandboxPaths,
+    Substrate,
+)
 from drumsbench.substrates.exec_core import sandbox_env
 
 LABEL_RUN = "drumsbench.run"
@@ -48,9 +56,50 @@ ROOT = "/sandbox"
 PATHS = SandboxPaths.under(ROOT)
 FOLDERS = (PATHS.work, PATHS.home, PATHS.tmp, PATHS.verify)
 
-# Resource limits of every sandbox container (per container, not reserved).
-PIDS_LIMIT = 2048
-MEMORY_LIMIT = "4g"
+# Resource limits of every sandbox container (per container, not reserved) come from the substrate's
+# ``limits`` setting (``base.SandboxLimits``: 2048 pids, 4 GiB memory, 4 GiB disk by default).
+QUOTA_BACKING = ("xfs",)  # backing file systems on which overlay storage takes a per-container size
+
+
+def limit_mechanisms(engine: str, limits: SandboxLimits, disk_quota: str | None) -> dict[str, str]:
+    """``Substrate.limit_mechanisms`` of a container engine; ``disk_quota``: None when the engine's
+    storage takes ``size`` (overlay on xfs with pquota), else why not."""
+    def on(value: int | None, text: str) -> str:
+        return "off (setting)" if value is None else text
+
+    return {
+        "pids": on(limits.pids, f"{limits.pids}: the container's pids cgroup (--pids-limit)"),
+        "memory_mb": on(limits.memory_mb, f"{limits.memory_mb} MiB: the container's memory cgroup (--memory; "
+                                          "OOM kill inside it)"),
+        "disk_mb": on(limits.disk_mb, f"{limits.disk_mb} MiB: --storage-opt size (per-container quota)"
+                      if disk_quota is None else f"not enforced: {disk_quota}"),
+    }
+
+
+def fs_type(path: Path) -> str:
+    """The type of the file system holding ``path`` (longest mount point in /proc/self/mounts)."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as f:
+            for ln in f:
+                parts = ln.split()
+                if len(parts) < 3:
+                    continue
+                point = parts[1].replace("\\040", " ")
+                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                    best, kind = point, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def storage_quota(engine: str, driver: str, backing: str) -> str | None:
+    """None when ``driver`` on ``backing`` takes a per-container size, else why not (one line)."""
+    if driver.startswith("overlay") and backing.lower() in QUOTA_BACKING:
+        return None
+    return (f"{engine}'s {driver} storage on {backing or 'an unknown file system'} takes no per-container size "
+            f"(it needs xfs mounted with pquota); a sandbox's writes go to the host's file system unbounded")
 
 # Bump when the sandbox layer (folders, reaper) changes: the tag changes, the image is rebuilt.
 SANDBOX_LAYER_VERSION = 1

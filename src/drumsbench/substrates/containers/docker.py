@@ -439,6 +439,22 @@ class DockerSubstrate(C.ContainerSubstrate):
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self.client = _client()
+        self._quota: tuple[str | None] | None = None  # (why the disk bound cannot be enforced,) once asked
+
+    def disk_quota(self) -> str | None:
+        """None when dockerd's storage takes a per-container size, else why not (asked once)."""
+        if self._quota is None:
+            try:
+                info = self.client.info()
+                status = dict((k, v) for k, v in info.get("DriverStatus") or [])
+                self._quota = (C.storage_quota("docker", str(info.get("Driver", "")),
+                                               str(status.get("Backing Filesystem", ""))),)
+            except _api_errors() as e:
+                self._quota = (f"docker info failed: {e}",)
+        return self._quota[0]
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        return C.limit_mechanisms("docker", self.limits, self.disk_quota())
 
     @classmethod
     def missing(cls) -> str | None:
@@ -479,12 +495,7 @@ class DockerSubstrate(C.ContainerSubstrate):
                 command=C.REAPER_ARGV,
                 working_dir=C.PATHS.work,
                 labels={C.LABEL_RUN: self.run_id, C.LABEL_SANDBOX: sid},
-                host_config=api.create_host_config(
-                    network_mode="none",
-                    pids_limit=C.PIDS_LIMIT,
-                    mem_limit=C.MEMORY_LIMIT,
-                    security_opt=["no-new-privileges"],
-                ),
+                host_config=api.create_host_config(**self._host_config()),
             )["Id"]
         except _api_errors() as e:
             raise SubstrateError(f"docker: cannot create a container of {image}: {e}") from e
@@ -495,6 +506,17 @@ class DockerSubstrate(C.ContainerSubstrate):
                 api.remove_container(cid, force=True)
             raise SubstrateError(f"docker: cannot start container {cid[:12]}: {e}") from e
         return DockerSandbox(self, cid, sid)
+
+    def _host_config(self) -> dict[str, Any]:
+        """The container's limits (``self.limits``), no network, no new privileges."""
+        lim = self.limits
+        cfg: dict[str, Any] = {"network_mode": "none", "security_opt": ["no-new-privileges"],
+                               "pids_limit": lim.pids if lim.pids is not None else -1}
+        if lim.memory_mb is not None:
+            cfg["mem_limit"] = f"{lim.memory_mb}m"
+        if lim.disk_mb is not None and self.disk_quota() is None:
+            cfg["storage_opt"] = {"size": f"{lim.disk_mb}m"}
+        return cfg
 
     def _containers(self, label: str) -> list[dict[str, Any]]:
         return self.client.api.containers(all=True, filters={"label": label})

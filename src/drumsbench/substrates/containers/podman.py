@@ -352,6 +352,22 @@ class PodmanSubstrate(C.ContainerSubstrate):
             )
         self.exe = exe
 
+    def disk_quota(self) -> str | None:
+        """None when podman's private overlay storage takes a per-container size, else why not."""
+        return C.storage_quota("podman", "overlay", C.fs_type(config_dir()))
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        return C.limit_mechanisms("podman", self.limits, self.disk_quota())
+
+    def _limit_args(self) -> list[str]:
+        lim = self.limits
+        args = ["--pids-limit", str(lim.pids if lim.pids is not None else -1)]
+        if lim.memory_mb is not None:
+            args += ["--memory", f"{lim.memory_mb}m"]
+        if lim.disk_mb is not None and self.disk_quota() is None:
+            args += ["--storage-opt", f"size={lim.disk_mb}m"]
+        return args
+
     @classmethod
     def missing(cls) -> str | None:
         for exe, pkg in (("podman", "podman"), ("runc", "runc"), ("conmon", "conmon")):
@@ -384,10 +400,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
                 f"{C.LABEL_RUN}={self.run_id}",
                 "--label",
                 f"{C.LABEL_SANDBOX}={sid}",
-                "--pids-limit",
-                str(C.PIDS_LIMIT),
-                "--memory",
-                C.MEMORY_LIMIT,
+                *self._limit_args(),
                 "--security-opt",
                 "no-new-privileges",
                 "--workdir",
