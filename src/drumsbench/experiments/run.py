@@ -7,6 +7,7 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -28,12 +29,13 @@ from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
-from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice
+from drumsbench.measure.cost import DEFAULT_PRICE, POOL_KIND, HostPrice
 from drumsbench.measure.windows import ResourceSampler
 from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout.attempt import RolloutConfig
 from drumsbench.rollout.faults import FaultPlan
 from drumsbench.rollout.isolation import positive_control
+from drumsbench.rollout.pool import DEFAULT_POOL, PooledSubstrate, PoolSetting, pool_size, pooled
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Substrate
 
@@ -57,12 +59,22 @@ class RunConfig(BaseModel):
     window: str = ""
     executor: Literal["local", "ray"] = "local"  # ray: --concurrency is per node
     ray_address: str | None = None  # None: a local single-node Ray of the run's own
+    # warm pool (rollout/pool.py): "auto" = one idle sandbox per concurrent attempt, 0 = off
+    pool: PoolSetting = DEFAULT_POOL
 
     @model_validator(mode="after")
     def _bounded(self) -> RunConfig:
         if self.duration_s is None and self.max_attempts is None:
             raise UsageError("give --duration or --attempts: a run needs an end")
+        if isinstance(self.pool, int) and self.pool < 0:
+            raise UsageError(f"--pool: {self.pool} is negative; give auto, off or a number of sandboxes")
+        if self.executor == "ray" and self.pool not in ("auto", 0):
+            raise UsageError("--pool: not with --executor ray (each node makes its own sandboxes); give --pool off")
         return self
+
+    def pool_size(self) -> int:
+        """Idle sandboxes of this run's warm pool (0: none; never with Ray)."""
+        return 0 if self.executor == "ray" else pool_size(self.pool, self.concurrency)
 
 
 def new_run_id() -> str:
@@ -143,6 +155,9 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
     state.register(run_id, [cfg.substrate])
     seg = ledger.start_segment(run_id, os.getpid(), cfg.window)
     progress = Progress()
+    pool_started = time.time()
+    if cfg.pool_size():  # registered first: a crash now leaves pooled sandboxes that gc can find
+        substrate = start_pool(substrate, cfg.pool_size())
     try:
         control = positive_control(substrate)
         ledger.record_control(run_id, cfg.window, "isolation", control.fired, control.detail)
@@ -202,7 +217,37 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         return status, progress
     finally:
         substrate.close()
+        if isinstance(substrate, PooledSubstrate):
+            use = substrate.pool.use().model_copy(update={"wall_s": time.time() - pool_started})
+            # a full disk already stopped the run (LedgerUnwritable says so); the pool's use is then lost
+            with contextlib.suppress(sqlite3.OperationalError):
+                ledger.put_artifact(run_id, POOL_KIND, cfg.window or "run", use.model_dump(mode="json"))
         state.unregister(run_id)
+
+
+FILL_WAIT_S = 120.0  # the first fill is awaited at most this long before work starts
+
+
+def start_pool(substrate: Substrate, size: int) -> PooledSubstrate:
+    """``substrate`` behind a warm pool of ``size``, filled before work starts (bounded by
+    ``FILL_WAIT_S``); the memory its idle sandboxes hold is measured across the first fill."""
+    before = mem_kib("MemAvailable")
+    sub = pooled(substrate, size)
+    full = sub.pool.wait_full(FILL_WAIT_S)
+    after = mem_kib("MemAvailable")
+    if full:
+        sub.pool.u.idle_mib_each = (before - after) / 1024 / size
+    sub.pool.u.host_mem_mib = mem_kib("MemTotal") / 1024
+    return sub
+
+
+def mem_kib(field: str) -> int:
+    """A ``/proc/meminfo`` field in KiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/meminfo")
 
 
 SCREEN_STAGES = ("start", "middle", "end")

@@ -267,6 +267,89 @@ def host_figures(hosts: list[HostPrice], valid_per_host_hour: Estimate, run_hour
     return out
 
 
+# -- the warm pool's reserve (measured) -----------------------------------------------------------
+
+class PoolUse(BaseModel):
+    """What a warm pool (``rollout.pool``) held and did: written by the run beside each window as a
+    ``pool`` artifact (named by the window's label, ``run`` for a plain run), read by ``pool_use``.
+
+    ``idle_sandbox_s``: sandbox-seconds held idle (the integral of the idle count over time);
+    ``create_s``/``check_s``/``destroy_s``: seconds of background work; ``idle_mib_each``: the host
+    memory one idle sandbox held (MemAvailable before and after the first fill, / size; None: not
+    measured); ``host_mem_mib``: the host's memory (MemTotal)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=0)
+    created: int = 0
+    create_failures: int = 0
+    create_s: float = 0.0
+    checks: int = 0
+    rechecks: int = 0
+    acquire_checks: int = 0
+    check_s: float = 0.0
+    refused: int = 0
+    destroy_s: float = 0.0
+    hits: int = 0
+    misses: int = 0
+    acquire_s: float = 0.0
+    idle_sandbox_s: float = 0.0
+    idle_now: int = 0
+    closed_destroyed: int = 0
+    wall_s: float = 0.0
+    idle_mib_each: float | None = None
+    host_mem_mib: float | None = None
+
+    @property
+    def work_s(self) -> float:
+        """Background work: creating, checking and destroying pooled sandboxes."""
+        return self.create_s + self.check_s + self.destroy_s
+
+    def plus(self, other: PoolUse) -> PoolUse:
+        """Two windows' use together (sizes: the larger; memory: the mean of the measured ones)."""
+        add = {k: getattr(self, k) + getattr(other, k) for k in (
+            "created", "create_failures", "create_s", "checks", "rechecks", "acquire_checks", "check_s", "refused",
+            "destroy_s", "hits", "misses", "acquire_s", "idle_sandbox_s", "closed_destroyed", "wall_s")}
+        mibs = [m for m in (self.idle_mib_each, other.idle_mib_each) if m is not None]
+        return PoolUse(size=max(self.size, other.size), idle_now=other.idle_now,
+                       idle_mib_each=sum(mibs) / len(mibs) if mibs else None,
+                       host_mem_mib=other.host_mem_mib or self.host_mem_mib, **add)
+
+
+POOL_KIND = "pool"  # the ledger's artifact kind of ``PoolUse``
+
+
+def pool_use(ledger: Any, run_id: str, labels: list[str] | None = None) -> PoolUse | None:
+    """The pools' use of windows ``labels`` of ``run_id`` (None: every window, or the plain run);
+    None when the run had no pool."""
+    total: PoolUse | None = None
+    for name, data in ledger.artifacts(run_id, POOL_KIND).items():
+        if labels is not None and name not in labels:
+            continue
+        one = PoolUse.model_validate(data)
+        total = one if total is None else total.plus(one)
+    return total
+
+
+def pool_reserve_usd(host: HostPrice, pool: PoolUse, usd_per_slot_s: float) -> tuple[float, str]:
+    """The pool's cost on ``host``: its idle sandboxes' share of the host's memory for the time they
+    were held, plus its background work (create, check, destroy) priced like a slot's time."""
+    held_h = pool.idle_sandbox_s / 3600
+    mem_usd = 0.0
+    if pool.idle_mib_each is not None and pool.host_mem_mib:
+        share = max(0.0, pool.idle_mib_each) / pool.host_mem_mib
+        mem_usd = held_h * share * host.usd_per_host_hour
+        mem = (f"{held_h:.3g} sandbox-h held idle x {max(0.0, pool.idle_mib_each):.1f} MiB each of "
+               f"{pool.host_mem_mib:.0f} MiB host RAM x USD {host.usd_per_host_hour:.4g}/h")
+    else:
+        mem = f"{held_h:.3g} sandbox-h held idle (memory per sandbox not measured: not priced)"
+    work_usd = pool.work_s * usd_per_slot_s
+    detail = (f"warm pool of {pool.size}: {mem}; {pool.work_s:.1f} s of background work (create {pool.create_s:.1f}, "
+              f"check {pool.check_s:.1f}, destroy {pool.destroy_s:.1f}) at the slot rate; {pool.hits} hits, "
+              f"{pool.misses} misses, {pool.refused} refused")
+    return mem_usd + work_usd, detail
+
+
 # -- full attribution -----------------------------------------------------------------------------
 
 class CostLine(BaseModel):
@@ -290,8 +373,10 @@ class Attribution(BaseModel):
                  "trustworthy verifier result (success or failed)")
 
 
-def attribute(host: HostPrice, inputs: AttributionInputs, use: Any, scope: str = "") -> Attribution:
-    """Split what ``use`` (a ``measure.windows.Usage``) cost on ``host`` into its lines."""
+def attribute(host: HostPrice, inputs: AttributionInputs, use: Any, scope: str = "",
+              pool: PoolUse | None = None) -> Attribution:
+    """Split what ``use`` (a ``measure.windows.Usage``) cost on ``host`` into its lines; ``pool``
+    (``pool_use``): the warm pool the windows really held, priced in the idle reserve line."""
     hours = use.host_seconds / 3600
     host_usd = host.usd_per_host_hour * hours
     per_slot_s = host_usd / use.slot_seconds if use.slot_seconds > 0 else 0.0
@@ -337,10 +422,11 @@ def attribute(host: HostPrice, inputs: AttributionInputs, use: Any, scope: str =
     add("provisioning and reset time", use.provision_reset_s * per_slot_s, "measured",
         f"{use.provision_reset_s:.1f} slot-s of provision, reset and teardown")
     spare_usd = inputs.idle_reserve_sandboxes * (per_slot_s * 3600) * hours
-    add("idle reserve", use.idle_slot_s * per_slot_s + spare_usd,
+    pool_usd, pool_detail = pool_reserve_usd(host, pool, per_slot_s) if pool is not None else (0.0, "no warm pool")
+    add("idle reserve", use.idle_slot_s * per_slot_s + spare_usd + pool_usd,
         "measured+input" if inputs.idle_reserve_sandboxes else "measured",
-        f"{use.idle_slot_s:.1f} idle slot-s (controls, drain); {inputs.idle_reserve_sandboxes} warm spare(s) x "
-        f"{hours:.3g} h")
+        f"{use.idle_slot_s:.1f} idle slot-s (controls, drain); {pool_detail}; {inputs.idle_reserve_sandboxes} "
+        f"further warm spare(s) (price file) x {hours:.3g} h")
     add("verifier calls", use.verify_s * per_slot_s + inputs.verifier_usd_per_call * use.verifier_calls,
         "measured+input" if inputs.verifier_usd_per_call else "measured",
         f"{use.verify_s:.1f} slot-s over {use.verifier_calls} calls; USD {inputs.verifier_usd_per_call:g}/call")
