@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import secrets
 from pathlib import Path
@@ -48,16 +49,25 @@ VERIFY_MARGIN_S = 2.0
 # How the verifier runs: "warm" forks the child from a prepared interpreter, "cold" starts it afresh.
 VERIFIERS = ("warm", "cold")
 DEFAULT_VERIFIER = "warm"
+# The process-wide choice when the environment is made without one (run, sweep, serve, gym).
+VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
+
+
+def chosen_verifier(verifier: str | None = None) -> str:
+    """``verifier``, else ``$DRUMSBENCH_VERIFIER``, else ``warm``; ``UsageError`` for another value."""
+    value = verifier if verifier is not None else os.environ.get(VERIFIER_VAR, DEFAULT_VERIFIER)
+    if value not in VERIFIERS:
+        where = "verifier" if verifier is not None else VERIFIER_VAR
+        raise UsageError(f"{where}={value!r}: give one of {', '.join(VERIFIERS)}")
+    return value
 
 
 class CodingEnv(Environment):
     kind = "coding"
 
-    def __init__(self, verifier: str = DEFAULT_VERIFIER) -> None:
+    def __init__(self, verifier: str | None = None) -> None:
         super().__init__()
-        if verifier not in VERIFIERS:
-            raise UsageError(f"--verifier: {verifier!r} is not one of {', '.join(VERIFIERS)}")
-        self.verifier = verifier
+        self.verifier = chosen_verifier(verifier)
         # warm verifications that gave no authenticated READY and were run again cold (each with
         # the reason); the verdict is then the cold one's
         self.fallbacks: list[str] = []
