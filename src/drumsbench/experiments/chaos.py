@@ -107,12 +107,21 @@ def pids_of_run(run_id: str) -> dict[int, str]:
     return found
 
 
-def containers_of_run(engine: str, run_id: str) -> list[str]:
+def engine_cli(engine: str, args: list[str]) -> str:
+    """stdout of ``docker ARGS`` or of ``podman ARGS`` with the podman substrate's private configuration
+    (its storage is not the machine's default: a plain ``podman ps`` sees none of its containers)."""
+    if engine == "podman":
+        from drumsbench.substrates.containers.podman import podman
+
+        return podman(args, check=False, timeout=60).stdout.decode(errors="replace")
+    return subprocess.run([engine, *args], capture_output=True, text=True, timeout=60).stdout
+
+
+def containers_of_run(engine: str, run_id: str, running_only: bool = False) -> list[str]:
     if shutil.which(engine) is None:
         return []
-    proc = subprocess.run([engine, "ps", "-aq", "--filter", f"label=drumsbench.run={run_id}"], capture_output=True,
-                          text=True, timeout=60)
-    return proc.stdout.split()
+    return engine_cli(engine, ["ps", "-q" if running_only else "-aq", "--filter",
+                               f"label=drumsbench.run={run_id}"]).split()
 
 
 def tmp_entries() -> set[str]:
@@ -376,16 +385,14 @@ class Chaos:
 
     def _kill_container(self, run_id: str) -> tuple[str, str]:
         engine = self.cfg.substrate
-        running = subprocess.run([engine, "ps", "-q", "--filter", f"label=drumsbench.run={run_id}"],
-                                 capture_output=True, text=True, timeout=60).stdout.split()
+        running = containers_of_run(engine, run_id, running_only=True)
         if not running:
             return "none", "no container of the run was running"
         cid = self.rng.choice(sorted(running))
         if engine == "docker":
             proc = subprocess.run(["docker", "kill", cid], capture_output=True, text=True, timeout=60)
             return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed"))[:200]
-        conmon = subprocess.run(["podman", "inspect", "--format", "{{.State.ConmonPid}}", cid], capture_output=True,
-                                text=True, timeout=60).stdout.strip()
+        conmon = engine_cli("podman", ["inspect", "--format", "{{.State.ConmonPid}}", cid]).strip()
         if not conmon.isdigit() or int(conmon) <= 1:
             return f"container {cid[:12]}", "no conmon found"
         with contextlib.suppress(ProcessLookupError):
