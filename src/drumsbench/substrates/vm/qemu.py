@@ -231,13 +231,17 @@ class Qemu:
     """One QEMU process with its agent channel; labelled with the run and sandbox ids."""
 
     def __init__(self, argv_for: Any, folder: Path, run_id: str, sid: str, timeout: float,
-                 extra_fds: Sequence[int] = ()) -> None:
+                 extra_fds: Sequence[int] = (), wrap: Any = None) -> None:
+        """``wrap``: argv -> argv that places QEMU in the sandbox's limit cgroups before it starts
+        (``FreezerCgroup.wrap``; the exec keeps its pid), or None."""
         self.folder = folder
         self.sid = sid
         ctl_host, ctl_guest = socket.socketpair()
         qmp_host, qmp_guest = socket.socketpair()
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), RUN_VAR: run_id, SANDBOX_VAR: sid}
         argv = argv_for(ctl_guest.fileno(), qmp_guest.fileno())
+        if wrap is not None:
+            argv = wrap(argv)
         self.log = folder / "qemu.log"
         try:
             with open(self.log, "wb") as log:

@@ -60,16 +60,17 @@ from drumsbench.substrates.base import (
     ResetStrategy,
     Sandbox,
     SandboxFrozen,
+    SandboxLimits,
     SandboxPaths,
     Snapshotting,
     Substrate,
 )
 from drumsbench.substrates.containers.common import END_ARGV
 from drumsbench.substrates.exec_core import SANDBOX_PATH, sandbox_env
-from drumsbench.substrates.hostproc import kill_pids, pids_with_env
+from drumsbench.substrates.hostproc import FreezerCgroup, kill_pids, limit_hierarchies, pids_with_env
 from drumsbench.substrates.vm.agent import AgentError
-from drumsbench.substrates.vm.image import ensure_image, missing_tools
-from drumsbench.substrates.vm.qemu import RUN_VAR, SANDBOX_VAR, Qemu, is_qemu, probe_argv
+from drumsbench.substrates.vm.image import IMAGE_RECIPE, ensure_image, missing_tools
+from drumsbench.substrates.vm.qemu import MEM_MIB, RUN_VAR, SANDBOX_VAR, Qemu, is_qemu, probe_argv
 from drumsbench.substrates.vm.snapshot import (
     SANDBOX_ROOT,
     Snapshot,
@@ -90,7 +91,9 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
 
 
 class VmSandbox(Sandbox, Freezable, Snapshotting):
-    def __init__(self, substrate: VmSubstrate, sid: str, folder: Path, vm: Qemu) -> None:
+    def __init__(self, substrate: VmSubstrate, sid: str, folder: Path, vm: Qemu,
+                 cgroup: FreezerCgroup | None = None) -> None:
+        self.cgroup = cgroup  # QEMU's pids and memory limit groups (its freezer group is not used)
         self.substrate = "vm"
         self.run_id = substrate.run_id
         self.id = sid
@@ -289,11 +292,20 @@ class VmSandbox(Sandbox, Freezable, Snapshotting):
                 return
             self._destroyed = True
         self.vm.kill()
+        if self.cgroup is not None:
+            self.cgroup.remove()
         shutil.rmtree(self.folder, ignore_errors=True)
         self._owner._forget(self)
 
     def describe(self) -> str:
         return f"vm:{self.id} ({self._owner.accel})"
+
+
+def _disk_mib() -> int:
+    """The guest disk's virtual size in MiB (``IMAGE_RECIPE["disk_size"]``, e.g. "2G")."""
+    size = str(IMAGE_RECIPE["disk_size"]).strip().upper()
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}.get(size[-1:], 1 / (1 << 20))
+    return int(float(size.rstrip("KMGT")) * scale)
 
 
 class VmSubstrate(Substrate, Forking):
@@ -317,6 +329,24 @@ class VmSubstrate(Substrate, Forking):
         self.create_mode = os.environ.get(CREATE_VAR, "fork").strip().lower() or "fork"
         if self.create_mode not in ("fork", "boot"):
             raise SubstrateError(f"{CREATE_VAR}={self.create_mode!r}: choose fork or boot")
+        self.cgroups = FreezerCgroup.hierarchy() is not None and limit_hierarchies() is not None
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        lim = self.limits
+        why = "not enforced on the host: needs root and the cgroup v1 freezer, pids and memory hierarchies"
+
+        def host(value: int | None, text: str) -> str:
+            return "off (setting)" if value is None else text if self.cgroups else why
+        return {
+            "pids": host(lim.pids, f"{lim.pids}: pids.max of QEMU's v1 pids cgroup (its threads); inside, the "
+                                   "guest kernel (bounded by the guest's RAM)"),
+            "memory_mb": host(lim.memory_mb, f"{lim.memory_mb} MiB: memory.limit_in_bytes of QEMU's v1 memory "
+                                             f"cgroup (guest RAM {MEM_MIB} MiB + QEMU; over it the host OOM-kills "
+                                             "QEMU); inside, the guest's own OOM killer at its RAM"),
+            "disk_mb": f"{_disk_mib()} MiB, fixed (not the setting): the guest disk's qcow2 virtual size; the "
+                       "guest's ext4 fills at ENOSPC and the host file cannot grow past the virtual size "
+                       "(+ qcow2 metadata)",
+        }
 
     # -- facts reports show ------------------------------------------------------------------
     def booted(self) -> Snapshot:
@@ -379,20 +409,27 @@ class VmSubstrate(Substrate, Forking):
             folder.mkdir(parents=True)
         except OSError as e:
             raise SubstrateError(f"vm: cannot create sandbox folder {folder}: {e}") from e
+        cgroup: FreezerCgroup | None = None
         try:
+            if self.cgroups and (self.limits.pids is not None or self.limits.memory_mb is not None):
+                cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
+                                              limits=SandboxLimits(self.limits.pids, self.limits.memory_mb, None))
+            wrap = None if cgroup is None else cgroup.wrap
             if source is not None:
-                vm = fork(source, folder, self.run_id, sid)
+                vm = fork(source, folder, self.run_id, sid, wrap=wrap)
             elif self.create_mode == "boot":
                 vm = boot(snap.image, snap.accel, folder, self.run_id, sid, ram=folder / "ram", share=False,
-                          disk=fresh_disk(snap.image, folder))
+                          disk=fresh_disk(snap.image, folder), wrap=wrap)
                 vm.agent.call("exec", 60, argv=["mkdir", "-p", *(f"{SANDBOX_ROOT}/{d}" for d in SANDBOX_FOLDERS)],
                               cwd="/", env={"PATH": SANDBOX_PATH}, timeout=30, limit=4096)
             else:
-                vm = fork(snap, folder, self.run_id, sid)
+                vm = fork(snap, folder, self.run_id, sid, wrap=wrap)
         except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        box = VmSandbox(self, sid, folder, vm)
+        box = VmSandbox(self, sid, folder, vm, cgroup)
         with self._lock:
             self._boxes.add(box)
         return box
@@ -408,6 +445,8 @@ class VmSubstrate(Substrate, Forking):
             box.destroy()
         for snap_id in self.snapshots():
             self.drop_snapshot(snap_id)
+        for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
+            cg.remove()
         folder = run_folder(self.state_dir, self.run_id)
         with contextlib.suppress(OSError):
             folder.rmdir()
@@ -425,6 +464,8 @@ class VmSubstrate(Substrate, Forking):
 
     def leftovers(self) -> list[str]:
         left = [f"qemu process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
+        left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-")]
+        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(self.run_id, f"{self.name}-")]
         folder = run_folder(self.state_dir, self.run_id)
         if folder.is_dir():
             left += [f"vm folder {p}" for p in folder.iterdir()]
@@ -432,7 +473,7 @@ class VmSubstrate(Substrate, Forking):
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
-        removed = []
+        removed = FreezerCgroup.gc(dead_runs)  # QEMU's limit groups (and what is left in them)
         for pid, run in pids_with_env(RUN_VAR).items():
             if run in dead_runs and is_qemu(pid):
                 kill_pids([pid])

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -78,12 +79,12 @@ _snapshots_lock = threading.Lock()
 
 
 def boot(image: GuestImage, accel: str, folder: Path, run_id: str, sid: str, *, ram: Path, share: bool,
-         disk: Path, timeout: float = BOOT_TIMEOUT_S) -> Qemu:
-    """Boot a fresh VM from the image; returns once its agent answers."""
+         disk: Path, timeout: float = BOOT_TIMEOUT_S, wrap: Any = None) -> Qemu:
+    """Boot a fresh VM from the image; returns once its agent answers. ``wrap``: see ``Qemu``."""
     vm = Qemu(lambda c, q: machine_argv(image, accel, ram=ram, share=share, disk=disk, ctl_fd=c, qmp_fd=q,
                                         console=folder / "console.log", name=f"drumsbench-{run_id}-{sid}",
                                         pidfile=folder / "qemu.pid", cache="writeback"),
-              folder, run_id, sid, timeout)
+              folder, run_id, sid, timeout, wrap=wrap)
     try:
         vm.qmp.cmd("qmp_capabilities")
         vm.agent.call("ping", timeout)
@@ -167,7 +168,8 @@ def _build_snapshot(image: GuestImage, accel: str, target: Path, run_id: str) ->
         raise
 
 
-def fork(snap: Snapshot, folder: Path, run_id: str, sid: str, timeout: float = FORK_TIMEOUT_S) -> Qemu:
+def fork(snap: Snapshot, folder: Path, run_id: str, sid: str, timeout: float = FORK_TIMEOUT_S,
+         wrap: Any = None) -> Qemu:
     """A new VM running from a snapshot (the booted one or a live one), with its own overlay on the
     frozen disk, its own copy-on-write view of the RAM file, a corrected clock and fresh entropy."""
     disk = folder / "disk.qcow2"
@@ -179,7 +181,7 @@ def fork(snap: Snapshot, folder: Path, run_id: str, sid: str, timeout: float = F
                                               name=f"drumsbench-{run_id}-{sid}", pidfile=folder / "qemu.pid",
                                               cache="unsafe"),
                                  "-incoming", "defer"],
-                  folder, run_id, sid, timeout, extra_fds=(state_fd,))
+                  folder, run_id, sid, timeout, extra_fds=(state_fd,), wrap=wrap)
     finally:
         os.close(state_fd)
     try:
