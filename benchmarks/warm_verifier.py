@@ -1,0 +1,159 @@
+"""Cold and warm coding verifier side by side, on the process substrate, in one run.
+
+    .venv/bin/python benchmarks/warm_verifier.py [--attempts 40] [--sweep] [--json out.json]
+
+Attempts: ``--attempts`` oracle attempts per verifier, cold and warm interleaved (one slot each,
+in-place reset, the built-in coding tasks in turn), so both see the same load. Printed per verifier:
+the attempt's wall time (reset to verdict), the verify phase (stage + run) and the runner alone
+(``run_verifier``: one ``python3`` exec and the tests), each as p50 with its 95% interval
+(order statistics), and the warm/cold ratio of the p50s. Every attempt must succeed (the oracle).
+
+``--sweep``: also ``drumsbench sweep --substrate process --concurrency 2 --window 1m --soak none``
+once per verifier (``DRUMSBENCH_VERIFIER``), and their valid rollouts per host-hour side by side.
+
+The machine's load average is printed with the figures: on a shared 2-core host they move with it;
+compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from drumsbench.core.outcome import Outcome
+from drumsbench.envs.base import Task
+from drumsbench.envs.coding.env import VERIFIER_VAR, VERIFIERS, CodingEnv
+from drumsbench.envs.coding.task import load_suite
+from drumsbench.measure.stats import Estimate, quantile
+from drumsbench.policies.scripted import make_policy
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
+from drumsbench.substrates.process import ProcessSubstrate
+
+
+class TimedEnv(CodingEnv):
+    """A coding environment that keeps how long each ``run_verifier`` took."""
+
+    def __init__(self, verifier: str) -> None:
+        super().__init__(verifier)
+        self.runner_s: list[float] = []
+
+    def run_verifier(self, task: Task, timeout: float) -> bool:
+        t0 = time.monotonic()
+        try:
+            return super().run_verifier(task, timeout)
+        finally:
+            self.runner_s.append(time.monotonic() - t0)
+
+
+def _ms(e: Estimate) -> str:
+    return e.fmt(".1f", "ms") if e.value is None else Estimate(
+        value=e.value * 1e3, low=(e.low or 0) * 1e3, high=(e.high or 0) * 1e3, n=e.n, method=e.method).fmt(".1f", "ms")
+
+
+def attempts(n: int, state: Path) -> dict[str, Any]:
+    tasks = load_suite("coding")
+    run = "wv-" + uuid.uuid4().hex[:6]
+    slots = {mode: Slot(ProcessSubstrate(f"{run}-{mode}", state), TimedEnv(mode)) for mode in VERIFIERS}
+    wall: dict[str, list[float]] = {m: [] for m in VERIFIERS}
+    verify: dict[str, list[float]] = {m: [] for m in VERIFIERS}
+    bad: list[str] = []
+    canaries = CanaryRegistry()
+    load0 = os.getloadavg()
+    try:
+        for i in range(n):
+            task = tasks[i % len(tasks)]
+            order = VERIFIERS if i % 2 == 0 else tuple(reversed(VERIFIERS))
+            for mode in order:
+                rec = run_attempt(slots[mode], task, make_policy("oracle"), RolloutConfig(), canaries,
+                                  run_id=run, seq=i, seed=0)
+                if rec.outcome is not Outcome.SUCCESS:
+                    bad.append(f"{mode} {task.id}: {rec.outcome} {rec.detail}")
+                wall[mode].append(rec.t_end - rec.t_start)
+                verify[mode].append(rec.verify_s)
+    finally:
+        for slot in slots.values():
+            slot.destroy()
+            slot.substrate.close()
+    out: dict[str, Any] = {"attempts_each": n, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+                           "not_success": bad}
+    for mode in VERIFIERS:
+        env = slots[mode].env
+        assert isinstance(env, TimedEnv)
+        out[mode] = {"attempt_p50": quantile(wall[mode], 0.5).model_dump(),
+                     "verify_phase_p50": quantile(verify[mode], 0.5).model_dump(),
+                     "runner_p50": quantile(env.runner_s, 0.5).model_dump(),
+                     "fallbacks": len(env.fallbacks)}
+    for key in ("attempt_p50", "verify_phase_p50", "runner_p50"):
+        out[f"ratio_{key}"] = out["warm"][key]["value"] / out["cold"][key]["value"]
+    return out
+
+
+def sweeps(state: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode in VERIFIERS:
+        folder = Path(tempfile.mkdtemp(prefix=f"sweep-{mode}-", dir=state))
+        report = folder / "sweep.json"
+        load0 = os.getloadavg()
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "drumsbench", "sweep", "--substrate", "process",
+                               "--concurrency", "2", "--window", "1m", "--soak", "none", "--out", str(folder),
+                               "--json", str(report), "--no-progress"],
+                              env={**os.environ, VERIFIER_VAR: mode}, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"sweep with the {mode} verifier failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+        out[mode] = {"report": json.loads(report.read_text()), "loadavg_before": load0,
+                     "loadavg_after": os.getloadavg(), "wall_s": time.monotonic() - t0, "out": str(folder)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attempts", type=int, default=40, help="oracle attempts per verifier")
+    ap.add_argument("--sweep", action="store_true", help="also a 1-minute sweep at concurrency 2 per verifier")
+    ap.add_argument("--state", type=Path, default=None, help="state folder (default: a temporary one)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    state = args.state or Path(tempfile.mkdtemp(prefix="warm-verifier-"))
+    state.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"machine_cpus": os.cpu_count(), "attempts": attempts(args.attempts, state)}
+    a = result["attempts"]
+    print(f"oracle coding attempts on process, {a['attempts_each']} per verifier, interleaved; "
+          f"load {a['loadavg_before'][0]:.1f} -> {a['loadavg_after'][0]:.1f} on {os.cpu_count()} cpus")
+    print(f"{'':6} {'attempt p50':>30} {'verify phase p50':>30} {'runner p50':>30}  fallbacks")
+    for mode in VERIFIERS:
+        row = [_ms(Estimate(**a[mode][k])) for k in ("attempt_p50", "verify_phase_p50", "runner_p50")]
+        print(f"{mode:6} {row[0]:>30} {row[1]:>30} {row[2]:>30}  {a[mode]['fallbacks']}")
+    print(f"{'warm/cold':10} {a['ratio_attempt_p50']:>26.2f} {a['ratio_verify_phase_p50']:>30.2f} "
+          f"{a['ratio_runner_p50']:>30.2f}")
+    if a["not_success"]:
+        print("NOT SUCCESS:", *a["not_success"], sep="\n  ")
+    if args.sweep:
+        result["sweeps"] = sweeps(state)
+        rates: dict[str, float] = {}
+        for mode, s in result["sweeps"].items():
+            for w in s["report"]["windows"]:
+                e = Estimate(**w["valid_per_host_hour"])
+                rates[mode] = e.value or 0.0
+                print(f"sweep {mode}: N={w['concurrency']} {w['valid']}/{w['attempts']} valid in {w['ran_s']:.0f} s, "
+                      f"valid/host-hour {e.fmt('.0f')}, confirmed {w['confirmed']}; "
+                      f"load {s['loadavg_before'][0]:.1f} -> {s['loadavg_after'][0]:.1f}")
+        if rates.get("cold"):
+            result["sweep_ratio_warm_cold"] = rates.get("warm", 0.0) / rates["cold"]
+            print(f"sweep warm/cold valid rollouts per host-hour: {result['sweep_ratio_warm_cold']:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    if a["not_success"]:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
