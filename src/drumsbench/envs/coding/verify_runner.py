@@ -309,7 +309,7 @@ def _wait_child(pid, timeout):
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status)
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         if time.monotonic() >= end:
             return None
         time.sleep(0.002)
