@@ -38,14 +38,23 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from drumsbench.core.errors import SubstrateError
+from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
+from drumsbench.envs.desktop.settle import (
+    SETTLE_MODES,
+    Frame,
+    SettleParams,
+    SettleReport,
+    settle_evidence,
+    settle_quiet,
+)
+from drumsbench.envs.desktop.settle import frames_differ as frames_differ  # re-exported (env.py)
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostFolders, HostLaunching, Sandbox
 
 RUN_VAR, SANDBOX_VAR = HostLaunching.RUN_VAR, HostLaunching.SANDBOX_VAR
@@ -103,10 +112,17 @@ class Settings:
     height: int = 800
     start_timeout_s: float = 30.0
     grab_timeout_s: float = 3.0
+    # How a step ends (settle.py): "evidence" — the X server and the application say they are done
+    # (drawing stopped, the application answered a ping after the input, window, focus and title
+    # unchanged, two grabs agree), with the quiet period only as a fallback; "quiet" — the screen
+    # stayed still for ``settle_quiet_s`` (the clock).
+    settle_mode: str = "evidence"
     settle_interval_s: float = 0.05
-    settle_quiet_s: float = 0.25  # the screen must stay still this long after an action
+    settle_quiet_s: float = 0.25  # quiet mode (and the fallback): the screen must stay still this long
     settle_max_s: float = 2.0
     settle_tolerance_px: int = 64  # pixels that may differ between "equal" frames (the text cursor blinks)
+    settle_ping_timeout_s: float = 1.0  # evidence: an application silent this long -> the quiet fallback
+    settle_evidence_quiet_s: float = 0.03  # evidence: nothing drawn or moved this long before the last grab
     type_delay_ms: int = 8
     key_delay_ms: int = 20
     wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
@@ -115,19 +131,14 @@ class Settings:
     # display number unique to the instance. Off by default.
     checkpointable: bool = False
 
+    def __post_init__(self) -> None:
+        if self.settle_mode not in SETTLE_MODES:
+            raise UsageError(f"desktop Settings.settle_mode: {self.settle_mode!r} is not one of "
+                             f"{', '.join(SETTLE_MODES)}")
 
-@dataclass
-class Frame:
-    rgb: np.ndarray
-    title: str
-    t: float = field(default_factory=time.monotonic)
-
-
-def frames_differ(a: np.ndarray, b: np.ndarray) -> int:
-    """How many pixels differ between two frames."""
-    if a.shape != b.shape:
-        return a.shape[0] * a.shape[1]
-    return int(np.count_nonzero(np.any(a != b, axis=2)))
+    def settle_params(self) -> SettleParams:
+        return SettleParams(self.settle_interval_s, self.settle_quiet_s, self.settle_max_s, self.settle_tolerance_px,
+                            self.grab_timeout_s, self.settle_ping_timeout_s, self.settle_evidence_quiet_s)
 
 
 def screen_problem(rgb: np.ndarray) -> str | None:
@@ -168,6 +179,7 @@ class DesktopInstance:
         self._x11_claimed = False
         self._host_left: set[str] = set()  # host paths of sockets seen in the instance's network namespace
         self._released = threading.Lock()
+        self.last_settle: SettleReport | None = None  # how the last ``settle`` ended
         if self.settings.checkpointable:
             self.display = _free_display()
             self.x_dir = Path("/tmp/.X11-unix")
@@ -422,29 +434,24 @@ class DesktopInstance:
             x.blank_screen()
 
     def settle(self, deadline: float, first: Frame | None = None, quiet_s: float | None = None) -> tuple[Frame, bool]:
-        """Grab until the screen has been still for ``quiet_s`` (frames equal within the pixel
-        tolerance — the text cursor blinks — and the same title), or ``deadline``.
-
-        LibreOffice repaints toolbars, rulers and the status bar from idle handlers a little after
-        an action's own effect, so "two equal frames in a row" is not enough: the quiet period is.
-        Returns the last frame and whether it settled. ``xcb.XError`` when the server fails.
-        """
+        """Wait until the step is over (``settle.py``), at most ``settle_max_s`` (plus the quiet
+        period) or until ``deadline``: in ``Settings.settle_mode``, or with ``quiet_s`` given, until
+        the screen has been still that long (``first``: a frame already grabbed, quiet mode only).
+        Returns the last frame and whether it settled; ``last_settle`` tells how.
+        ``xcb.XTimeout`` when the server does not answer, ``xcb.XError`` when it fails."""
         s = self.settings
-        quiet = s.settle_quiet_s if quiet_s is None else quiet_s
-        end = min(deadline, time.monotonic() + s.settle_max_s + quiet)
-        prev = first or self.grab()
-        still_since = prev.t
-        while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return prev, False
-            time.sleep(min(s.settle_interval_s, remaining))
-            cur = self.grab(min(s.grab_timeout_s, max(0.5, deadline - time.monotonic())))
-            if cur.title != prev.title or frames_differ(cur.rgb, prev.rgb) > s.settle_tolerance_px:
-                still_since = cur.t
-            elif cur.t - still_since >= quiet:
-                return cur, True
-            prev = cur
+        params = s.settle_params()
+        if quiet_s is not None or s.settle_mode == "quiet":
+            frame, report = settle_quiet(self.grab, params, deadline, first,
+                                         s.settle_quiet_s if quiet_s is None else quiet_s)
+        else:
+            frame, report = settle_evidence(self.client, self.grab, params, deadline)
+        self.last_settle = report
+        return frame, report.settled
+
+    def client(self, timeout: float) -> xcb.XClient:
+        """An X connection to the instance's server (use it with ``with``: closed at the end)."""
+        return xcb.XClient(str(self.x_dir), self.display, timeout)
 
     # -- commands inside the instance -------------------------------------------------------------
     def exec_inside(self, argv: list[str], timeout: float, *, all_namespaces: bool = False,

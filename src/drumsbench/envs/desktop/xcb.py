@@ -19,8 +19,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import select
 import socket
+import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -76,6 +79,38 @@ class _GenericError(ctypes.Structure):
     _fields_ = [("response_type", ctypes.c_uint8), ("error_code", ctypes.c_uint8), ("sequence", ctypes.c_uint16)]
 
 
+class _ExtensionReply(ctypes.Structure):
+    _fields_ = [("response_type", ctypes.c_uint8), ("pad0", ctypes.c_uint8), ("sequence", ctypes.c_uint16),
+                ("length", ctypes.c_uint32), ("present", ctypes.c_uint8), ("major_opcode", ctypes.c_uint8),
+                ("first_event", ctypes.c_uint8), ("first_error", ctypes.c_uint8)]
+
+
+class _ProtocolRequest(ctypes.Structure):
+    _fields_ = [("count", ctypes.c_size_t), ("ext", ctypes.c_void_p), ("opcode", ctypes.c_uint8),
+                ("isvoid", ctypes.c_uint8)]
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+class _FocusReply(ctypes.Structure):
+    _fields_ = [("response_type", ctypes.c_uint8), ("revert_to", ctypes.c_uint8), ("sequence", ctypes.c_uint16),
+                ("length", ctypes.c_uint32), ("focus", ctypes.c_uint32)]
+
+
+# No libxcb-damage on these hosts: the DAMAGE extension's two requests are sent raw through
+# ``xcb_send_request`` with the major opcode from QueryExtension (protocol: damageproto 1.1).
+_DAMAGE_NAME = b"DAMAGE"
+_DAMAGE_QUERY_VERSION, _DAMAGE_CREATE = 0, 1
+_DAMAGE_REPORT_RAW_RECTANGLES = 0
+_REQUEST_CHECKED = 1
+# core protocol numbers used below
+_CW_EVENT_MASK = 1 << 11
+_SUBSTRUCTURE_NOTIFY_MASK, _PROPERTY_CHANGE_MASK = 1 << 19, 1 << 22
+_MAP_NOTIFY, _UNMAP_NOTIFY, _CONFIGURE_NOTIFY, _PROPERTY_NOTIFY, _CLIENT_MESSAGE = 19, 18, 22, 28, 33
+
+
 _lib: ctypes.CDLL | None = None
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.free.argtypes = [ctypes.c_void_p]
@@ -105,18 +140,25 @@ def _xcb() -> ctypes.CDLL:
         "xcb_get_setup": (vp, [vp]),
         "xcb_setup_roots_iterator": (_ScreenIter, [vp]),
         "xcb_get_image": (_Cookie, [vp, u8, u32, i16, i16, u16, u16, u32]),
-        "xcb_get_image_reply": (vp, [vp, _Cookie, perr]),
         "xcb_get_image_data": (vp, [vp]),
         "xcb_get_image_data_length": (ctypes.c_int, [vp]),
         "xcb_intern_atom": (_Cookie, [vp, u8, u16, ctypes.c_char_p]),
-        "xcb_intern_atom_reply": (ctypes.POINTER(_AtomReply), [vp, _Cookie, perr]),
         "xcb_get_property": (_Cookie, [vp, u8, u32, u32, u32, u32, u32]),
-        "xcb_get_property_reply": (vp, [vp, _Cookie, perr]),
         "xcb_get_property_value": (vp, [vp]),
         "xcb_get_property_value_length": (ctypes.c_int, [vp]),
         "xcb_set_screen_saver_checked": (_Cookie, [vp, i16, i16, u8, u8]),
         "xcb_force_screen_saver_checked": (_Cookie, [vp, u8]),
         "xcb_request_check": (ctypes.POINTER(_GenericError), [vp, _Cookie]),
+        "xcb_send_request": (ctypes.c_uint, [vp, ctypes.c_int, ctypes.POINTER(_IOVec),
+                                             ctypes.POINTER(_ProtocolRequest)]),
+        "xcb_poll_for_reply": (ctypes.c_int, [vp, ctypes.c_uint, ctypes.POINTER(vp), perr]),
+        "xcb_get_file_descriptor": (ctypes.c_int, [vp]),
+        "xcb_query_extension": (_Cookie, [vp, u16, ctypes.c_char_p]),
+        "xcb_generate_id": (u32, [vp]),
+        "xcb_change_window_attributes_checked": (_Cookie, [vp, u32, u32, vp]),
+        "xcb_send_event": (_Cookie, [vp, u8, u32, u32, ctypes.c_char_p]),
+        "xcb_poll_for_event": (vp, [vp]),
+        "xcb_get_input_focus": (_Cookie, [vp]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -147,6 +189,9 @@ class XClient:
         self.width = 0
         self.height = 0
         self._atoms: dict[str, int] = {}
+        self._damage_event = -1  # the DAMAGE extension's first event code, once ``watch()`` ran
+        self._pending: list[XEvent] = []
+        self._answers_ping: dict[int, bool] = {}
 
     # -- connection ----------------------------------------------------------------------------
     def __enter__(self) -> XClient:
@@ -232,31 +277,67 @@ class XClient:
         return self._conn
 
     # -- requests ------------------------------------------------------------------------------
-    def atom(self, name: str) -> int:
-        if name in self._atoms:
-            return self._atoms[name]
+    def _reply(self, seq: int, what: str) -> tuple[int | None, int | None]:
+        """Wait for the reply to request ``seq``: (a pointer the caller frees with ``_libc.free``,
+        None) or (None, the X error code). No thread: the socket is polled until ``self.timeout``,
+        then ``XTimeout`` (a stopped or wedged server)."""
         lib, conn = _xcb(), self.conn
-        raw = name.encode()
-        cookie = lib.xcb_intern_atom(conn, 0, len(raw), raw)
-        reply = self._bounded(lambda: lib.xcb_intern_atom_reply(conn, cookie, None), "InternAtom")
-        if not reply:
-            raise XError(f"InternAtom {name} failed")
-        value = int(reply.contents.atom)
-        _libc.free(ctypes.cast(reply, ctypes.c_void_p))
-        self._atoms[name] = value
-        return value
+        lib.xcb_flush(conn)
+        deadline = time.monotonic() + self.timeout
+        reply, err = ctypes.c_void_p(), ctypes.POINTER(_GenericError)()
+        waiter: select.poll | None = None
+        while not lib.xcb_poll_for_reply(conn, seq, ctypes.byref(reply), ctypes.byref(err)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise XTimeout(f"X server did not answer {what} within {self.timeout:g} s")
+            if waiter is None:
+                waiter = select.poll()
+                waiter.register(lib.xcb_get_file_descriptor(conn), select.POLLIN)
+            waiter.poll(max(1, int(left * 1000)))
+        if err:
+            code = int(err.contents.error_code)
+            _libc.free(ctypes.cast(err, ctypes.c_void_p))
+            return None, code
+        if not reply.value:
+            raise XError(f"X connection broke waiting for {what}")
+        return reply.value, None
 
-    def get_property(self, window: int, prop: str, kind: int = 0, length: int = 4096) -> bytes:
+    def atoms(self, *names: str) -> list[int]:
+        """The atoms of ``names`` (interned in one round trip, then cached)."""
         lib, conn = _xcb(), self.conn
-        cookie = lib.xcb_get_property(conn, 0, window, self.atom(prop), kind, 0, length)
-        reply = self._bounded(lambda: lib.xcb_get_property_reply(conn, cookie, None), "GetProperty")
-        if not reply:
+        asked = {}
+        for name in dict.fromkeys(names):
+            if name not in self._atoms:
+                raw = name.encode()
+                asked[name] = lib.xcb_intern_atom(conn, 0, len(raw), raw).sequence
+        for name, seq in asked.items():
+            reply, code = self._reply(seq, "InternAtom")
+            if reply is None:
+                raise XError(f"InternAtom {name} failed (X error {code})")
+            self._atoms[name] = int(ctypes.cast(reply, ctypes.POINTER(_AtomReply)).contents.atom)
+            _libc.free(reply)
+        return [self._atoms[n] for n in names]
+
+    def atom(self, name: str) -> int:
+        return self.atoms(name)[0]
+
+    def _ask_property(self, window: int, prop: str, kind: int = 0, length: int = 4096) -> int:
+        return int(_xcb().xcb_get_property(self.conn, 0, window, self.atom(prop), kind, 0, length).sequence)
+
+    def _property_value(self, seq: int) -> bytes:
+        """The value of a property asked with ``_ask_property``; b"" when unset or the window is gone."""
+        lib = _xcb()
+        reply, _code = self._reply(seq, "GetProperty")
+        if reply is None:
             return b""
         try:
             n = lib.xcb_get_property_value_length(reply)
             return ctypes.string_at(lib.xcb_get_property_value(reply), n) if n > 0 else b""
         finally:
             _libc.free(reply)
+
+    def get_property(self, window: int, prop: str, kind: int = 0, length: int = 4096) -> bytes:
+        return self._property_value(self._ask_property(window, prop, kind, length))
 
     def active_window(self) -> int:
         data = self.get_property(self.root, "_NET_ACTIVE_WINDOW", 0, 1)
@@ -265,26 +346,28 @@ class XClient:
     def window_title(self, window: int) -> str:
         if not window:
             return ""
-        data = self.get_property(window, "_NET_WM_NAME", 0)
-        if not data:
-            data = self.get_property(window, "WM_NAME", 0)
-        return data.decode("utf-8", errors="replace")
+        self.atoms("_NET_WM_NAME", "WM_NAME")
+        net, plain = self._ask_property(window, "_NET_WM_NAME"), self._ask_property(window, "WM_NAME")
+        data, fallback = self._property_value(net), self._property_value(plain)
+        return (data or fallback).decode("utf-8", errors="replace")
 
     def active_title(self) -> str:
         return self.window_title(self.active_window())
 
     def grab_rgb(self, x: int = 0, y: int = 0, width: int | None = None, height: int | None = None) -> np.ndarray:
         """RGB pixels of the screen, or of the rectangle given."""
+        w = self.width - x if width is None else width
+        h = self.height - y if height is None else height
+        return bgrx_to_rgb(self.grab_raw(x, y, w, h), w, h)
+
+    def grab_raw(self, x: int = 0, y: int = 0, width: int | None = None, height: int | None = None) -> bytes:
+        """The screen's (or the rectangle's) pixels as the server sends them: 4 bytes a pixel, BGRX."""
         lib, conn = _xcb(), self.conn
         w = self.width - x if width is None else width
         h = self.height - y if height is None else height
         cookie = lib.xcb_get_image(conn, 2, self.root, x, y, w, h, 0xFFFFFFFF)  # ZPixmap
-        err = ctypes.POINTER(_GenericError)()
-        reply = self._bounded(lambda: lib.xcb_get_image_reply(conn, cookie, ctypes.byref(err)), "GetImage")
-        if not reply:
-            code = err.contents.error_code if err else "?"
-            if err:
-                _libc.free(ctypes.cast(err, ctypes.c_void_p))
+        reply, code = self._reply(cookie.sequence, "GetImage")
+        if reply is None:
             raise XError(f"GetImage failed (X error {code})")
         try:
             n = lib.xcb_get_image_data_length(reply)
@@ -293,8 +376,7 @@ class XClient:
             _libc.free(reply)
         if n != w * h * 4:
             raise XError(f"GetImage returned {n} bytes for {w}x{h}: not a 24/32-bit screen")
-        bgrx = np.frombuffer(raw, dtype=np.uint8).reshape(h, w, 4)
-        return np.ascontiguousarray(bgrx[:, :, 2::-1])
+        return raw
 
     def grab(self) -> Grab:
         return Grab(self.grab_rgb(), self.active_title())
@@ -317,6 +399,185 @@ class XClient:
                 code = err.contents.error_code
                 _libc.free(ctypes.cast(err, ctypes.c_void_p))
                 raise XError(f"screen saver request failed (X error {code})")
+
+
+    # -- evidence that the screen and the application are done -------------------------------------
+    def input_focus(self) -> int:
+        """The window holding the keyboard focus (GetInputFocus)."""
+        reply, code = self._reply(_xcb().xcb_get_input_focus(self.conn).sequence, "GetInputFocus")
+        if reply is None:
+            raise XError(f"GetInputFocus failed (X error {code})")
+        value = int(ctypes.cast(reply, ctypes.POINTER(_FocusReply)).contents.focus)
+        _libc.free(reply)
+        return value
+
+    def snapshot(self, hint: int = 0) -> tuple[int, str, int]:
+        """(the active window, its title, the focus window): one round trip when the active window
+        is ``hint`` (its title is asked at once), two otherwise."""
+        lib, conn = _xcb(), self.conn
+        self.atoms("_NET_ACTIVE_WINDOW", "_NET_WM_NAME", "WM_NAME")
+        active_seq = self._ask_property(self.root, "_NET_ACTIVE_WINDOW", 0, 1)
+        focus_seq = lib.xcb_get_input_focus(conn).sequence
+        titles = (self._ask_property(hint, "_NET_WM_NAME"), self._ask_property(hint, "WM_NAME")) if hint else None
+        data = self._property_value(active_seq)
+        active = int.from_bytes(data[:4], "little") if len(data) >= 4 else 0
+        focus_reply, _code = self._reply(focus_seq, "GetInputFocus")
+        focus = 0
+        if focus_reply is not None:
+            focus = int(ctypes.cast(focus_reply, ctypes.POINTER(_FocusReply)).contents.focus)
+            _libc.free(focus_reply)
+        if titles is not None:
+            net, plain = (self._property_value(seq) for seq in titles)
+            if active == hint:
+                return active, (net or plain).decode("utf-8", errors="replace"), focus
+        return active, self.window_title(active), focus
+
+    def watch(self) -> None:
+        """From now on receive, as ``XEvent``s from ``events()``: every drawing anywhere on the
+        screen (a DAMAGE object on the root window reporting raw rectangles), the root's
+        substructure changes (windows mapped, unmapped, moved) and property changes (the active
+        window), and the answers to ``ping``. What was drawn before is not reported (the server's
+        initial report of the whole screen is dropped). Everything is released when the connection
+        closes. ``XError`` when the server has no DAMAGE extension or refuses a request."""
+        lib, conn = _xcb(), self.conn
+        name = _DAMAGE_NAME
+        ext_seq = lib.xcb_query_extension(conn, len(name), name).sequence
+        self.atoms("WM_PROTOCOLS", "_NET_WM_PING", "_NET_ACTIVE_WINDOW", "_NET_WM_NAME", "WM_NAME")
+        reply, code = self._reply(ext_seq, "QueryExtension")
+        if reply is None:
+            raise XError(f"QueryExtension failed (X error {code})")
+        ext = ctypes.cast(reply, ctypes.POINTER(_ExtensionReply)).contents
+        present, major, first_event = ext.present, int(ext.major_opcode), int(ext.first_event)
+        _libc.free(reply)
+        if not present:
+            raise XError("the X server has no DAMAGE extension")
+        self._damage_event = first_event
+        version = self._send_raw(major, _DAMAGE_QUERY_VERSION, struct.pack("=II", 1, 1), void=False)
+        damage = int(lib.xcb_generate_id(conn))
+        create = self._send_raw(major, _DAMAGE_CREATE, struct.pack("=IIB3x", damage, self.root,
+                                                                  _DAMAGE_REPORT_RAW_RECTANGLES), void=True)
+        mask = (ctypes.c_uint32 * 1)(_SUBSTRUCTURE_NOTIFY_MASK | _PROPERTY_CHANGE_MASK)
+        select_seq = lib.xcb_change_window_attributes_checked(conn, self.root, _CW_EVENT_MASK, mask).sequence
+        for seq, what in ((version, "DamageQueryVersion"), (lib.xcb_get_input_focus(conn).sequence, "sync")):
+            reply, code = self._reply(seq, what)
+            if reply is None:
+                raise XError(f"{what} failed (X error {code})")
+            _libc.free(reply)
+        # both checked requests are answered by now (a later reply came): no round trip here
+        for seq, what in ((create, "DamageCreate"), (select_seq, "ChangeWindowAttributes")):
+            err = lib.xcb_request_check(conn, _Cookie(seq))
+            if err:
+                code = err.contents.error_code
+                _libc.free(ctypes.cast(err, ctypes.c_void_p))
+                raise XError(f"{what} failed (X error {code})")
+        self._drain()  # the creation's report of the whole screen, and anything before it
+
+    def _send_raw(self, major: int, minor: int, body: bytes, void: bool) -> int:
+        """Send an extension request (``body`` after the 4-byte header; libxcb writes the major
+        opcode and the length, the minor opcode is ours): its sequence number."""
+        lib, conn = _xcb(), self.conn
+        data = ctypes.create_string_buffer(bytes([0, minor, 0, 0]) + body, 4 + len(body))
+        vec = (_IOVec * 3)()  # libxcb needs two free entries before the first one it sends
+        vec[2].iov_base, vec[2].iov_len = ctypes.addressof(data), len(data)
+        req = _ProtocolRequest(1, None, major, 1 if void else 0)
+        first = ctypes.cast(ctypes.byref(vec, 2 * ctypes.sizeof(_IOVec)), ctypes.POINTER(_IOVec))
+        seq = int(lib.xcb_send_request(conn, _REQUEST_CHECKED if void else 0, first, ctypes.byref(req)))
+        if seq == 0:
+            raise XError("X connection broke while sending a request")
+        return seq
+
+    def answers_ping(self, window: int) -> bool:
+        """Does ``window`` (a top-level client window) list ``_NET_WM_PING`` in its WM_PROTOCOLS?
+        (Asked once per window and connection.)"""
+        if not window:
+            return False
+        if window not in self._answers_ping:
+            data = self.get_property(window, "WM_PROTOCOLS", 4, 64)  # 4: ATOM
+            atoms = struct.unpack(f"={len(data) // 4}I", data[:len(data) // 4 * 4])
+            self._answers_ping[window] = self.atom("_NET_WM_PING") in atoms
+        return self._answers_ping[window]
+
+    def ping(self, window: int, token: int) -> None:
+        """Send the EWMH ping (``_NET_WM_PING``, ``token`` as its timestamp) to ``window``'s client.
+
+        The client answers by sending the message back to the root window from its event loop: the
+        answer comes only once it has read every event queued for it before the ping (the input of an
+        action included) and dispatched them. ``watch()`` first, to receive the answer."""
+        lib, conn = _xcb(), self.conn
+        event = struct.pack("=BBHII5I", _CLIENT_MESSAGE, 32, 0, window, self.atom("WM_PROTOCOLS"),
+                            self.atom("_NET_WM_PING"), token & 0xFFFFFFFF, window, 0, 0)
+        lib.xcb_send_event(conn, 0, window, 0, event)
+        lib.xcb_flush(conn)
+
+    def events(self, timeout: float) -> list[XEvent]:
+        """The events received so far (``watch()``), waiting up to ``timeout`` seconds for one when
+        none is there. ``XError`` when the connection broke."""
+        out, self._pending = self._pending + self._drain(), []
+        if not out and timeout > 0 and self._sock is not None:
+            waiter = select.poll()
+            waiter.register(self._sock.fileno(), select.POLLIN)
+            if waiter.poll(max(1, int(timeout * 1000))):
+                out = self._drain()
+        if _xcb().xcb_connection_has_error(self.conn):
+            raise XError("X connection broke")
+        return out
+
+    def unread(self, events: list[XEvent]) -> None:
+        """Put ``events`` back: the next ``events()`` returns them first."""
+        self._pending = list(events) + self._pending
+
+    def _drain(self) -> list[XEvent]:
+        lib, conn = _xcb(), self.conn
+        out: list[XEvent] = []
+        now = time.monotonic()
+        while True:
+            ptr = lib.xcb_poll_for_event(conn)
+            if not ptr:
+                return out
+            raw = ctypes.string_at(ptr, 32)
+            _libc.free(ptr)
+            out.append(self._parse(raw, now))
+
+    def _parse(self, raw: bytes, t: float) -> XEvent:
+        code = raw[0] & 0x7F
+        if code == self._damage_event:
+            x, y, w, h = struct.unpack_from("=hhHH", raw, 16)
+            return XEvent("damage", t, area=(x, y, w, h))
+        if code == _CLIENT_MESSAGE:
+            window, kind, l0, l1, l2 = struct.unpack_from("=IIIII", raw, 4)
+            if kind == self._atoms.get("WM_PROTOCOLS") and l0 == self._atoms.get("_NET_WM_PING"):
+                return XEvent("pong", t, window=l2, value=l1)
+            return XEvent("message", t, window=window, value=kind)
+        if code == _PROPERTY_NOTIFY:
+            window, atom = struct.unpack_from("=II", raw, 4)
+            return XEvent("property", t, window=window, value=atom)
+        if code in (_MAP_NOTIFY, _UNMAP_NOTIFY, _CONFIGURE_NOTIFY):
+            (window,) = struct.unpack_from("=I", raw, 8)
+            return XEvent({_MAP_NOTIFY: "map", _UNMAP_NOTIFY: "unmap", _CONFIGURE_NOTIFY: "configure"}[code],
+                          t, window=window)
+        if code == 0:
+            return XEvent("error", t, value=raw[1])
+        return XEvent("other", t, value=code)
+
+
+@dataclass(frozen=True)
+class XEvent:
+    """One event of a ``watch``: ``kind`` is damage (``area`` drawn: x, y, width, height), pong (a
+    ping's answer: ``value`` its token, ``window`` the client window), map / unmap / configure
+    (``window``), property (``window``, ``value`` the atom), message, error (``value`` the code) or
+    other (``value`` the event code); ``t`` is when it was read (monotonic)."""
+
+    kind: str
+    t: float
+    window: int = 0
+    value: int = 0
+    area: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+def bgrx_to_rgb(raw: bytes, width: int, height: int) -> np.ndarray:
+    """RGB array (height x width x 3) of ``grab_raw`` bytes."""
+    bgrx = np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 4)
+    return np.ascontiguousarray(bgrx[:, :, 2::-1])
 
 
 def grab(socket_dir: str, display: int, timeout: float) -> Grab:
