@@ -121,7 +121,7 @@ class Settings:
     settle_quiet_s: float = 0.25  # quiet mode (and the fallback): the screen must stay still this long
     settle_max_s: float = 2.0
     settle_tolerance_px: int = 64  # pixels that may differ between "equal" frames (the text cursor blinks)
-    settle_ping_timeout_s: float = 1.0  # evidence: an application silent this long -> the quiet fallback
+    settle_ping_timeout_s: float = 2.0  # evidence: an application busy (silent) this long -> the quiet fallback
     settle_evidence_quiet_s: float = 0.03  # evidence: nothing drawn or moved this long before the last grab
     type_delay_ms: int = 8
     key_delay_ms: int = 20
