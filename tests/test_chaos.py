@@ -139,15 +139,23 @@ def test_a_full_out_folder_stops_the_run_cleanly_and_resume_loses_nothing(tmp_pa
     assert not (out / "live").exists() and str(out) not in Path("/proc/self/mounts").read_text()
 
 
-def test_container_kill_on_docker_makes_its_attempt_invalid(tmp_path, env):
-    require(registry.get("docker").missing())
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_container_kill_is_classified(tmp_path, env, engine):
+    """docker: `docker kill` of a container of the run makes its attempt invalid with an infrastructure
+    cause. podman: SIGKILL of a container's conmon (its monitor) leaves the container running, so its
+    attempt may end valid; whatever is invalid carries an infrastructure cause, and gc removes the
+    container whose monitor is gone."""
+    require(registry.get(engine).missing())
     out = tmp_path / "chaos"
-    _, events, summary = chaos(out, env, "--substrate", "docker", "--events", "container_kill", "--duration", "15s",
+    _, events, summary = chaos(out, env, "--substrate", engine, "--events", "container_kill", "--duration", "15s",
                                "--every", "4s")
-    assert summary.passed and any(e.target.startswith("container") for e in events), summary
+    prefix = "container" if engine == "docker" else "conmon pid"
+    assert summary.passed and any(e.target.startswith(prefix) for e in events), summary
     db = sqlite3.connect(out / "ledger.sqlite")
     causes = {r[0] for r in db.execute("SELECT cause FROM attempts WHERE cause IS NOT NULL")}
-    assert causes and causes <= {c.value for c in INFRA_CAUSES}, causes  # e.g. killed mid-verification
+    assert causes <= {c.value for c in INFRA_CAUSES}, causes  # e.g. killed mid-verification
+    assert causes or engine == "podman", "no docker kill made an attempt invalid"
+    assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] >= 2
 
 
 def test_killing_soffice_or_xvfb_makes_the_desktop_attempt_invalid(tmp_path, env):
