@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from drumsbench.branching import criu_binary as criu_install
-from drumsbench.branching.criu import LiveTree, checkpoint, restore
+from drumsbench.core import criu_binary as criu_install
+from drumsbench.core.criu import LiveTree, checkpoint, restore
 
 from conftest import require
 

@@ -19,17 +19,16 @@ instance (Xvfb, openbox, LibreOffice) with CRIU.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
-from drumsbench.branching import criu
-from drumsbench.branching import criu_binary as criu_install
 from drumsbench.branching.methods import ForkMethod
-from drumsbench.core.errors import SubstrateError, UsageError
+from drumsbench.core import criu
+from drumsbench.core import criu_binary as criu_install
+from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import Environment
+from drumsbench.envs.desktop import restore
 from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.process import ProcessSandbox
 
@@ -81,8 +80,8 @@ class CriuFork(ForkMethod):
             assert isinstance(box, ProcessSandbox) and isinstance(env, DesktopEnv)
             env.settings = self.settings
             root = Path(box.host_root)
-            subprocess.run(["cp", "-a", f"{self.frozen}/.", str(root)], check=True, capture_output=True, timeout=120)
-            pid = self._restore(root, box.id)
+            restore.copy_frozen(self.frozen, root, None, None)
+            pid = restore.restore_tree(self.images, self.parent_root, root, box.id)
             box.adopt_group(pid)  # destroy kills the restored tree
             inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
             assert self.parent_task is not None
@@ -92,37 +91,6 @@ class CriuFork(ForkMethod):
             slot.destroy()
             raise
         return slot
-
-    def _restore(self, root: Path, sid: str) -> int:
-        """``criu restore`` in a private mount namespace where ``root`` (the continuation's copy)
-        shows at the parent's root, ``/tmp`` is a private folder (LibreOffice's pipes and the X
-        socket are recreated there, never over the parent's) and so is ``/var/lib/xkb``."""
-        tmp, xkb = root / ".criu-tmp", root / ".criu-xkb"
-        (tmp / ".X11-unix").mkdir(parents=True, exist_ok=True)
-        xkb.mkdir(exist_ok=True)
-        for d in (tmp, tmp / ".X11-unix", xkb):
-            d.chmod(0o1777)
-        q = shlex.quote
-        pidfile = self.images / f"pid-{sid}"
-        pidfile.unlink(missing_ok=True)
-        log = f"restore-{sid}.log"
-        steps = [f"cd {q(str(self.images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
-                 f"mount --bind {q(str(root))} {q(self.parent_root)}",
-                 f"mount --bind {q(str(xkb))} /var/lib/xkb",
-                 f"cd {q(str(root))}",  # so does the copy: the working folder keeps it
-                 f"mount --bind {q(str(tmp))} /tmp"]
-        if self.parent_root.startswith("/tmp/"):  # the parent's path again, inside the private /tmp
-            steps += [f"mkdir -p {q(self.parent_root)}", f"mount --no-canonicalize --bind . {q(self.parent_root)}"]
-        steps += ["cd /proc/self/fd/3", "exec 3<&-",
-                  f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
-                  f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
-        script = " && ".join(steps)
-        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0 or not pidfile.exists():
-            why = criu._log_errors(self.images / log) or proc.stderr.strip()[-300:]
-            raise SubstrateError(f"criu restore failed: {why}")
-        return int(pidfile.read_text().strip())
 
     def close(self) -> None:
         if self.folder is not None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsbench.branching import criu_binary as criu_install
+from drumsbench.core import criu_binary as criu_install
 from drumsbench.core.errors import SubstrateError
 
 
@@ -126,7 +126,7 @@ def checkpoint(pid: int, images: Path, copies: Mapping[str, str] | None = None) 
                            "--file-locks", "-o", "dump.log", "-v2"], capture_output=True, text=True, timeout=120)
     try:
         if proc.returncode != 0:
-            raise SubstrateError(f"criu dump failed: {_log_errors(images / 'dump.log')}")
+            raise SubstrateError(f"criu dump failed: {log_errors(images / 'dump.log')}")
         for src, dst in (copies or {}).items():
             subprocess.run(["cp", "-a", src, dst], check=True, capture_output=True, timeout=120)
     finally:
@@ -146,11 +146,11 @@ def restore(images: Path, binds: Mapping[str, str], pidfile: Path) -> int:
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or not pidfile.exists():
-        raise SubstrateError(f"criu restore failed: {_log_errors(images / log) or proc.stderr.strip()[-300:]}")
+        raise SubstrateError(f"criu restore failed: {log_errors(images / log) or proc.stderr.strip()[-300:]}")
     return int(pidfile.read_text().strip())
 
 
-def _log_errors(log: Path) -> str:
+def log_errors(log: Path) -> str:
     try:
         lines = [ln for ln in log.read_text(errors="replace").splitlines()
                  if "Error" in ln and "RLIMIT_NOFILE" not in ln]

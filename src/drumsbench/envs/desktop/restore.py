@@ -1,0 +1,187 @@
+"""Live restore of a checkpointed desktop instance (CRIU): the mechanics shared by the desktop's
+reset by restore (``DesktopEnv.reset_by_restore``) and the ``criu`` fork method
+(``branching/desktop_criu.py``).
+
+An instance started *checkpointable* (``Settings.checkpointable``) is dumped with ``criu dump
+--leave-stopped`` while its sandbox folder is copied (``core/criu.checkpoint``: files and memory of
+one instant). ``restore_tree`` brings one copy of it back to life in another sandbox:
+
+- the sandbox's folder gets a copy of the frozen folder (``cp -a``; files owned by the origin
+  sandbox's uid are handed to this sandbox's uid, so its policy may write them as before);
+- ``criu restore --restore-detached`` runs in a private mount namespace where that copy shows at
+  the origin's exact path (lock files, profile URLs and open files all name the same paths), with
+  private folders over ``/tmp`` (the X socket and LibreOffice's pipes are recreated there, never
+  over the host's) and ``/var/lib/xkb``;
+- the harness reaches X through ``/proc/<pid>/root/tmp/.X11-unix`` and runs its clients with
+  nsenter (``DesktopInstance.adopt_restored``).
+
+The origin's folder path must exist when a copy is restored: when the origin sandbox is gone, an
+empty placeholder folder stands at its path (in the run's sandbox folder, removed with the run).
+
+``StartImages``: one verified start checkpoint per (run folder, task, screen), made once and
+shared by every environment of the process; its folder ``restore-<task>-<hash>`` lies in the run's
+sandbox folder, so it goes with the run (substrate ``close``) and with a dead run (``drumsbench gc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import shlex
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from drumsbench.core import criu
+from drumsbench.core.errors import SubstrateError
+from drumsbench.envs.desktop.instance import Settings
+from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox
+
+
+@dataclass
+class Timings:
+    """Where a restore's time went (seconds)."""
+
+    copy_s: float = 0.0
+    restore_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def copy_frozen(frozen: Path, root: Path, origin_uid: int | None, uid: int | None) -> None:
+    """The frozen folder's contents into ``root``; what the origin sandbox's uid owned, this
+    sandbox's uid owns."""
+    subprocess.run(["cp", "-a", f"{frozen}/.", str(root)], check=True, capture_output=True, timeout=120)
+    if origin_uid is not None and uid is not None and origin_uid != uid:
+        subprocess.run(["chown", "-R", "--no-dereference", f"--from={origin_uid}", str(uid), str(root)],
+                       check=True, capture_output=True, timeout=120)
+
+
+def restore_tree(images: Path, origin_root: str, root: Path, sid: str) -> int:
+    """``criu restore`` of ``images`` in a private mount namespace where ``root`` (this sandbox's
+    copy) shows at ``origin_root``; returns the restored holder's host pid (pid 1 of its namespaces)."""
+    tmp, xkb = root / ".criu-tmp", root / ".criu-xkb"
+    shutil.rmtree(tmp, ignore_errors=True)  # what an earlier restore in this sandbox left (its instance is dead)
+    (tmp / ".X11-unix").mkdir(parents=True, exist_ok=True)
+    xkb.mkdir(exist_ok=True)
+    for d in (tmp, tmp / ".X11-unix", xkb):
+        d.chmod(0o1777)
+    q = shlex.quote
+    pidfile = images / f"pid-{sid}"
+    pidfile.unlink(missing_ok=True)
+    log = f"restore-{sid}.log"
+    steps = [f"cd {q(str(images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
+             f"mount --bind {q(str(root))} {q(origin_root)}",
+             f"mount --bind {q(str(xkb))} /var/lib/xkb",
+             f"cd {q(str(root))}",  # so does the copy: the working folder keeps it
+             f"mount --bind {q(str(tmp))} /tmp"]
+    if origin_root.startswith("/tmp/"):  # the origin's path again, inside the private /tmp
+        steps += [f"mkdir -p {q(origin_root)}", f"mount --no-canonicalize --bind . {q(origin_root)}"]
+    steps += ["cd /proc/self/fd/3", "exec 3<&-",
+              f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
+              f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
+                          capture_output=True, text=True, timeout=120)
+    try:
+        if proc.returncode != 0 or not pidfile.exists():
+            why = criu.log_errors(images / log) or proc.stderr.strip()[-300:]
+            raise SubstrateError(f"criu restore failed: {why}")
+        return int(pidfile.read_text().strip())
+    finally:
+        pidfile.unlink(missing_ok=True)
+        if proc.returncode == 0:
+            (images / log).unlink(missing_ok=True)  # one log per restore would pile up over a run
+
+
+@dataclass
+class StartImage:
+    """A task's verified start state, checkpointed: ``images`` (CRIU), ``frozen`` (the origin
+    sandbox's folder at the dump), where the origin lived, its display and the still frame it
+    showed (a restored screen must match it)."""
+
+    folder: Path
+    origin_root: str
+    origin_uid: int | None
+    display: int
+    settings: Settings
+    frame: np.ndarray
+    title: str
+    made_s: float
+    dump_s: float
+    restores: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def images(self) -> Path:
+        return self.folder / "images"
+
+    @property
+    def frozen(self) -> Path:
+        return self.folder / "frozen"
+
+    def usable(self) -> bool:
+        return (self.images / "inventory.img").exists() and self.frozen.is_dir()
+
+
+class StartImages:
+    """Start checkpoints of this process, one per (run folder, task, screen), each made once
+    (concurrent callers for the same key wait for the first)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[tuple[str, str, str], threading.Lock] = {}
+        self._images: dict[tuple[str, str, str], StartImage] = {}
+
+    @staticmethod
+    def key(box: Sandbox, task_id: str, settings: Settings) -> tuple[str, str, str]:
+        if not isinstance(box, HostFolders):
+            raise SubstrateError(f"desktop: reset by restore needs host folders; {box.substrate} has none")
+        return str(Path(box.host_root).parent), task_id, f"{settings.width}x{settings.height}"
+
+    def get(self, key: tuple[str, str, str], make: Callable[[Path], StartImage]) -> StartImage:
+        """The image for ``key``, made by ``make(folder)`` when there is none (or its folder went)."""
+        with self._lock:
+            key_lock = self._keys.setdefault(key, threading.Lock())
+        with key_lock:
+            image = self._images.get(key)
+            if image is not None and image.usable():
+                return image
+            tag = hashlib.sha256("/".join(key).encode()).hexdigest()[:8]
+            folder = Path(key[0]) / f"restore-{key[1]}-{tag}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            try:
+                image = make(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            self._images[key] = image
+            return image
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        """Drop an image that failed to restore (the next reset makes it again)."""
+        with self._lock:
+            image = self._images.pop(key, None)
+        if image is not None:
+            shutil.rmtree(image.folder, ignore_errors=True)
+
+
+IMAGES = StartImages()
+
+
+def keep_path(path: str) -> None:
+    """An empty folder at ``path`` (the origin sandbox's, once it is destroyed): restores bind a
+    copy over it."""
+    with contextlib.suppress(FileExistsError):
+        Path(path).mkdir(parents=True)
+
+
+def origin_uid(box: Sandbox) -> int | None:
+    return box.uid if isinstance(box, HostLaunching) else None
