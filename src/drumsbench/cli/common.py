@@ -91,9 +91,9 @@ def one_suite(tasks: str, alias: str | None) -> str:
 
 
 def parse_reset(reset: str) -> str | None:
-    """``--reset``: auto (None: the substrate's own), in_place or recreate."""
-    if reset not in ("auto", "in_place", "recreate"):
-        raise UsageError(f"--reset: {reset!r} is not one of auto, in_place, recreate")
+    """``--reset``: auto (None: the substrate's own), in_place, recreate or restore (the desktop)."""
+    if reset not in ("auto", "in_place", "recreate", "restore"):
+        raise UsageError(f"--reset: {reset!r} is not one of auto, in_place, recreate, restore")
     return None if reset == "auto" else reset
 
 
@@ -108,7 +108,7 @@ def rollout_config(step_timeout: str, episode_timeout: str, think_time: str = "0
         step_timeout_s=parse_duration(step_timeout, "--step-timeout"),
         episode_timeout_s=parse_duration(episode_timeout, "--episode-timeout"),
         think_time_s=0.0 if think_time.strip() in ("0", "0s") else parse_duration(think_time, "--think-time"),
-        reset=None if reset is None else ResetStrategy(reset),
+        reset=None if reset is None else "restore" if reset == "restore" else ResetStrategy(reset),
         verify_timeout_s=None if verify_timeout == "task" else parse_duration(verify_timeout, "--verify-timeout"))
 
 

@@ -21,6 +21,7 @@ Contracts:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -190,6 +191,22 @@ class Resumable(ABC):
 
     @abstractmethod
     def resume(self, task: Task) -> None: ...
+
+
+class RestoringReset(ABC):
+    """Capability of an environment that can reset by restoring a checkpoint of the task's verified
+    start (``--reset restore``) instead of building it again.
+
+    ``reset_by_restore(task, spare)`` has ``reset``'s contract (the start state in the attached,
+    already emptied sandbox; ``generation`` + 1) and the same gate 1 follows. ``spare`` makes a new
+    sandbox of the same substrate (where the checkpoint is made, once per task). When a restore
+    fails the environment starts the task cold instead; ``reset_note`` says which it did
+    (``{"reset": "restore" | "cold", ...}``, recorded in the attempt's ``extra``)."""
+
+    reset_note: dict[str, object]
+
+    @abstractmethod
+    def reset_by_restore(self, task: Task, spare: Callable[[], Sandbox]) -> None: ...
 
 
 class BreakableObservation(ABC):

@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -38,7 +39,7 @@ from drumsbench.core.errors import (
 )
 from drumsbench.core.outcome import InvalidCause, Outcome, Verdict
 from drumsbench.core.records import AttemptRecord
-from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, Task
+from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, RestoringReset, Task
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout import gates
 from drumsbench.rollout.faults import Injector, injector_for
@@ -58,7 +59,9 @@ class RolloutConfig(BaseModel, frozen=True):
     step_timeout_s: float = Field(30.0, gt=0)
     episode_timeout_s: float = Field(300.0, gt=0)
     think_time_s: float = Field(0.0, ge=0)
-    reset: ResetStrategy | None = None  # None: in_place when the substrate has it
+    # None: in_place when the substrate has it; "restore": the environment restores a checkpoint of
+    # the task's verified start (``RestoringReset``) in a sandbox reset in place
+    reset: ResetStrategy | Literal["restore"] | None = None
     max_steps: int = Field(400, gt=0)
     verify_timeout_s: float | None = Field(None, gt=0)  # None: the task's own
 
@@ -143,7 +146,7 @@ def run_attempt(
                                       f"{verdict.detail}; destroy failed: {e}")
     fields = dict(meta or {})
     given = fields.pop("extra", None)
-    extra = {**(given if isinstance(given, dict) else {}), **policy.notes()}
+    extra = {**(given if isinstance(given, dict) else {}), **policy.notes(), **ep.reset_note}
     return AttemptRecord(
         run_id=run_id,
         seq=seq,
@@ -180,6 +183,7 @@ class _Episode:
         self.slot, self.env, self.task, self.policy, self.cfg = slot, slot.env, task, policy, cfg
         self.canaries, self.rng, self.inject, self.prepared = canaries, rng, injector, prepared
         self.phases: dict[str, float] = {}
+        self.reset_note: dict[str, object] = {}  # a reset by restore: how it went (recorded in extra)
         self.steps: list[float] = []
         self.token: str | None = None
         self.deadline = 0.0
@@ -273,8 +277,11 @@ class _Episode:
     def _reset(self) -> None:
         slot = self.slot
         strategies = slot.substrate.capabilities.reset_strategies
-        strategy = self.cfg.reset or (
-            ResetStrategy.IN_PLACE if ResetStrategy.IN_PLACE in strategies else ResetStrategy.RECREATE)
+        restoring = self.cfg.reset == "restore"
+        if restoring and not isinstance(self.env, RestoringReset):
+            raise UsageError(f"--reset restore: the {self.env.kind} environment cannot reset by restore")
+        auto = ResetStrategy.IN_PLACE if ResetStrategy.IN_PLACE in strategies else ResetStrategy.RECREATE
+        strategy = auto if self.cfg.reset is None or self.cfg.reset == "restore" else self.cfg.reset
         if slot.sandbox is None:
             self.phases["provision"] = slot.provision()
             t0 = time.monotonic()
@@ -285,7 +292,11 @@ class _Episode:
             else:
                 slot.destroy()
                 slot.provision()
-        self.env.reset(self.task)
+        if isinstance(self.env, RestoringReset) and restoring:
+            self.env.reset_by_restore(self.task, slot.substrate.create)
+            self.reset_note = {f"reset_{k}" if k != "reset" else k: v for k, v in self.env.reset_note.items()}
+        else:
+            self.env.reset(self.task)
         self.phases["reset"] = time.monotonic() - t0
 
     def _check_deadline(self) -> float:

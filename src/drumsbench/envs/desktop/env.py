@@ -43,18 +43,22 @@ and before LibreOffice opens it.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from drumsbench.core import criu
 from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
@@ -64,10 +68,11 @@ from drumsbench.envs.base import (
     BreakableObservation,
     Environment,
     Observation,
+    RestoringReset,
     Resumable,
     Task,
 )
-from drumsbench.envs.desktop import xcb
+from drumsbench.envs.desktop import restore, xcb
 from drumsbench.envs.desktop.instance import (
     HOSTNAME,
     SYSTEM_PYTHON,
@@ -78,7 +83,7 @@ from drumsbench.envs.desktop.instance import (
     screen_problem,
 )
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
-from drumsbench.substrates.base import HostFolders, HostLaunching
+from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OUTPUT_LIMIT = 16 * 1024
@@ -113,7 +118,7 @@ class ArtifactSink:
         return state.state_dir() / "artifacts"
 
 
-class DesktopEnv(Environment, BreakableObservation, Resumable):
+class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
     requires = (HostFolders, HostLaunching)  # the X server and LibreOffice start around the sandbox
     kind = "desktop"
 
@@ -131,6 +136,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable):
         self.last_start_s = 0.0
         self._ready_frame: Frame | None = None  # the still frame the reset ended on
         self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
+        self.reset_note: dict[str, object] = {}  # how the last reset_by_restore went
 
     # -- reset -----------------------------------------------------------------------------------
     def _write_start(self, task: Task) -> None:
@@ -172,6 +178,116 @@ class DesktopEnv(Environment, BreakableObservation, Resumable):
         self._wait_ready(inst, task, t0 + self.settings.start_timeout_s)
         self.last_start_s = time.monotonic() - t0
         self.start_phases["ready"] = self.last_start_s
+
+    # -- reset by restore (``--reset restore``) ----------------------------------------------------------
+    RESTORE_SCREEN_S = 5.0  # how long a restored screen may take to show the checkpoint's frame
+
+    def reset_by_restore(self, task: Task, spare: Callable[[], Sandbox]) -> None:
+        """The task's verified start, restored from its checkpoint (made once per run and task, in a
+        ``spare`` sandbox: a cold start that passed the start fingerprint, dumped, then ended). The
+        restored instance must show the checkpoint's screen and pass the start fingerprint; when
+        anything fails the task starts cold here instead, and ``reset_note`` says why."""
+        assert isinstance(task, DesktopTask)
+        key = restore.IMAGES.key(self.box, task.id, self.settings)
+        made: list[float] = []
+        try:
+            image = restore.IMAGES.get(key, lambda folder: self._make_start_image(task, spare, folder, made))
+            note: dict[str, object] = {"reset": "restore", **self._restore_start(task, image)}
+            if made:
+                note["checkpoint_made_s"] = made[0]
+        except SubstrateError as e:
+            restore.IMAGES.forget(key)  # remade by the next reset
+            self.stop()
+            t0 = time.monotonic()
+            self._start(task, write_document=True)
+            note = {"reset": "cold", "cold_s": time.monotonic() - t0, "fallback": str(e)[:300]}
+        self.reset_note = note
+        self.generation += 1
+        self.step_count = 0
+
+    def _make_start_image(self, task: DesktopTask, spare: Callable[[], Sandbox], folder: Path,
+                          made: list[float]) -> restore.StartImage:
+        """A cold, checkpointable start of ``task`` in a spare sandbox, checked against the start
+        fingerprint, dumped with its folder; the spare is then ended (its path kept as a folder)."""
+        t0 = time.monotonic()
+        box = spare()
+        origin = DesktopEnv(dataclasses.replace(self.settings, checkpointable=True))
+        try:
+            origin.attach(box)
+            origin._start(task, write_document=True)
+            got = origin.fingerprint()
+            frame = origin._ready_frame
+            if got != task.start_fingerprint or frame is None:
+                raise SubstrateError(f"desktop: the start to checkpoint is not the verified start "
+                                     f"({origin.fingerprint_details()})")
+            inst = origin.instance
+            assert inst.holder_pid is not None and isinstance(box, HostFolders)
+            root = str(box.host_root)
+            dump_s = criu.checkpoint(inst.holder_pid, folder / "images", {root: str(folder / "frozen")})
+            image = restore.StartImage(folder, root, restore.origin_uid(box), inst.display, origin.settings,
+                                       frame.rgb, frame.title, time.monotonic() - t0, dump_s)
+        finally:
+            origin.stop()
+            box.destroy()
+        restore.keep_path(image.origin_root)
+        made.append(time.monotonic() - t0)
+        return image
+
+    def _restore_start(self, task: DesktopTask, image: restore.StartImage) -> dict[str, float]:
+        """Restore ``image`` into this sandbox and check it: the checkpoint's screen (within the
+        cursor's tolerance) and the start fingerprint. Returns where the time went (seconds)."""
+        self.stop()
+        self._ready_frame = None
+        self.task, self.history, self.frames = task, [], []
+        box = self.box
+        if not isinstance(box, HostFolders) or not isinstance(box, HostLaunching):
+            raise SubstrateError(f"desktop: reset by restore needs host folders; {box.substrate} has none")
+        root = Path(box.host_root)
+        t0 = time.monotonic()
+        restore.copy_frozen(image.frozen, root, image.origin_uid, box.uid)
+        t1 = time.monotonic()
+        pid = restore.restore_tree(image.images, image.origin_root, root, box.id)
+        t2 = time.monotonic()
+        inst = DesktopInstance.adopt_restored(box, image.settings, pid, image.display, image.origin_root)
+        self.inst = inst
+        self._watch_folder(inst, root)
+        deadline = t2 + self.RESTORE_SCREEN_S
+        tol = self.settings.settle_tolerance_px
+        while True:
+            try:
+                frame = inst.grab(timeout=max(0.1, deadline - time.monotonic()))
+                if frame.title == image.title and frames_differ(frame.rgb, image.frame) <= tol:
+                    break
+                why = f"title {frame.title!r}, {frames_differ(frame.rgb, image.frame)} pixels differ"
+            except xcb.XError as e:
+                why = f"no screen: {e}"
+            if time.monotonic() > deadline:
+                raise SubstrateError(f"desktop: the restored screen is not the checkpoint's ({why})")
+            time.sleep(0.02)
+        t3 = time.monotonic()
+        got = self.fingerprint()
+        if got != task.start_fingerprint:
+            raise SubstrateError(f"desktop: the restored start fails the start fingerprint "
+                                 f"({self.fingerprint_details()})")
+        self._ready_frame = frame
+        t4 = time.monotonic()
+        self.last_start_s = t4 - t0
+        self.start_phases = {"copy": t1 - t0, "restore": t2 - t0, "screen": t3 - t0, "ready": t4 - t0}
+        return {"copy_s": t1 - t0, "criu_restore_s": t2 - t1, "first_screen_s": t3 - t2, "fingerprint_s": t4 - t3,
+                "restore_total_s": t4 - t0}
+
+    @staticmethod
+    def _watch_folder(inst: DesktopInstance, root: Path) -> None:
+        """A restored instance carries the origin sandbox's labels, so its own sandbox's destroy
+        does not find it: it ends when the sandbox's folder goes (or with ``stop``, or the run)."""
+        def watch() -> None:
+            while inst.holder_pid is not None and inst.alive():
+                if not root.is_dir():
+                    inst.stop()
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=watch, name=f"watch-restored-{inst.holder_pid}", daemon=True).start()
 
     def _host_path(self, path: str) -> Path:
         if not isinstance(self.box, HostFolders):
