@@ -49,4 +49,5 @@ StepTimeout = Annotated[str, typer.Option("--step-timeout", help="Per-step timeo
 EpisodeTimeout = Annotated[str, typer.Option("--episode-timeout", help="Per-episode timeout.")]
 VerifyTimeout = Annotated[str, typer.Option("--verify-timeout",
                                             help="Verifier time limit (default: each task's own).")]
-Reset = Annotated[str, typer.Option("--reset", help="auto, in_place or recreate.")]
+Reset = Annotated[str, typer.Option("--reset", help="auto, in_place, recreate or restore (desktop: a checkpoint "
+                                                    "of the verified start).")]
