@@ -124,6 +124,28 @@ def test_a_reader_holding_the_ledger_does_not_stop_the_run(tmp_path, env):
     assert first.attempts_after is not None and first.attempts_after > first.before.n, first
 
 
+def test_the_report_of_a_chaos_run_shows_its_checks_and_events(tmp_path, env):
+    """`drumsbench report` on a chaos run's ledger: the run's report, then the chaos verdict; the HTML page
+    has a chaos section whose keyed verdicts are the stored checks, and one row per event."""
+    import re
+
+    out = tmp_path / "chaos"
+    run_id, events, summary = chaos(out, env, "--events", "ledger_reader,sandbox_kill", "--hold", "1s",
+                                    "--duration", "8s", "--every", "2s")
+    page = tmp_path / "page.html"
+    proc = cli("report", run_id, "--out", str(out), "--html", str(page), env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"chaos {run_id}: {summary.events} events" in proc.stdout and "chaos: passed" in proc.stdout, proc.stdout
+    html = page.read_text()
+    assert 'id="chaos"' in html
+    keyed = dict(re.findall(rf'data-key="{re.escape(run_id)}/chaos/(\w+)"><b class="(\w+)"', html))
+    assert keyed == {name: "ok" if c.passed else "bad" for name, c in summary.checks.items()}, keyed
+    section = html[html.index('id="chaos"'):html.index("</section>", html.index('id="chaos"'))]
+    assert section.count("<tr>") == 2 + len(summary.checks) + len(events), section[:2000]  # 2 header rows
+    for e in events:
+        assert e.kind in section and str(e.before.n) in section
+
+
 def test_a_full_out_folder_stops_the_run_cleanly_and_resume_loses_nothing(tmp_path, env):
     if os.geteuid() != 0:
         pytest.skip("mounting the tmpfs out folder needs root")

@@ -54,11 +54,8 @@ def chaos(
             raise usage_error(e, FLAGS) from None
         with progress_lines(progress) as say:
             run_id, summary = Chaos(cfg, out, say).execute()
-    kinds = ", ".join(f"{k} {n}" for k, n in sorted(summary.by_kind.items()))
-    console.print(f"chaos {run_id}: {summary.events} events ({kinds or 'none'}), {summary.attempts} attempts, "
-                  f"{summary.harness_starts} harness start(s)")
-    for name, c in summary.checks.items():
-        console.print(f"  {'ok  ' if c.passed else 'FAIL'} {name}: {c.detail}", soft_wrap=True, highlight=False)
-    console.print(f"chaos: {'passed' if summary.passed else 'FAILED'}")
+    from drumsbench.report.chaos import print_chaos
+
+    print_chaos(run_id, summary, console)
     if not summary.passed:
         raise typer.Exit(1)

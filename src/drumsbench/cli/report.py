@@ -63,6 +63,11 @@ def show_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None, 
         from drumsbench.serve.clients import print_clients
 
         print_clients(ledger, run_id, console)
+    chaos = artifacts.load(ledger, run_id, artifacts.ChaosSummaryArtifact).get("summary")
+    if chaos is not None:  # a run driven by `drumsbench chaos`: its checks under the run's report
+        from drumsbench.report.chaos import print_chaos
+
+        print_chaos(run_id, chaos, console)
     data = run_costs(ledger, run_id, report, price, report.dump(), publish=publish)
     write_json(data, out / run_id, "report.json", json_path)
     return report

@@ -13,6 +13,7 @@ from drumsbench.measure.cost import PriceFile
 from drumsbench.measure.summary import RunReport
 from drumsbench.report.html.branch import sec_branch
 from drumsbench.report.html.cells import Palette
+from drumsbench.report.html.chaos import sec_chaos
 from drumsbench.report.html.coldstart import sec_coldstart, sec_latency
 from drumsbench.report.html.costs import sec_cost
 from drumsbench.report.html.data import load_run_data
@@ -26,7 +27,8 @@ from drumsbench.report.html.training import sec_training
 # the artifact kinds behind each section (an unreadable one is reported in its section)
 SECTION_KINDS = {"cost": ("price", "prices"), "coldstart": ("coldstart",), "isolation": ("isolation",),
                  "sweep": ("window", "sweep", "segment"), "branch": ("branch", "branch-summary"),
-                 "projection": ("projection",), "screenshots": ("screenshot",), "training": ("train-summary",)}
+                 "projection": ("projection",), "screenshots": ("screenshot",), "training": ("train-summary",),
+                 "chaos": ("chaos-event", "chaos")}
 
 CSS = """
 :root{--fg:#1d232b;--mut:#5b6673;--line:#d8dde3;--bg:#fff;--soft:#f4f6f8;--ok:#1a7f37;--bad:#b42318}
@@ -97,6 +99,7 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
         ("isolation", "Isolation: escape attempts", lambda: sec_isolation(runs, pal)),
         ("sweep", "Sweep: windows, N_max and soak", lambda: sec_sweep(runs, pal)),
         ("branch", "Branch from a prepared state", lambda: sec_branch(runs, pal)),
+        ("chaos", "Chaos: events from outside the harness", lambda: sec_chaos(runs, pal)),
         ("projection", "Worker-hour projection", lambda: sec_projection(runs, pal)),
         ("training", "Training: does the handling of invalid attempts change what a policy learns?",
          lambda: sec_training(runs, pal)),
