@@ -51,3 +51,6 @@ VerifyTimeout = Annotated[str, typer.Option("--verify-timeout",
                                             help="Verifier time limit (default: each task's own).")]
 Reset = Annotated[str, typer.Option("--reset", help="auto, in_place, recreate or restore (desktop: a checkpoint "
                                                     "of the verified start).")]
+Pool = Annotated[str, typer.Option("--pool", metavar="auto|off|N", help=(
+    "Warm pool: idle sandboxes made ahead of demand, checked clean and handed out: auto (one per concurrent "
+    "attempt), off, or a number (see docs/pool.md)."))]

@@ -30,6 +30,10 @@ def project(
     calibrate_steps: Annotated[int, typer.Option(help="Exploring steps of a calibration trajectory.")] = 30,
     check: Annotated[int, typer.Option(help="Also run this many real trajectories of --steps steps and compare.")] = 0,
     tolerance: Annotated[float, typer.Option(help="The check passes when projected is within this of measured.")] = 0.2,
+    pool: Annotated[str, typer.Option(
+        "--pool", metavar="off|auto|N[,...]",
+        help="Warm pool of each calibrated substrate: off, auto (one per concurrent attempt) or N; a comma list "
+             "calibrates each substrate with each, side by side (e.g. off,auto). Default: off.")] = "off",
     seed: o.Seed = 0,
     out: o.Out = o.RUNS,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the JSON projection here.")] = None,
@@ -41,6 +45,7 @@ def project(
     from drumsbench.experiments.run import ledger_path, make_substrate, new_run_id, open_ledger
     from drumsbench.ledger import Ledger
     from drumsbench.report.sweep import projection_group
+    from drumsbench.rollout.pool import parse_pool
 
     calibrate = bool(substrate or substrates)
     if from_runs and (calibrate or check):
@@ -57,7 +62,10 @@ def project(
         name = f"projection-{'-'.join(runs)[:60]}.json"
     else:
         try:
-            targets = [Target.parse(s) for s in substrate_names(substrate, substrates)]
+            pools = [parse_pool(p) for p in pool.split(",") if p.strip()] or [0]
+            if len(set(pools)) != len(pools):
+                raise UsageError(f"--pool {pool}: each setting at most once")
+            targets = [Target.parse(s, p) for s in substrate_names(substrate, substrates) for p in pools]
             cfg = ProjectConfig(trajectories=trajectories, steps=steps, targets=targets, tasks=tasks,
                                 calibrate_attempts=calibrate_attempts, calibrate_steps=calibrate_steps, check=check,
                                 tolerance=tolerance, seed=seed)

@@ -35,6 +35,7 @@ def run(
     episode_timeout: o.EpisodeTimeout = "300s",
     verify_timeout: o.VerifyTimeout = "task",
     reset: o.Reset = "auto",
+    pool: o.Pool = "auto",
     seed: o.Seed = 0,
     usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
     price: o.Price = None,
@@ -49,6 +50,7 @@ def run(
     from drumsbench.core.machine import commit, machine_info
     from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
     from drumsbench.measure.cost import HostPrice
+    from drumsbench.rollout.pool import parse_pool
 
     ledger = open_ledger(out)
     if resume:
@@ -67,6 +69,9 @@ def run(
             extra: dict[str, Any] = {}
             if concurrency is not None:
                 extra["concurrency"] = concurrency
+            extra["pool"] = parse_pool(pool)
+            if executor == "ray" and pool == "auto":
+                extra["pool"] = 0  # each Ray node makes its own sandboxes
             if price:
                 extra["price"] = run_price(price)
             if executor not in ("local", "ray"):
@@ -104,8 +109,9 @@ def run(
         ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
         remember_prices(ledger, run_id, price)
 
+    pool_note = f"warm pool {cfg.pool_size()}" if cfg.pool_size() else "no warm pool"
     err.print(f"run {run_id}: {cfg.substrate}, {cfg.tasks}, policy {cfg.policy}, concurrency {cfg.concurrency}, "
-              f"ledger {ledger.path}")
+              f"{pool_note}, ledger {ledger.path}")
     display = live(progress)
 
     def show(p: Any) -> None:

@@ -47,20 +47,25 @@ def sweep(
     step_timeout: o.StepTimeout = "30s",
     episode_timeout: o.EpisodeTimeout = "300s",
     reset: o.Reset = "auto",
+    pool: o.Pool = "auto",
     seed: o.Seed = 0,
     price: o.Price = None,
     out: o.Out = o.RUNS,
     json_path: o.Json = None,
     progress: o.Progress = True,
+    executor: Annotated[str, typer.Option(help="local (in process) or ray (--concurrency per node).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
 ) -> None:
     """Confirmed windows at rising concurrency: N_max, a soak at N_max, bursts, USD per valid rollout."""
     from drumsbench.core.machine import commit, machine_info
     from drumsbench.envs import suites
+    from drumsbench.executors.ray import executor_options
     from drumsbench.experiments.run import RunConfig, make_substrate, new_run_id, open_ledger
     from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
     from drumsbench.policies.scripted import make_policy
     from drumsbench.report.sweep import print_sweep
     from drumsbench.rollout.faults import FaultPlan
+    from drumsbench.rollout.pool import parse_pool
 
     reset_to = parse_reset(reset)
     levels = parse_int_list(concurrency, "--concurrency")
@@ -72,9 +77,10 @@ def sweep(
     try:
         rollout = rollout_config(step_timeout, episode_timeout, think_time, reset_to)
         extra: dict[str, Any] = {"price": prices[0].hosts()[0]} if prices else {}
+        extra.update(executor_options(executor, ray_address))
         base = RunConfig(substrate=substrate, tasks=tasks, policy=policy, noisy_p=noisy_p,
                          explorer_steps=explorer_steps, concurrency=1, duration_s=window_s, inject=inject,
-                         seed=seed, rollout=rollout, **extra)
+                         seed=seed, rollout=rollout, pool=parse_pool(pool), **extra)
         cfg = SweepConfig(base=base, concurrency=levels, window_s=window_s, soak_s=soak_s, burst_s=burst_s,
                           burst_concurrency=burst_concurrency, invalid_threshold=invalid_threshold,
                           stability=stability, min_gain=min_gain, inject_at=at, prices=prices)
@@ -89,7 +95,8 @@ def sweep(
     ledger.create_run(run_id, "sweep", cfg.model_dump(mode="json"), machine_info(), commit())
     planned = len(levels) * window_s + (soak_s or 0) + (burst_s or 0)
     err.print(f"sweep {run_id}: {substrate}, {tasks}, policy {policy}, N in {levels}, windows of {window_s:g} s"
-              f"{f', soak {soak_s:g} s' if soak_s else ''}{f', burst {burst_s:g} s' if burst_s else ''} "
+              f"{f', soak {soak_s:g} s' if soak_s else ''}{f', burst {burst_s:g} s' if burst_s else ''}, "
+              f"warm pool {'off' if base.pool == 0 else base.pool} "
               f"(at most {planned:g} s); ledger {ledger.path}")
 
     with progress_lines(progress) as say:

@@ -8,6 +8,7 @@ create-to-first-command / floor compares like with like.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -19,7 +20,10 @@ from pydantic import BaseModel, Field
 
 from drumsbench.core.errors import UsageError
 from drumsbench.measure.artifacts import ColdstartArtifact, Latency, latency
+from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, pool_cost
+from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import wilson
+from drumsbench.rollout.pool import PoolSetting, WarmPool, pool_size
 from drumsbench.substrates.base import ResetStrategy, Substrate
 
 
@@ -36,6 +40,10 @@ class ColdstartConfig(BaseModel):
     stagger_s: float = Field(0.05, gt=0)
     idle: int = Field(8, ge=1, le=200)
     reset_n: int = Field(10, ge=1)
+    pool: PoolSetting = "auto"  # warm pool measured beside create: auto = number of cores; 0 = not measured
+
+    def pool_size(self) -> int:
+        return pool_size(self.pool, os.cpu_count() or 1)
 
 
 SubstrateColdstart = ColdstartArtifact  # the typed artifact is the result (measure/artifacts.py)
@@ -72,12 +80,12 @@ def _run_mode(mode: Mode, n: int, stagger_s: float, one: Callable[[], Any]) -> l
     return results
 
 
-def _mem_available_kib() -> int:
+def _mem_available_kib(field: str = "MemAvailable") -> int:
     with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+    raise RuntimeError(f"no {field} in /proc/meminfo")
 
 
 def _labelled_pss_kib(run_id: str) -> int | None:
@@ -183,6 +191,67 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
         floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, idle_memory_mib=idle_mib,
         idle_pss_mib=idle_pss, reset=resets,
         reset_ratio_recreate_over_in_place=reset_ratio, errors=errors)
+
+
+FILL_WAIT_S = 120.0  # a pool that does not fill in this long is measured as it is (misses counted)
+
+
+def measure_pool(sub: Substrate, cfg: ColdstartConfig, say: Callable[[str], None] = lambda _m: None,
+                 price: HostPrice = DEFAULT_PRICE) -> PoolColdstartArtifact:
+    """Acquire from a warm pool of ``cfg.pool_size()`` (``rollout.pool``), ``cfg.n`` times in ``cfg.mode``.
+
+    Sequential: each acquisition waits until the pool is full again first (the pool sized to the
+    demand, as in a run whose pool follows its concurrency), so it measures the warm hand-out; the
+    other modes fill once and then take ``n`` as they come (hits and misses counted). Also: the
+    first fill's time and memory (MemAvailable drop and labelled PSS, per sandbox), and the
+    reserve's cost line (``measure.cost.pool_cost``) at ``price`` with one slot per core."""
+    size = cfg.pool_size()
+    errors: list[str] = []
+    say(f"{sub.name}: warm pool of {size}: fill, then {cfg.n} x acquire + first command ({cfg.mode})")
+    pss0 = _labelled_pss_kib(sub.run_id) or 0
+    before = _mem_available_kib()
+    t0 = time.monotonic()
+    pool = WarmPool(sub, size)
+    try:
+        full = pool.wait_full(FILL_WAIT_S)
+        fill_s = time.monotonic() - t0 if full else None
+        time.sleep(0.5)
+        idle_mib = (before - _mem_available_kib()) / 1024 / size if full else None
+        pss = _labelled_pss_kib(sub.run_id)
+        idle_pss = None if pss is None or not full else (pss - pss0) / 1024 / size
+        pool.u.idle_mib_each = idle_mib
+        pool.u.host_mem_mib = _mem_available_kib("MemTotal") / 1024
+        if not full:
+            errors.append(f"the pool did not fill within {FILL_WAIT_S:g} s ({pool.idle()} of {size})")
+
+        def cycle() -> tuple[float, float]:
+            if cfg.mode is Mode.SEQUENTIAL:
+                pool.wait_full(FILL_WAIT_S)
+            t0 = time.monotonic()
+            box = pool.acquire()
+            got = time.monotonic() - t0
+            try:
+                res = box.exec("true", timeout=60)
+                first = time.monotonic() - t0
+                if res.exit_code != 0:
+                    raise RuntimeError(f"`true` exited {res.exit_code}")
+            finally:
+                box.destroy()
+            return got, first
+
+        samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, cycle)
+    finally:
+        use = pool.close()
+    ok = [s for s in samples if isinstance(s, tuple)]
+    errors += sorted({f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, Exception)})
+    errors += pool.refusals[:5]
+    line, hourly = pool_cost(price, use, use.hits + use.misses, os.cpu_count() or 1)
+    return PoolColdstartArtifact(
+        substrate=sub.name, mode=cfg.mode.value, size=size, acquire=latency([s[0] for s in ok]),
+        acquire_first_command=latency([s[1] for s in ok]), hits=use.hits, misses=use.misses, refused=use.refused,
+        fill_s=fill_s, create_mean_s=use.create_s / use.created if use.created else None,
+        check_mean_s=use.check_s / use.checks if use.checks else None, idle_memory_mib_each=idle_mib,
+        idle_pss_mib_each=idle_pss, use=use, cost=line, usd_per_hour_held=hourly, errors=errors)
 
 
 def parse_substrates(text: str) -> list[str]:

@@ -28,22 +28,25 @@ from drumsbench.measure import artifacts, projection
 from drumsbench.measure.reports import ProjectionReport
 from drumsbench.measure.windows import window_info
 from drumsbench.rollout.attempt import RolloutConfig
+from drumsbench.rollout.pool import PoolSetting
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import ResetStrategy
 
 
 class Target(BaseModel, frozen=True):
-    """A substrate and its reset strategy: ``process``, ``process:recreate``, ``docker:in_place``."""
+    """A substrate and its reset strategy: ``process``, ``process:recreate``, ``docker:in_place``;
+    ``pool``: its warm pool (``rollout.pool``; 0: none), which the label shows as ``+pool``."""
 
     substrate: str
     reset: str  # in_place / recreate (resolved from the substrate's default when not given)
+    pool: PoolSetting = 0
 
     @property
     def label(self) -> str:
-        return f"{self.substrate}/{self.reset}"
+        return pool_label(f"{self.substrate}/{self.reset}", self.pool)
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str, pool: PoolSetting = 0) -> Target:
         name, _, reset = text.strip().partition(":")
         cls_ = registry.get(name)
         strategies = [r.value for r in cls_.capabilities.reset_strategies]
@@ -51,7 +54,12 @@ class Target(BaseModel, frozen=True):
             reset = "in_place" if "in_place" in strategies else "recreate"
         if reset not in strategies:
             raise UsageError(f"--substrate {text}: {name} resets by {', '.join(strategies)}, not {reset!r}")
-        return cls(substrate=name, reset=reset)
+        return cls(substrate=name, reset=reset, pool=pool)
+
+
+def pool_label(label: str, pool: PoolSetting | None) -> str:
+    """``label`` with ``+pool`` when a warm pool served it (``auto`` or a size above 0)."""
+    return f"{label}+pool" if pool not in (None, 0) else label
 
 
 class ProjectConfig(BaseModel):
@@ -86,7 +94,7 @@ def _window_cfg(cfg: ProjectConfig, target: Target, role: str, explorer_steps: i
                             reset=ResetStrategy(target.reset))
     return RunConfig(substrate=target.substrate, tasks=cfg.tasks, policy="explorer", explorer_steps=explorer_steps,
                      concurrency=1, duration_s=None, max_attempts=attempts, seed=cfg.seed, rollout=rollout,
-                     window=f"{role}:{target.label}")
+                     window=f"{role}:{target.label}", pool=target.pool)
 
 
 def plan(cfg: ProjectConfig) -> list[tuple[str, int, int]]:
@@ -139,7 +147,7 @@ def _groups(ledger: Ledger, run_ids: list[str]) -> dict[tuple[str, str], dict[st
                 caps = registry.get(substrate).capabilities.reset_strategies
                 reset = "in_place" if ResetStrategy.IN_PLACE in caps else "recreate"
             role = "check" if window.startswith("check:") else "calibrate"
-            g = out[(f"{substrate}/{reset}", role)]
+            g = out[(pool_label(f"{substrate}/{reset}", wcfg.get("pool")), role)]
             g.update(substrate=substrate, reset=reset)
             g.setdefault("concurrency", set()).add(conc)
             g["rows"].append(rest)

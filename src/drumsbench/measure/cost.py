@@ -350,6 +350,23 @@ def pool_reserve_usd(host: HostPrice, pool: PoolUse, usd_per_slot_s: float) -> t
     return mem_usd + work_usd, detail
 
 
+def pool_cost(host: HostPrice, pool: PoolUse, handed_out: int, slots: int) -> tuple[CostLine, float | None]:
+    """The reserve of one measured pool outside a run (``coldstart``): its cost over the measurement
+    (memory share while held, background work at ``host``'s price per slot-second with ``slots``
+    slots), per 1,000 sandboxes handed out; and the hourly cost of holding ``size`` idle sandboxes
+    (None: memory not measured)."""
+    per_slot_s = host.usd_per_host_hour / 3600 / max(1, slots)
+    usd, detail = pool_reserve_usd(host, pool, per_slot_s)
+    line = CostLine(name="idle reserve (warm pool)", usd=usd,
+                    per_1k_verified=1000 * usd / handed_out if handed_out else None, source="measured",
+                    detail=f"{detail}; per 1,000 sandboxes handed out ({handed_out} here); host {host.name} at USD "
+                           f"{host.usd_per_host_hour:.4g}/h over {slots} slot(s)")
+    hourly = None
+    if pool.idle_mib_each is not None and pool.host_mem_mib:
+        hourly = pool.size * max(0.0, pool.idle_mib_each) / pool.host_mem_mib * host.usd_per_host_hour
+    return line, hourly
+
+
 # -- full attribution -----------------------------------------------------------------------------
 
 class CostLine(BaseModel):

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from drumsbench.measure.artifacts import BranchSummaryArtifact, ColdstartArtifact, IsolationArtifact
+from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import Estimate
 
 
@@ -82,7 +83,8 @@ def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
     return Group(*parts)
 
 
-def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idle: int, run_id: str) -> Group:
+def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idle: int, run_id: str,
+                    pools: Sequence[PoolColdstartArtifact | None] = ()) -> Group:
     t = Table(title=f"cold start, {mode}, n={n} per substrate (ms, 95% intervals)")
     t.add_column("figure")
     for r in results:
@@ -106,10 +108,54 @@ def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idl
                                                for r in results]))
     rows.append(("recreate / in_place", [f"{r.reset_ratio_recreate_over_in_place:.2f}"
                                          if r.reset_ratio_recreate_over_in_place else "n/a" for r in results]))
+    by_sub = {p.substrate: p for p in pools if p is not None}
+    if by_sub:
+        rows += pool_rows([by_sub.get(r.substrate) for r in results], results)
     for label, cells in rows:
         t.add_row(label, *cells)
-    return Group(t, Text(f"run {run_id}; idle memory: the drop of MemAvailable with {idle} idle sandboxes (noisy on "
-                         "a busy host), and the PSS of the host processes labelled with the run"))
+    notes = [Text(f"run {run_id}; idle memory: the drop of MemAvailable with {idle} idle sandboxes (noisy on "
+                  "a busy host), and the PSS of the host processes labelled with the run")]
+    if by_sub:
+        notes.append(Text("warm pool (docs/pool.md): acquire = a checked sandbox handed out by the pool; sequential "
+                          "mode waits for the pool to refill before each acquire; pool cost = its idle sandboxes' "
+                          "share of host RAM while held + its background create/check/destroy time at the slot rate"))
+        for p in by_sub.values():
+            notes += [Text(f"{p.substrate}: {problem}") for problem in p.errors[:3]]
+    return Group(t, *notes)
+
+
+def pool_rows(pools: Sequence[PoolColdstartArtifact | None],
+              results: Sequence[ColdstartArtifact]) -> list[tuple[str, list[str]]]:
+    """The warm pool's rows of the cold-start table, one cell per substrate ('n/a' without a pool)."""
+
+    def cells(f: Callable[[PoolColdstartArtifact], str]) -> list[str]:
+        return [f(p) if p is not None else "n/a" for p in pools]
+
+    def mib(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1f}"
+
+    def speedup(p: PoolColdstartArtifact, r: ColdstartArtifact) -> str:
+        a, c = p.acquire_first_command.p50.value, r.first_command.p50.value
+        return f"{c / a:.1f}x" if a and c else "n/a"
+
+    return [
+        ("warm pool: size", cells(lambda p: str(p.size))),
+        ("acquire from pool p50", cells(lambda p: ms(p.acquire.p50))),
+        ("  p95", cells(lambda p: ms(p.acquire.p95))),
+        ("acquire -> first command p50", cells(lambda p: ms(p.acquire_first_command.p50))),
+        ("create -> first command / acquire -> first command",
+         [speedup(p, r) if p is not None else "n/a" for p, r in zip(pools, results, strict=True)]),
+        ("pool hits / misses / refused", cells(lambda p: f"{p.hits} / {p.misses} / {p.refused}")),
+        ("pool: first fill, s", cells(lambda p: "n/a" if p.fill_s is None else f"{p.fill_s:.2f}")),
+        ("pool: background create / check mean",
+         cells(lambda p: f"{(p.create_mean_s or 0) * 1000:.1f} / {(p.check_mean_s or 0) * 1000:.1f} ms")),
+        ("pool idle sandbox, MiB (MemAvailable drop)", cells(lambda p: mib(p.idle_memory_mib_each))),
+        ("pool idle sandbox, MiB (PSS)", cells(lambda p: mib(p.idle_pss_mib_each))),
+        ("pool cost: holding it, USD/h", cells(lambda p: "n/a" if p.usd_per_hour_held is None
+                                                else f"{p.usd_per_hour_held:.2g}")),
+        ("pool cost: USD per 1,000 hand-outs", cells(lambda p: "n/a" if p.cost.per_1k_verified is None
+                                                      else f"{p.cost.per_1k_verified:.3g}")),
+    ]
 
 
 def isolation_group(results: Sequence[IsolationArtifact]) -> Group:
