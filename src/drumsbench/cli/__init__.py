@@ -16,6 +16,7 @@ import typer
 from drumsbench.cli import (
     branch,
     chaos,
+    cluster,
     coldstart,
     gc,
     isolation,
@@ -39,6 +40,10 @@ for command in (run.run, report.report, gc.gc, substrates.doctor, substrates.con
                 chaos.chaos):
     app.command()(command)
 app.add_typer(tasks_app, name="tasks")
+cluster_app = typer.Typer(no_args_is_help=True, help="A multi-node Ray cluster on this machine (loopback only).")
+app.add_typer(cluster_app, name="cluster")
+cluster_app.command("up")(cluster.cluster_up)
+cluster_app.command("down")(cluster.cluster_down)
 for name, command in (("list", tasks.tasks_list), ("fingerprint", tasks.tasks_fingerprint),
                       ("check", tasks.tasks_check)):
     tasks_app.command(name)(command)

@@ -19,12 +19,24 @@ be resumed.
 SIGINT/SIGTERM in the driver: as in process, work stops, the nodes destroy their sandboxes and
 in-flight attempts are dropped (not recorded).
 
+Canaries: one registry for the whole cluster (a ``CanaryHub`` actor on the driver's node; each
+node's ``ClusterCanaries`` issues, retires and asks it), so a canary of a sandbox on node A found
+inside one on node B is contamination. With two nodes or more, a cross-node positive control runs
+at the start: a canary of a sandbox on node A is planted in a sandbox on node B, and B's check must
+find it (a per-node registry would not: the control says so too).
+
+A ``Session`` (``with session(...)``, used by the sweep) lets a caller that runs several windows on
+one connection restrict a window to the first ``node_limit`` nodes (the node-alone baseline) and
+learn when each window's nodes were ready (``ready_at``); in a session the job's deadline is moved
+by the nodes' set-up time, so a window has its full length of work after set-up.
+
 Ray is imported only here; ``drumsbench.executors.ray_env`` keeps Ray on loopback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import signal
@@ -32,7 +44,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +58,7 @@ from drumsbench.executors import ray_env
 from drumsbench.executors.base import Job, Work
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
-from drumsbench.rollout.isolation import CanaryRegistry, positive_control
+from drumsbench.rollout.isolation import CanaryRegistry, contamination, plant, positive_control
 from drumsbench.substrates.base import Sandbox, Substrate
 
 log = logging.getLogger("drumsbench.ray")
@@ -70,6 +83,21 @@ def check_address(address: str | None) -> None:
     if "RAY_AUTH_TOKEN_PATH" not in os.environ:
         raise UsageError("--ray-address: set RAY_AUTH_TOKEN_PATH to the token file the cluster was started with "
                          "(every process that joins it must share it; see docs/ray.md)")
+
+
+def executor_options(executor: str, address: str | None) -> dict[str, object]:
+    """``RunConfig`` fields for ``--executor``/``--ray-address`` (empty for local); ``UsageError`` for bad input."""
+    if executor not in ("local", "ray"):
+        raise UsageError(f"--executor: {executor!r} is not one of local, ray")
+    if address is not None and executor != "ray":
+        raise UsageError("--ray-address: only with --executor ray")
+    if executor == "local":
+        return {}
+    problem = missing()
+    if problem:
+        raise UsageError(f"--executor ray: {problem}")
+    check_address(address)
+    return {"executor": executor, "ray_address": address}
 
 
 def connect(address: str | None = None, object_store_bytes: int = ray_env.OBJECT_STORE_BYTES
@@ -111,6 +139,81 @@ def connect(address: str | None = None, object_store_bytes: int = ray_env.OBJECT
     return ray, disconnect
 
 
+@dataclass
+class Session:
+    """Settings and findings shared by the windows one caller runs on one Ray connection."""
+
+    node_limit: int | None = None  # run on the first (by node id) this many nodes only
+    ready_at: list[float] = field(default_factory=list)  # per execute: when the nodes were ready (time.time)
+    nodes_used: list[list[str]] = field(default_factory=list)  # per execute: the node ids that ran it
+
+
+_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar("drumsbench_ray_session", default=None)
+
+
+@contextlib.contextmanager
+def session(s: Session) -> Iterator[Session]:
+    """Run ``RayExecutor.execute`` calls in this thread under ``s`` (see the module's docstring)."""
+    token = _SESSION.set(s)
+    try:
+        yield s
+    finally:
+        _SESSION.reset(token)
+
+
+def cluster_nodes(ray: Any) -> list[tuple[str, str, bool]]:
+    """(node id, hostname, alive) of every node the cluster knows, by node id."""
+    return sorted((n["NodeID"], str(n.get("NodeManagerHostname", "?")), bool(n.get("Alive")))
+                  for n in ray.nodes())
+
+
+class CanaryHub:
+    """The cluster's one canary registry (the body of an actor on the driver's node): live tokens
+    and the most recently retired, from every node."""
+
+    def __init__(self, keep_retired: int = 256) -> None:
+        self._live: dict[str, str] = {}
+        self._retired: deque[str] = deque(maxlen=keep_retired)
+
+    def add(self, token: str, owner: str) -> None:
+        self._live[token] = owner
+
+    def retire(self, token: str) -> None:
+        if self._live.pop(token, None) is not None:
+            self._retired.append(token)
+
+    def others(self, token: str) -> list[str]:
+        return [t for t in (*self._live, *self._retired) if t != token]
+
+    def live_other(self, token: str) -> str | None:
+        return next((t for t in self._live if t != token), None)
+
+
+class ClusterCanaries(CanaryRegistry):
+    """A node's view of the cluster's registry: every token issued here is also put in the hub
+    (before it is planted), and ``others`` are the whole cluster's. ``get`` is ``ray.get``."""
+
+    def __init__(self, hub: Any, get: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.hub, self.get = hub, get
+
+    def issue(self, owner: str) -> str:
+        token = super().issue(owner)
+        self.get(self.hub.add.remote(token, owner))  # known cluster-wide before it is planted
+        return token
+
+    def retire(self, token: str) -> None:
+        super().retire(token)
+        self.hub.retire.remote(token)  # no wait: retired tokens stay in the hub's "others" anyway
+
+    def others(self, token: str) -> list[str]:
+        return list(self.get(self.hub.others.remote(token)))
+
+    def any_other(self, token: str) -> str:
+        found = self.get(self.hub.live_other.remote(token))
+        return str(found) if found is not None else self.issue("decoy-neighbour")
+
+
 @dataclass(frozen=True)
 class RemoteJob:
     """The picklable part of a ``Job`` that every node needs (sent once, at actor creation)."""
@@ -145,13 +248,19 @@ class RemoteJob:
 class NodeRunner:
     """Runs attempts on one node (the body of the Ray actor; plain class, testable without Ray)."""
 
-    def __init__(self, spec: RemoteJob, node_index: int, slots: int, node_id: str) -> None:
+    def __init__(self, spec: RemoteJob, node_index: int, slots: int, node_id: str, hub: Any = None) -> None:
         self.spec = spec
         self.node_index = node_index
         self.slots_n = slots
         self.node_id = node_id
         self.host = socket.gethostname()
-        self.canaries = CanaryRegistry()
+        if hub is not None:
+            import ray
+
+            self.canaries: CanaryRegistry = ClusterCanaries(hub, ray.get)
+        else:
+            self.canaries = CanaryRegistry()
+        self._xbox: tuple[Sandbox, str] | None = None  # the cross-node control's sandbox A
         self.substrate: Substrate | None = None
         self.slots: dict[int, tuple[Slot, Policy]] = {}
         self._live: dict[int, Sandbox] = {}
@@ -204,6 +313,49 @@ class NodeRunner:
     def ping(self) -> str:
         return self.node_id
 
+    # -- the cross-node positive control: A plants, B must find A's canary, A must stay clean -----
+    def xcontrol_source(self) -> str:
+        """Sandbox A on this node, with a canary from the cluster's registry; returns the token
+        (it travels to node B in memory, through the driver, never through a file or a command line)."""
+        assert self.substrate is not None
+        box = self.substrate.create()
+        token = self.canaries.issue(box.id)
+        plant(box, token)
+        self._xbox = (box, token)
+        return token
+
+    def xcontrol_sink(self, leaked: str) -> tuple[bool, bool]:
+        """Sandbox B on this node holds A's canary (the leak): (the cluster's registry found it, a
+        registry of this node alone would have)."""
+        assert self.substrate is not None
+        box = self.substrate.create()
+        try:
+            token = self.canaries.issue(box.id)
+            plant(box, token)
+            box.write_file(f"{box.paths.tmp}/leaked-from-another-node", leaked.encode())
+            folders = [box.paths.work, box.paths.home, box.paths.tmp]
+            found = contamination(box, folders, token, self.canaries)
+            alone = CanaryRegistry()  # what a per-node registry knows: this node's own tokens only
+            alone.issue(box.id)
+            local = contamination(box, folders, token, alone)
+            self.canaries.retire(token)
+            return found is not None and leaked in found, local is not None and leaked in local
+        finally:
+            box.destroy()
+
+    def xcontrol_finish(self) -> bool:
+        """Sandbox A reported clean (its own canary is not foreign to it); destroys it."""
+        if self._xbox is None:
+            return False
+        box, token = self._xbox
+        self._xbox = None
+        try:
+            folders = [box.paths.work, box.paths.home, box.paths.tmp]
+            return contamination(box, folders, token, self.canaries) is None
+        finally:
+            self.canaries.retire(token)
+            box.destroy()
+
     def stop(self) -> None:
         """Kill what is running (the driver was interrupted): destroy the live sandboxes."""
         self._stopped.set()
@@ -215,6 +367,10 @@ class NodeRunner:
 
     def close(self) -> None:
         """Destroy every sandbox of this node."""
+        if self._xbox is not None:
+            with contextlib.suppress(Exception):
+                self._xbox[0].destroy()
+            self._xbox = None
         for slot, _ in self.slots.values():
             with contextlib.suppress(Exception):
                 slot.destroy()
@@ -270,6 +426,7 @@ class RayExecutor:
     interrupted: bool = field(default=False, init=False)
     nodes: list[_Node] = field(default_factory=list, init=False)
     setup_s: float = field(default=0.0, init=False)
+    _hub: Any = field(default=None, init=False)
 
     # -- connection ----------------------------------------------------------------------------
     def _connect(self) -> tuple[Any, Callable[[], None]]:
@@ -296,12 +453,18 @@ class RayExecutor:
 
         actor_cls = ray.remote(NodeRunner)
         alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+        sess = _SESSION.get()
+        if sess is not None and sess.node_limit is not None:
+            alive = alive[: sess.node_limit]
+        here = ray.get_runtime_context().get_node_id()
+        self._hub = ray.remote(CanaryHub).options(
+            num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
         nodes = []
         for i, node_id in enumerate(alive):
             actor = actor_cls.options(
                 num_cpus=0, max_concurrency=self.concurrency + 2, max_restarts=0, max_task_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(spec, i, self.concurrency, node_id)
+            ).remote(spec, i, self.concurrency, node_id, self._hub)
             nodes.append(_Node(i, node_id, actor))
         infos = []
         setups = [node.actor.setup.remote() for node in nodes]  # all nodes at once
@@ -326,7 +489,25 @@ class RayExecutor:
         if not ready:
             first = next((i.get("error") or i.get("missing") for i in infos), "the cluster has no alive node")
             raise UsageError(f"--executor ray: no node can run attempts: {first}")
+        if len(ready) >= 2:
+            self._cross_node_control(ray, ready[0], ready[1])
         return ready
+
+    def _cross_node_control(self, ray: Any, a: _Node, b: _Node) -> None:
+        """A canary of a sandbox on node ``a`` planted in a sandbox on node ``b`` must be caught on ``b``."""
+        try:
+            token = ray.get(a.actor.xcontrol_source.remote(), timeout=120)
+            found, local = ray.get(b.actor.xcontrol_sink.remote(token), timeout=120)
+            clean = ray.get(a.actor.xcontrol_finish.remote(), timeout=120)
+            fired = bool(found and clean)
+            detail = (f"cross-node leak node {a.node_id[:8]} -> node {b.node_id[:8]} detected: {found}; clean A "
+                      f"reported clean: {clean}; a per-node registry would have caught it: {local}")
+        except Exception as e:  # the control could not run: it did not fire
+            fired, detail = False, f"cross-node control failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if self.on_control is not None:
+            self.on_control(fired, detail)
+        if not fired:
+            self._event(detail)
 
     def _run(self, ray: Any, job: Job, substrate: Substrate, sink: Callable[[AttemptRecord], None],
              tick: Callable[[], None] | None) -> None:
@@ -336,6 +517,12 @@ class RayExecutor:
         spec = RemoteJob.of(job, substrate)
         self.nodes = self._start_nodes(ray, spec)
         self.setup_s = time.monotonic() - t0
+        sess = _SESSION.get()
+        if sess is not None:
+            if job.deadline is not None:  # a window's length is work after the nodes' set-up
+                job.deadline += self.setup_s
+            sess.ready_at.append(time.time())
+            sess.nodes_used.append([n.node_id for n in self.nodes])
         policy_name = job.make_policy().name
         flights: dict[Any, _Flight] = {}
         stop_requested = threading.Event()
@@ -457,3 +644,7 @@ class RayExecutor:
         for n in self.nodes:
             with contextlib.suppress(Exception):
                 ray.kill(n.actor, no_restart=True)
+        if self._hub is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self._hub, no_restart=True)
+            self._hub = None

@@ -85,7 +85,7 @@ def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
     token_path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     tmpdir = os.environ.get("RAY_TMPDIR")
     if token_path is None or tmpdir is None:
-        own = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="dray-", dir="/tmp"))
+        own = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="dray-", dir=short_tmp()))
         own.mkdir(parents=True, exist_ok=True, mode=0o700)
     if tmpdir is None:
         assert own is not None
@@ -102,6 +102,15 @@ def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
         token_path = str(token_file)
         put("RAY_AUTH_TOKEN_PATH", token_path)
     return RayEnv(folder=own, token_path=token_path, tmpdir=tmpdir, _saved=saved)
+
+
+SOCKET_ROOM = 30  # Ray's unix sockets go 70 characters below RAY_TMPDIR's parent; sun_path holds 107
+
+
+def short_tmp() -> str:
+    """The temp folder (``TMPDIR``) when it is short enough for Ray's unix socket paths, else /tmp."""
+    base = tempfile.gettempdir()
+    return base if len(base) <= SOCKET_ROOM else "/tmp"
 
 
 def is_loopback_address(address: str | None) -> bool:

@@ -16,13 +16,23 @@ per hour of each, with its interval: ``measure.leaks``) is one of its confirmati
 The steady-state figure — valid rollouts per host-hour, bootstrap interval — pools the confirmed
 windows at N_max (its step window and the soak, when it held). The report is rebuilt from the
 ledger alone (``build``): verdicts, the climb and its stop are recomputed from the windows.
+
+On Ray (``base.executor == "ray"``) the sweep keeps one connection for all its windows; N is per
+node (a window runs nodes x N attempts at once). Around every window it records the cluster's
+nodes at its start and end and when the nodes were ready (a ``cluster`` artifact: host-hours count
+every host in the cluster, busy or idle; a node lost mid-window fails the window's ``nodes``
+check). With two nodes or more, each step window ``N<n>`` is followed by a **node-alone** window
+``node-N<n>`` on one node at the same N: N_max per node is the largest N whose node-alone window is
+confirmed, N_max for the cluster the largest N whose cluster window is, and the **coordination
+tax** at each N is ``1 - cluster rate / (nodes x node-alone rate)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -31,6 +41,7 @@ from drumsbench.experiments.leak_sampler import LeakSampler
 from drumsbench.experiments.run import RunConfig, execute
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
+from drumsbench.measure.cluster import NODE_ALONE, ClusterSweepReport, cluster_summary
 from drumsbench.measure.cost import (
     DEFAULT_PRICE,
     AttributionInputs,
@@ -42,10 +53,15 @@ from drumsbench.measure.cost import (
 )
 from drumsbench.measure.reports import NotRun, SteadyState, SweepReport
 from drumsbench.measure.windows import (
+    ClusterArtifact,
+    ClusterNode,
     Criteria,
     WindowVerdict,
+    cluster_info,
+    hosts_of,
     judge,
     leak_samples,
+    nodes_used,
     pooled_rate,
     usage,
     window_info,
@@ -98,20 +114,63 @@ class SweepConfig(BaseModel):
                                             "max_attempts": None, "inject": inject})
 
 
+@contextlib.contextmanager
+def _ray(cfg: SweepConfig) -> Iterator[tuple[Any, Any] | None]:
+    """On Ray: one connection for every window and a ``Session`` to learn what each window's nodes did."""
+    if cfg.base.executor != "ray":
+        yield None
+        return
+    from drumsbench.executors import ray as ray_exec
+
+    ray, disconnect = ray_exec.connect(cfg.base.ray_address)
+    try:
+        with ray_exec.session(ray_exec.Session()) as sess:
+            yield ray, sess
+    finally:
+        disconnect()
+
+
+def _cluster_artifact(before: list[tuple[str, str, bool]], after: list[tuple[str, str, bool]],
+                      used: int | None, ready: float | None) -> ClusterArtifact:
+    host = {i: h for i, h, _ in (*before, *after)}
+    start = {i for i, _, alive in before if alive}
+    end = {i for i, _, alive in after if alive}
+    nodes = [ClusterNode(node_id=i, host=host[i], at_start=i in start, at_end=i in end)
+             for i in sorted(start | end)]
+    return ClusterArtifact(nodes=nodes, used=used, work_started=ready)
+
+
 def run_sweep(ledger: Ledger, run_id: str, cfg: SweepConfig,
               on_window: Callable[[WindowVerdict], None] | None = None,
               on_start: Callable[[str, int, float], None] | None = None) -> str:
     """Run the sweep's windows; returns the run's final status (``complete`` or ``interrupted``)."""
+    with _ray(cfg) as ray_ctx:
+        return _run_sweep(ledger, run_id, cfg, ray_ctx, on_window, on_start)
+
+
+def _run_sweep(ledger: Ledger, run_id: str, cfg: SweepConfig, ray_ctx: tuple[Any, Any] | None,
+               on_window: Callable[[WindowVerdict], None] | None,
+               on_start: Callable[[str, int, float], None] | None) -> str:
     crit = cfg.criteria
 
-    def window(label: str, n: int, seconds: float) -> tuple[str, WindowVerdict]:
+    def window(label: str, n: int, seconds: float, node_limit: int | None = None) -> tuple[str, WindowVerdict]:
         if on_start:
             on_start(label, n, seconds)
+        before: list[tuple[str, str, bool]] = []
+        if ray_ctx is not None:
+            from drumsbench.executors.ray import cluster_nodes
+
+            ray, sess = ray_ctx
+            sess.node_limit = node_limit
+            before, ready_n = cluster_nodes(ray), len(sess.ready_at)
         sampler = LeakSampler(cfg.base.substrate, seconds).start()
         try:
             status, _ = execute(ledger, run_id, cfg.window_cfg(label, n, seconds), resume=False)
         finally:
             artifacts.put(ledger, run_id, label, sampler.stop())
+            if ray_ctx is not None:
+                ready = sess.ready_at[ready_n] if len(sess.ready_at) > ready_n else None
+                artifacts.put(ledger, run_id, label, _cluster_artifact(before, cluster_nodes(ray), node_limit, ready))
         verdict = judge(ledger, run_id, label, crit)
         if on_window:
             on_window(verdict)
@@ -122,6 +181,8 @@ def run_sweep(ledger: Ledger, run_id: str, cfg: SweepConfig,
     for n in cfg.concurrency:
         status, v = window(f"N{n}", n, cfg.window_s)
         steps.append(v)
+        if status != "interrupted" and ray_ctx is not None and len(v.nodes) >= 2:
+            status, _ = window(f"{NODE_ALONE}N{n}", n, cfg.window_s, node_limit=1)
         if status == "interrupted" or climb_stop(steps, cfg.min_gain) is not None:
             break
     n_max = max((v.concurrency for v in steps if v.confirmed), default=None)
@@ -164,8 +225,9 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
                                         "concurrency"))
     labels = list(dict.fromkeys(lab for _, _, lab in ledger.segments(run_id)))
     samples = leak_samples(ledger, run_id)
+    clusters = cluster_info(ledger, run_id)
     windows = [judge(ledger, run_id, lab, crit, rows=[r for r in rows_all if r[0] == lab], info=infos.get(lab, {}),
-                     samples=samples) for lab in labels]
+                     samples=samples, clusters=clusters) for lab in labels]
     steps = [v for v in windows if v.kind == "step"]
 
     stopped: str | None = None
@@ -225,7 +287,7 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
     if not priced:
         priced = [(cfg.base.price or DEFAULT_PRICE, AttributionInputs())]
     hosts = [h for h, _ in priced]
-    host_s = sum(max(0.0, e - s) for s, e, _ in ledger.segments(run_id))
+    host_s = sum(max(0.0, e - s) * hosts_of(clusters.get(lab)) for s, e, lab in ledger.segments(run_id))
     # no confirmed window: no steady-state throughput, so no USD per valid rollout at all (withheld)
     figures = host_figures(hosts, rate, host_s / 3600) if n_max is not None else []
     attribution = []
@@ -239,7 +301,14 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
     b = cfg.base
     conditions = (f"{b.substrate} substrate, tasks {b.tasks}, policy {b.policy}, on {machine.get('cores', '?')} cores "
                   f"({machine.get('cpu_model', '?')}), {machine.get('os', '?')}, commit {run['commit']}; 95% intervals")
-    return SweepReport(
+    extra: dict[str, Any] = {}
+    report_cls: type[SweepReport] = SweepReport
+    if cfg.base.executor == "ray":
+        report_cls = ClusterSweepReport
+        extra["cluster"] = cluster_summary(windows, steps, n_max)
+        nodes = max((nodes_used(c) for c in clusters.values()), default=1)
+        conditions = conditions.replace("; 95% intervals", f"; Ray, {nodes} node(s), N per node; 95% intervals")
+    return report_cls(
         run_id=run_id, kind=run["kind"], status=run["status"], machine=machine, commit=run["commit"],
         config=run["config"],
         criteria={"invalid_threshold": cfg.invalid_threshold, "stability": cfg.stability,
@@ -248,7 +317,7 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
         host_seconds=host_s, windows=windows, not_run=not_run, climb_stopped=stopped, n_max=n_max,
         n_max_reason=n_max_reason, soak=soak, soak_held=soak_held, steady_state=steady, bursts=bursts,
         prices=figures, attribution=attribution, conditions=conditions, leaks_passed=leaks_passed,
-        leaks_note=leaks_note,
+        leaks_note=leaks_note, **extra,
     )
 
 

@@ -47,6 +47,17 @@ class HostLine(BaseModel):
     valid_per_host_hour: Estimate
 
 
+class NodeRunLine(BaseModel):
+    """One Ray node of a run (by node id): its attempts and valid rollouts per hour of the run's wall time."""
+
+    host: str
+    attempts: int
+    valid: int
+    invalid: int
+    lost: int  # in flight when the node was lost (invalid/substrate_failure)
+    valid_per_node_hour: Estimate
+
+
 class Control(BaseModel):
     window: str
     kind: str
@@ -108,6 +119,7 @@ class RunReport(RunHeader):
     wall_seconds: float = 0.0
     host_count: int = 1
     hosts: dict[str, HostLine] = {}
+    nodes: dict[str, NodeRunLine] = {}  # Ray: per node id (empty in process)
     sabotage: list[SabotageLine] = []
 
     model_config = {"populate_by_name": True}
@@ -244,6 +256,7 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
         wall_seconds=wall_s,
         host_count=host_count,
         hosts=hosts,
+        nodes=_nodes(db, run_id, segs, wall_s),
         sabotage=_sabotage(db, run_id),
     )
 
@@ -283,6 +296,27 @@ def _hosts(db: Any, run_id: str, segs: list[tuple[float, float, str]], wall_s: f
                         valid_per_host_hour=rate_per_hour(_offsets(segs, np.array(ends.get(h, []), dtype=float)),
                                                           wall_s))
             for h, v in sorted(lines.items())}
+
+
+def _nodes(db: Any, run_id: str, segs: list[tuple[float, float, str]], wall_s: float) -> dict[str, NodeRunLine]:
+    """Per Ray node: counts and valid rollouts per hour of the run's wall time (a node is not a host)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for node, host, outcome, lost, t_end in db.execute(
+            "SELECT json_extract(extra, '$.node') AS n, host, outcome, "
+            "COALESCE(json_extract(extra, '$.lost_node'), 0), t_end FROM attempts WHERE run_id = ? AND n IS NOT NULL",
+            (run_id,)):
+        d = rows.setdefault(node, {"host": host, "attempts": 0, "invalid": 0, "lost": 0, "ends": []})
+        d["attempts"] += 1
+        d["lost"] += bool(lost)
+        if outcome == "invalid":
+            d["invalid"] += 1
+        else:
+            d["ends"].append(t_end)
+    return {node: NodeRunLine(host=d["host"], attempts=d["attempts"], valid=len(d["ends"]), invalid=d["invalid"],
+                              lost=d["lost"],
+                              valid_per_node_hour=rate_per_hour(_offsets(segs, np.array(d["ends"], dtype=float)),
+                                                                wall_s))
+            for node, d in sorted(rows.items())}
 
 
 def _offsets(segs: list[tuple[float, float, str]], t: np.ndarray) -> np.ndarray:

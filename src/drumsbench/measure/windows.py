@@ -13,6 +13,14 @@ pass:
 5. ``leaks`` — when the window's leak samples can be judged (``measure.leaks``: enough independent
    samples after the ramp-up), no quantity's slope per hour is clearly above its tolerance. A
    window too short to judge carries its leak verdict ("not judged") without this check.
+6. ``nodes`` — on a Ray cluster (the window has a ``cluster`` artifact): every node that was alive
+   when the window started was alive when it ended and lost none of its attempts (no attempt of it
+   recorded ``lost_node``).
+
+On a cluster the window's **host-hours** are every host (distinct hostname) with a node in the
+cluster at the window's start or end, busy or idle, times the measured length: an idle node's
+host costs. Two Ray nodes on one machine are one host. Each node's own line (attempts, valid
+rollouts per node-hour) is in ``nodes``.
 
 Throughput of a window = valid rollouts that finished inside ``[work start, work start + planned
 length]`` divided by that length (attempts finishing in the drain after the deadline count toward
@@ -31,15 +39,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.ledger import Ledger
 from drumsbench.measure import leaks
+from drumsbench.measure.artifacts import Artifact
 from drumsbench.measure.leaks import LeakVerdict
-from drumsbench.measure.stats import Estimate, rate_per_hour, wilson
+from drumsbench.measure.stats import Estimate, rate_per_hour, scale, wilson
 
 if TYPE_CHECKING:
     from drumsbench.measure.artifacts import LeakSamplesArtifact
@@ -158,6 +167,40 @@ class Check(BaseModel):
     detail: str
 
 
+class ClusterNode(BaseModel):
+    """One Ray node as the driver saw it around a window."""
+
+    node_id: str
+    host: str
+    at_start: bool  # alive when the window started
+    at_end: bool  # alive when it ended
+
+
+class ClusterArtifact(Artifact):
+    """What the Ray cluster was during one window (kind ``cluster``, name: the window's label),
+    written by the sweep: its nodes at the start and end, how many ran the window (``used``: all,
+    or 1 for a node-alone baseline window) and when the nodes were ready to work (``work_started``,
+    after their set-up; ``None``: the segment's own start is used)."""
+
+    KIND: ClassVar[str] = "cluster"
+    nodes: list[ClusterNode]
+    used: int | None = None  # None: every alive node
+    work_started: float | None = None
+
+
+class NodeLine(BaseModel):
+    """One node's share of a window."""
+
+    node_id: str
+    host: str
+    attempts: int
+    valid: int
+    invalid: int
+    lost_attempts: int  # in flight when the node was lost (recorded invalid/substrate_failure)
+    finished: bool  # alive at the end and lost none of its attempts
+    valid_per_node_hour: Estimate
+
+
 class WindowVerdict(BaseModel):
     label: str
     kind: WindowKind
@@ -183,6 +226,9 @@ class WindowVerdict(BaseModel):
     resources: dict[str, Any] = Field(default_factory=dict)
     counted: bool = False  # in the steady-state figure (set by the sweep report)
     leaks: LeakVerdict | None = None  # the leak check (measure/leaks.py); when judged, also the check "leaks"
+    # on a Ray cluster: hosts paid for (busy or idle), the nodes that ran it and each node's line
+    host_count: int = 1
+    nodes: list[NodeLine] = Field(default_factory=list)
 
     @property
     def reasons(self) -> list[str]:
@@ -228,18 +274,70 @@ def leak_samples(ledger: Ledger, run_id: str) -> dict[str, LeakSamplesArtifact]:
     return load(ledger, run_id, LeakSamplesArtifact)
 
 
+def cluster_info(ledger: Ledger, run_id: str) -> dict[str, ClusterArtifact]:
+    """The ``cluster`` artifacts of a run (the Ray cluster around each window), by label; empty in process."""
+    from drumsbench.measure.artifacts import load
+
+    return load(ledger, run_id, ClusterArtifact)
+
+
+def hosts_of(cluster: ClusterArtifact | None) -> int:
+    """Hosts paid for during a window: distinct hostnames with a node there at its start or end (1 in process)."""
+    if cluster is None:
+        return 1
+    return max(1, len({n.host for n in cluster.nodes if n.at_start or n.at_end}))
+
+
+def nodes_used(cluster: ClusterArtifact | None) -> int:
+    """Nodes that ran the window's attempts (1 in process)."""
+    if cluster is None:
+        return 1
+    alive = sum(n.at_start for n in cluster.nodes)
+    return max(1, min(alive, cluster.used) if cluster.used is not None else alive)
+
+
+def node_lines(ledger: Ledger, run_id: str, label: str, cluster: ClusterArtifact, started: float,
+               measured: float) -> list[NodeLine]:
+    """Each node's share of window ``label``: every node alive at its start (busy or idle), and any
+    other node that recorded attempts in it."""
+    per: dict[str, list[tuple[bool, str, float]]] = {}
+    for node, lost, outcome, t_end in ledger.db.execute(
+            "SELECT COALESCE(json_extract(extra, '$.node'), ''), COALESCE(json_extract(extra, '$.lost_node'), 0), "
+            "outcome, t_end FROM attempts WHERE run_id = ? AND window = ?", (run_id, label)):
+        per.setdefault(node, []).append((bool(lost), outcome, t_end))
+    known = {n.node_id: n for n in cluster.nodes}
+    order = [n.node_id for n in cluster.nodes if n.at_start] + sorted(set(per) - {n.node_id for n in cluster.nodes
+                                                                               if n.at_start})
+    lines = []
+    for node_id in order:
+        rows = per.get(node_id, [])
+        meta = known.get(node_id)
+        lost = sum(1 for lo, _, _ in rows if lo)
+        valid = [t - started for _, o, t in rows if o != "invalid"]
+        lines.append(NodeLine(
+            node_id=node_id, host=meta.host if meta else "?", attempts=len(rows), valid=len(valid),
+            invalid=len(rows) - len(valid), lost_attempts=lost,
+            finished=bool(meta and meta.at_start and meta.at_end) and lost == 0,
+            valid_per_node_hour=rate_per_hour([o for o in valid if 0 <= o <= measured], measured)))
+    return lines
+
+
 def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
           rows: Sequence[tuple[Any, ...]] | None = None, info: dict[str, Any] | None = None,
-          samples: dict[str, LeakSamplesArtifact] | None = None) -> WindowVerdict:
-    """The verdict of window ``label`` of ``run_id``, from the ledger alone (``samples``: the run's
-    leak samples, when the caller has them already)."""
+          samples: dict[str, LeakSamplesArtifact] | None = None,
+          clusters: dict[str, ClusterArtifact] | None = None) -> WindowVerdict:
+    """The verdict of window ``label`` of ``run_id``, from the ledger alone (``samples``, ``clusters``:
+    the run's leak samples and cluster artifacts, when the caller has them already)."""
     if info is None:
         info = window_info(ledger, run_id).get(label, {})
     if rows is None:
         rows = [r for r in ledger.attempts(run_id, WINDOW_COLUMNS) if r[0] == label]
+    cluster = (cluster_info(ledger, run_id) if clusters is None else clusters).get(label)
     seg = [(s, e) for s, e, lab in ledger.segments(run_id) if lab == label]
     ran_s = sum(e - s for s, e in seg)
     started = info.get("work_started", seg[0][0] if seg else 0.0)
+    if cluster is not None and cluster.work_started is not None:
+        started = cluster.work_started  # the nodes were ready then: their set-up is not work
     ended = info.get("ended", seg[-1][1] if seg else 0.0)
     planned = info.get("planned_s")
     interrupted = bool(info.get("interrupted", False))
@@ -266,14 +364,15 @@ def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
     n = len(rows)
     valid = success + failed
     invalid = n - valid
-    throughput = rate_per_hour(valid_offsets, measured)
+    hosts = hosts_of(cluster)
+    throughput = scale(rate_per_hour(valid_offsets, measured), 1 / hosts)  # per host-hour, idle hosts included
     half = measured / 2
     halves = [0.0, 0.0]
     counts = (0, 0)
     if measured > 0:
         first = sum(1 for o in valid_offsets if o < half)
         counts = (first, len(valid_offsets) - first)
-        halves = [counts[0] / half * 3600, counts[1] / half * 3600]
+        halves = [counts[0] / half * 3600 / hosts, counts[1] / half * 3600 / hosts]
     top = max(halves)
     differ = abs(halves[0] - halves[1]) / top if top > 0 else None
     controls = [c for c in ledger.controls(run_id) if c["window"] == label and c["kind"] == "isolation"]
@@ -312,6 +411,22 @@ def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
             f"differ {differ:.0%} ({'<=' if ok else '>'} tolerance {criteria.stability:.0%}; counting noise "
             f"alone ~{noise:.0%})")))
 
+    lines: list[NodeLine] = []
+    if cluster is not None:
+        lines = node_lines(ledger, run_id, label, cluster, started, measured)
+        gone = [ln for ln in lines if not ln.finished and any(n.node_id == ln.node_id and n.at_start
+                                                              for n in cluster.nodes)]
+        gone += [ln for ln in lines if ln.lost_attempts and ln not in gone]
+        if gone:
+            checks.append(Check(name="nodes", passed=False, detail="; ".join(
+                f"node {ln.node_id[:8]} on {ln.host} lost mid-window ({ln.lost_attempts} in-flight attempt(s) "
+                "recorded invalid)" for ln in gone)))
+        else:
+            started_n = sum(n.at_start for n in cluster.nodes)
+            used = "" if cluster.used is None else f", {nodes_used(cluster)} running attempts"
+            checks.append(Check(name="nodes", passed=True, detail=(
+                f"every node that started the window finished it ({started_n} node(s) on {hosts} host(s){used})")))
+
     leak = None
     window_samples = (leak_samples(ledger, run_id) if samples is None else samples).get(label)
     if window_samples is not None:
@@ -328,24 +443,30 @@ def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
         valid_per_host_hour=throughput, halves_per_host_hour=halves, halves_differ=differ,
         control_fired=control_fired, confirmed=all(c.passed for c in checks), checks=checks,
         resources={k: v for k, v in info.get("resources", {}).items() if k != "series"}, leaks=leak,
+        host_count=hosts, nodes=lines,
     )
 
 
 def pooled_rate(ledger: Ledger, run_id: str, labels: Sequence[str]) -> Estimate:
     """Valid rollouts per host-hour over several windows laid end to end (their measured spans)."""
     infos = window_info(ledger, run_id)
+    clusters = cluster_info(ledger, run_id)
     rows = ledger.attempts(run_id, ("window", "outcome", "t_end"))
     offsets: list[float] = []
     span = 0.0
     for label in labels:
         info = infos.get(label, {})
         started, planned = info.get("work_started"), info.get("planned_s")
+        cluster = clusters.get(label)
+        if cluster is not None and cluster.work_started is not None:
+            started = cluster.work_started
         if started is None or not planned:
             continue
         measured = min(planned, max(0.0, info.get("ended", started) - started))
-        offsets += [span + (t - started) for w, o, t in rows
+        hosts = hosts_of(cluster)  # a window on h hosts is h host-lengths of the span
+        offsets += [span + (t - started) * hosts for w, o, t in rows
                     if w == label and o != "invalid" and 0 <= t - started <= measured]
-        span += measured
+        span += measured * hosts
     return rate_per_hour(offsets, span)
 
 
@@ -395,7 +516,8 @@ def usage(ledger: Ledger, run_id: str, labels: Sequence[str] | None = None) -> U
         wanted = set(labels)
         segs = [s for s in segs if s[2] in wanted]
         rows = [r for r in rows if r[0] in wanted]
-    host_s = sum(max(0.0, e - s) for s, e, _ in segs)
+    clusters = cluster_info(ledger, run_id)
+    host_s = sum(max(0.0, e - s) * hosts_of(clusters.get(label)) for s, e, label in segs)
     slot_s = 0.0
     cpu_h = mem_h = 0.0
     have_res = False
@@ -404,7 +526,7 @@ def usage(ledger: Ledger, run_id: str, labels: Sequence[str] | None = None) -> U
         conc = (info or {}).get("concurrency") or run["config"].get("concurrency") or 1
         if labels is None and not label:
             conc = run["config"].get("concurrency") or 1
-        slot_s += conc * max(0.0, e - s)
+        slot_s += conc * nodes_used(clusters.get(label)) * max(0.0, e - s)  # on Ray N is per node
         res = (info or {}).get("resources") or {}
         if res.get("cpu_busy", {}).get("mean") is not None:
             have_res = True

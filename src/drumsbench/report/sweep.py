@@ -6,6 +6,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from drumsbench.measure.cluster import ClusterSummary, ClusterSweepReport
 from drumsbench.measure.cost import Attribution, HostFigure
 from drumsbench.measure.leaks import METHOD, QUANTITIES
 from drumsbench.measure.reports import ProjectionReport, SweepReport
@@ -133,6 +134,44 @@ def _est(e: Estimate) -> str:
     return e.fmt(".4g")
 
 
+def nodes_table(windows: list[WindowVerdict]) -> Table:
+    """Each window's nodes (Ray): attempts, valid per node-hour, finished or lost."""
+    t = Table(title="per node (Ray): every node in the cluster during the window, busy or idle", show_edge=False)
+    for col in ("window", "N/node", "node", "host", "attempts", "invalid", "valid/node-h [95%]", "finished"):
+        t.add_column(col, justify="left" if col in ("window", "node", "host", "valid/node-h [95%]") else "right")
+    for v in windows:
+        for ln in v.nodes:
+            lost = f"LOST ({ln.lost_attempts} in flight)" if ln.lost_attempts or not ln.finished else "yes"
+            t.add_row(v.label, str(v.concurrency), ln.node_id[:8], ln.host, str(ln.attempts), str(ln.invalid),
+                      ln.valid_per_node_hour.fmt(".4g") if ln.attempts else "idle", lost)
+    return t
+
+
+def cluster_group(c: ClusterSummary) -> list[RenderableType]:
+    """N_max per node and for the cluster; the cluster against nodes x node-alone rate (coordination tax)."""
+    t = Table(title=f"the cluster ({c.nodes} node(s) on {c.hosts} host(s)) against nodes x one node alone",
+              show_edge=False)
+    for col in ("N/node", "cluster window", "cluster valid/h [95%]", "per node valid/h", "node alone valid/h [95%]",
+                "nodes x alone", "coordination tax [95%]"):
+        t.add_column(col, justify="left" if "window" in col else "right")
+    for lv in c.levels:
+        ok = "confirmed" if lv.cluster_confirmed else "NOT confirmed"
+        alone = "-" if lv.alone_per_hour is None else (
+            f"{lv.alone_per_hour.fmt('.4g')} ({'confirmed' if lv.alone_confirmed else 'NOT confirmed'})")
+        tax = "-" if lv.tax is None or lv.tax.value is None else (
+            f"{lv.tax.value:.0%} [{(lv.tax.low or 0):.0%}, {(lv.tax.high or 0):.0%}]")
+        t.add_row(str(lv.concurrency), f"{lv.cluster_window} ({ok})", lv.cluster_per_hour.fmt(".4g"),
+                  ", ".join("-" if x is None else f"{x:.4g}" for x in lv.per_node_hour), alone,
+                  "-" if lv.ideal_per_hour is None else f"{lv.ideal_per_hour:.4g}", tax)
+    g = Table.grid(padding=(0, 2))
+    g.add_row("N_max per node", "none" if c.n_max_per_node is None else str(c.n_max_per_node),
+              "largest N whose node-alone window is confirmed")
+    g.add_row("N_max for the cluster", "none" if c.n_max_cluster is None else
+              f"{c.n_max_cluster} per node ({c.n_max_cluster * c.nodes} at once)",
+              "largest N per node whose cluster window is confirmed")
+    return [t, Text(c.note), g, Text("")]
+
+
 def render(r: SweepReport) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_row("sweep", f"{r.run_id} ({r.status})")
@@ -141,7 +180,8 @@ def render(r: SweepReport) -> Group:
     head.add_row("criteria", f"window {c['window_s']:g} s; confirmed when: full length, invalid rate <= "
                  f"{c['invalid_threshold']:.1%}, isolation positive control fired, halves within "
                  f"{c['stability']:.0%}; climb while throughput gains > {c['min_gain']:.0%}")
-    head.add_row("host time", f"{r.host_seconds:.1f} s")
+    head.add_row("host time", f"{r.host_seconds:.1f} s" + (
+        " (every host in the cluster during each window, busy or idle)" if isinstance(r, ClusterSweepReport) else ""))
     steady_windows = [v for v in r.windows if v.kind in ("step", "soak")]
     parts: list[RenderableType] = [head, Text(""), windows_table("windows (steady state candidates)", steady_windows)]
     for nr in r.not_run:
@@ -167,6 +207,8 @@ def render(r: SweepReport) -> Group:
     if r.bursts:
         parts += [windows_table("bursts (short peaks: reported as bursts, never as steady state)", r.bursts, True),
                   reasons(r.bursts, True)]
+    if isinstance(r, ClusterSweepReport):
+        parts += [nodes_table(r.windows), Text(""), *cluster_group(r.cluster)]
     parts += [resources_table(r.windows), Text("")]
     if any(v.leaks is not None for v in r.windows):
         parts += [leaks_table(r.windows), leaks_text(r.windows)]

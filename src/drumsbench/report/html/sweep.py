@@ -7,6 +7,7 @@ from html import escape
 
 import numpy as np
 
+from drumsbench.measure.cluster import NODE_ALONE, coordination_tax
 from drumsbench.measure.leaks import METHOD, QUANTITIES
 from drumsbench.report import svg
 from drumsbench.report.html.cells import (
@@ -114,7 +115,48 @@ def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
                          + f"; {escape(sw.note)}</li>")
     return plot_row(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") + \
         '<p class="note">Throughput is claimed only from confirmed windows; bursts are reported as bursts.</p>' + \
-        table(head, rows, "num small", row_cls, left={0, 1, 2, 8, 9, 10}) + leaks_table(runs)
+        table(head, rows, "num small", row_cls, left={0, 1, 2, 8, 9, 10}) + cluster_table(runs) + leaks_table(runs)
+
+
+def cluster_table(runs: Sequence[RunData]) -> str:
+    """On Ray: each node's share of the sweep, and each N's cluster window against nodes x one node
+    alone (``node-N<n>``): the coordination tax."""
+    node_rows: list[list[object]] = []
+    tax_rows: list[list[object]] = []
+    for rd in runs:
+        nodes = rd.report.nodes
+        if len(nodes) < 2:
+            continue
+        for node_id, ln in nodes.items():
+            node_rows.append([rd.label, node_id[:8], ln.host, f"{ln.attempts:,}", f"{ln.invalid:,}", ln.lost,
+                              Keyed(f"{rd.label}/node/{node_id[:8]}/valid_per_node_hour",
+                                    fmt_est(ln.valid_per_node_hour, ".4g"))])
+        wins = rd.art.windows
+        for name, w in sorted(wins.items(), key=lambda nw: nw[1].concurrency):
+            alone = wins.get(f"{NODE_ALONE}{name}")
+            if w.role != "window" or alone is None:
+                continue
+            ran = sum(1 for ln in nodes.values() if ln.attempts)
+            tax = coordination_tax(w.valid_per_host_hour, alone.valid_per_host_hour, ran)
+            tax_txt = "–" if tax is None or tax.value is None else \
+                f"{tax.value:.0%} [{(tax.low or 0):.0%}, {(tax.high or 0):.0%}]"
+            tax_rows.append([rd.label, w.concurrency, name, fmt_est(w.valid_per_host_hour, ".4g"),
+                             "confirmed" if w.confirmed else "not confirmed",
+                             fmt_est(alone.valid_per_host_hour, ".4g"),
+                             "confirmed" if alone.confirmed else "not confirmed", ran,
+                             Keyed(f"{rd.label}/tax/N{w.concurrency}", tax_txt)])
+    if not node_rows:
+        return ""
+    out = ('<p class="note">Ray nodes: each node\'s attempts and valid rollouts per node-hour over the sweep; a '
+           "window's host-hours count every host in the cluster, busy or idle.</p>"
+           + table(["run", "node", "host", "attempts", "invalid", "lost in flight", "valid per node-hour"],
+                   node_rows, "num small", left={0, 1, 2}))
+    if tax_rows:
+        out += ('<p class="note">Coordination tax = 1 − cluster rate / (nodes × one node alone at the same N per '
+                "node); nodes sharing one machine share its cores, so there it includes that contention.</p>"
+                + table(["run", "N per node", "cluster window", "valid per host-hour", "", "node alone",
+                         "", "nodes", "coordination tax [95%]"], tax_rows, "num small", left={0, 2, 4, 6}))
+    return out
 
 
 def leaks_table(runs: Sequence[RunData]) -> str:
