@@ -277,6 +277,11 @@ class WarmPool:
         with self._cv:
             return len(self._idle)
 
+    def idle_sandboxes(self) -> list[Sandbox]:
+        """The idle sandboxes now (a copy, for inspection; they stay the pool's)."""
+        with self._cv:
+            return [i.box for i in self._idle]
+
     def wait_full(self, timeout: float) -> bool:
         """Wait until ``size`` sandboxes are idle (or ``timeout``); returns whether it is full."""
         end = time.monotonic() + timeout
