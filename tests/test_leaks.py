@@ -100,9 +100,10 @@ def host(tmp_path, monkeypatch):
 
 
 def _sweep(folder: Path, run_id: str, seconds: float = 10.0):
+    """A step window N2 then a soak at N2, each ``seconds`` long."""
     ledger = Ledger(folder / f"{run_id}.sqlite")
     cfg = SweepConfig(base=RunConfig(substrate="process", tasks="coding", policy="oracle"), concurrency=[2],
-                      window_s=seconds, soak_s=None, stability=1.0)
+                      window_s=seconds, soak_s=seconds, stability=1.0)
     ledger.create_run(run_id, "sweep", cfg.model_dump(mode="json"), {}, "test")
     run_sweep(ledger, run_id, cfg)
     report = build(ledger, run_id)
@@ -114,8 +115,9 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     from drumsbench.envs.coding.env import CodingEnv
 
     _, clean = _sweep(host, "clean")
-    (w,) = clean.windows
-    assert w.leaks is not None and w.leaks.passed is True, w.leaks
+    assert [w.label for w in clean.windows] == ["N2", "soak-N2"]
+    for w in clean.windows:
+        assert w.leaks is not None and w.leaks.passed is True, w.leaks
     assert clean.leaks_passed is True
 
     kept: list = []
@@ -133,23 +135,26 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     finally:
         for f in kept:
             f.close()
-    (w,) = leaky.windows
+    step, w = leaky.windows
     assert len(kept) > 20
-    assert w.leaks is not None and w.leaks.passed is False, w.leaks
-    assert {s.key for s in w.leaks.leaking} >= {"fds", "tmp_entries"}, w.leaks.detail
+    for v in (step, w):
+        assert v.leaks is not None and v.leaks.passed is False, v.leaks
+        assert {s.key for s in v.leaks.leaking} >= {"fds", "tmp_entries"}, v.leaks.detail
     assert leaky.leaks_passed is False and "fds" in leaky.leaks_note
-    assert w.leaks.left["tmp_entries"] == len(kept)
-    # a leaking window is not confirmed, for that reason alone; the clean one is, with the check passed
+    assert step.leaks.left["tmp_entries"] + w.leaks.left["tmp_entries"] == len(kept)
+    # the soak that leaks is not confirmed, for that reason alone; a step window shows its leak check
+    # without counting it (its minutes are warm-up); the clean soak is confirmed with the check passed
     assert [c.name for c in w.checks] == ["full_length", "invalid_rate", "isolation_control", "stable", "leaks"]
     assert not w.confirmed and [c.name for c in w.checks if not c.passed] == ["leaks"], w.checks
-    assert "LEAKS" in w.verdict_line() and leaky.n_max is None
-    (cw,) = clean.windows
+    assert "LEAKS" in w.verdict_line() and leaky.n_max == 2 and not leaky.soak_held
+    assert step.confirmed and "leaks" not in [c.name for c in step.checks]
+    cw = clean.windows[1]
     assert cw.confirmed and cw.checks[-1].name == "leaks" and cw.checks[-1].passed, cw.checks
     # the samples are in the ledger, the verdict in the window artifact and the JSON
-    assert artifacts.load(ledger, "leaky", artifacts.LeakSamplesArtifact)["N2"].rows
-    art = artifacts.load(ledger, "leaky", artifacts.WindowArtifact)["N2"]
+    assert artifacts.load(ledger, "leaky", artifacts.LeakSamplesArtifact)["soak-N2"].rows
+    art = artifacts.load(ledger, "leaky", artifacts.WindowArtifact)["soak-N2"]
     assert art.leaks is not None and art.leaks.passed is False
-    assert json.loads(json.dumps(leaky.dump()))["windows"][0]["leaks"]["passed"] is False
+    assert json.loads(json.dumps(leaky.dump()))["windows"][1]["leaks"]["passed"] is False
     from rich.console import Console
 
     console = Console(width=160, record=True)
@@ -160,7 +165,7 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     from drumsbench.report.html import write_html
 
     page = write_html(ledger, ["leaky"], host / "leaky.html").read_text()
-    assert 'data-key="leaky/leaks/N2/passed"' in page and "FAIL: fds" in page and "Leak check:" in page
+    assert 'data-key="leaky/leaks/soak-N2/passed"' in page and "FAIL: fds" in page and "Leak check:" in page
 
 
 def test_the_sampler_reads_dockerd_memory_on_docker(tmp_path):

@@ -17,8 +17,9 @@ them, from the ledger alone:
   With n_eff < 4 there is no interval (the quantity is "not judged").
 - **Check**: a quantity *leaks* when its interval's low end is above zero and above its tolerance
   (``Quantity.tolerance_per_h``); a window fails its leak check when any quantity leaks, and a
-  window that fails it is not confirmed (``measure.windows``: the check ``leaks``): a fleet that
-  accumulates cannot hold its throughput for days, however good its first hour. A window with too
+  soak that fails it is not confirmed (``measure.windows``: the check ``leaks``): a fleet that
+  accumulates cannot hold its throughput for days, however good its first hour. A step window
+  shows its leak check without counting it (its minutes are mostly warm-up), and a soak with too
   few independent samples is "not judged" and keeps its other checks' verdict.
 - **Left**: each quantity after the window's teardown minus before the window (for information).
 """
