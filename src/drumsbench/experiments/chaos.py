@@ -56,6 +56,7 @@ DOCKERD_WAIT_S = 120.0
 # what a run of ours may leave in the host's /tmp (anything else new there is another user's)
 TMP_OURS: tuple[str, ...] = ("drumsbench",)
 TMP_DESKTOP = ("OSL_PIPE_",)  # LibreOffice's pipes: counted only for desktop runs (others' are not ours)
+TMP_RECHECK_S = 10.0  # a new /tmp entry counts as left behind only if it is still there this much later
 
 
 class ChaosConfig(BaseModel):
@@ -480,6 +481,9 @@ class Chaos:
                 left += [f"{engine} container {c}" for c in containers_of_run(engine, run_id)]
         ours = TMP_OURS + (TMP_DESKTOP if self.cfg.tasks == "desktop" else ())
         new_tmp = sorted(e for e in tmp_entries() - tmp_before if e.startswith(ours))
+        if new_tmp:  # another user's live run makes and removes such entries too: what we left stays
+            time.sleep(TMP_RECHECK_S)
+            new_tmp = sorted(set(new_tmp) & tmp_entries())
         left += [f"/tmp/{e}" for e in new_tmp]
         if (self.live / ".chaos-fill").exists():
             left.append(str(self.live / ".chaos-fill"))
