@@ -223,9 +223,19 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
             inst = origin.instance
             assert inst.holder_pid is not None and isinstance(box, HostFolders)
             root = str(box.host_root)
-            dump_s = criu.checkpoint(inst.holder_pid, folder / "images", {root: str(folder / "frozen")})
+            tol = self.settings.settle_tolerance_px
+            for _ in range(3):  # the screen the dump holds: still from before the dump to after it
+                shutil.rmtree(folder / "frozen", ignore_errors=True)
+                before = inst.grab()
+                dump_s = criu.checkpoint(inst.holder_pid, folder / "images", {root: str(folder / "frozen")})
+                after = inst.grab()
+                if before.title == after.title == frame.title and frames_differ(before.rgb, after.rgb) <= tol:
+                    break
+                frame, _ = inst.settle(time.monotonic() + 5.0)
+            else:
+                raise SubstrateError("desktop: the start's screen did not hold still across its checkpoint")
             image = restore.StartImage(folder, root, restore.origin_uid(box), inst.display, origin.settings,
-                                       frame.rgb, frame.title, time.monotonic() - t0, dump_s)
+                                       before.rgb, before.title, time.monotonic() - t0, dump_s)
         finally:
             origin.stop()
             box.destroy()

@@ -41,7 +41,7 @@ import numpy as np
 from drumsbench.core import criu
 from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop.instance import Settings
-from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox
+from drumsbench.substrates.base import SANDBOX_FOLDERS, HostFolders, HostLaunching, Sandbox
 
 
 @dataclass
@@ -62,6 +62,9 @@ def copy_frozen(frozen: Path, root: Path, origin_uid: int | None, uid: int | Non
     if origin_uid is not None and uid is not None and origin_uid != uid:
         subprocess.run(["chown", "-R", "--no-dereference", f"--from={origin_uid}", str(uid), str(root)],
                        check=True, capture_output=True, timeout=120)
+
+
+RESTORE_TIMEOUT_S = 60.0  # a restore takes about a second on a loaded 2-core host
 
 
 def restore_tree(images: Path, origin_root: str, root: Path, sid: str) -> int:
@@ -87,8 +90,12 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str) -> int:
     steps += ["cd /proc/self/fd/3", "exec 3<&-",
               f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
               f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
-    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
-                          capture_output=True, text=True, timeout=120)
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
+                              capture_output=True, text=True, timeout=RESTORE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pidfile.unlink(missing_ok=True)
+        raise SubstrateError(f"criu restore did not finish within {RESTORE_TIMEOUT_S:g} s") from None
     try:
         if proc.returncode != 0 or not pidfile.exists():
             why = criu.log_errors(images / log) or proc.stderr.strip()[-300:]
@@ -178,9 +185,14 @@ IMAGES = StartImages()
 
 def keep_path(path: str) -> None:
     """An empty folder at ``path`` (the origin sandbox's, once it is destroyed): restores bind a
-    copy over it."""
-    with contextlib.suppress(FileExistsError):
-        Path(path).mkdir(parents=True)
+    copy over it. It holds empty, read-only sandbox folders too: ``nsenter --wd`` opens its folder
+    on the host's side of the mount namespace (``DesktopInstance.exec_inside`` names the work
+    folder as the instance sees it), so that path must exist on the host, and show nothing."""
+    for sub in ("", *SANDBOX_FOLDERS):
+        folder = Path(path) / sub
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(parents=True)
+        folder.chmod(0o555)
 
 
 def origin_uid(box: Sandbox) -> int | None:

@@ -1,0 +1,91 @@
+"""The desktop's reset by restore (``--reset restore``): each task's verified start is checkpointed
+once (CRIU) and every reset restores it; the restored state passes the start fingerprint, the
+oracle succeeds and the null policy fails as after a cold start; a broken checkpoint falls back to
+a cold start, recorded; the images live in the run's sandbox folder and go with the run (and gc).
+Speed is measured by ``benchmarks/desktop_restore.py``, not here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from drumsbench.core import criu_binary
+from drumsbench.core.outcome import Outcome
+from drumsbench.envs.desktop import instance
+from drumsbench.envs.desktop.env import DesktopEnv
+from drumsbench.envs.desktop.task import load_suite
+from drumsbench.policies.scripted import Null, Oracle
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
+from drumsbench.substrates.process import ProcessSubstrate, pids_with_env, sandbox_root
+
+from conftest import require
+
+CFG = RolloutConfig(step_timeout_s=20, episode_timeout_s=120, reset="restore")
+TASK = next(t for t in load_suite("desktop") if t.id == "writer-bold-word")
+
+
+@pytest.fixture(scope="module")
+def ready():
+    require(instance.missing())
+    require(criu_binary.missing())
+    from drumsbench.envs.desktop.profile import template_profile
+
+    template_profile()
+
+
+def _attempt(slot: Slot, policy, seq: int):
+    return run_attempt(slot, TASK, policy, CFG, CanaryRegistry(), run_id=slot.substrate.run_id, seq=seq, seed=0)
+
+
+def _images(state_dir: Path, run_id: str) -> list[Path]:
+    return sorted(sandbox_root(state_dir, run_id).glob("restore-*"))
+
+
+def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id):
+    sub = ProcessSubstrate(run_id, state_dir)
+    slot = Slot(sub, DesktopEnv())
+    try:
+        first = _attempt(slot, Oracle(), 0)
+        assert first.outcome is Outcome.SUCCESS, first.detail
+        assert first.extra["reset"] == "restore", first.extra  # the checkpoint was made, then restored
+        assert float(first.extra["reset_checkpoint_made_s"]) > 0  # type: ignore[arg-type]
+        null = _attempt(slot, Null(), 1)
+        assert null.outcome is Outcome.FAILED and null.cause is None, null.detail
+        again = _attempt(slot, Oracle(), 2)
+        assert again.outcome is Outcome.SUCCESS and again.extra["reset"] == "restore", again.extra
+        assert "reset_checkpoint_made_s" not in again.extra  # made once
+        for rec in (null, again):
+            assert 0 < float(rec.extra["reset_restore_total_s"]) < rec.reset_s + 1e-6  # type: ignore[arg-type]
+
+        (image,) = _images(state_dir, run_id)  # in the run's own sandbox folder, never the host's /tmp
+        assert not str(image).startswith("/tmp/")
+        (image / "images" / "pstree.img").unlink()  # a checkpoint that cannot be restored
+        cold = _attempt(slot, Oracle(), 3)
+        assert cold.outcome is Outcome.SUCCESS, cold.detail
+        assert cold.extra["reset"] == "cold" and "restore" in str(cold.extra["reset_fallback"]), cold.extra
+        remade = _attempt(slot, Oracle(), 4)  # the broken image was dropped and made again
+        assert remade.extra["reset"] == "restore" and "reset_checkpoint_made_s" in remade.extra, remade.extra
+        assert remade.outcome is Outcome.SUCCESS, remade.detail
+    finally:
+        slot.destroy()
+        assert isinstance(slot.env, DesktopEnv)
+        slot.env.stop()
+        sub.close()
+    assert _images(state_dir, run_id) == []
+    assert not list(pids_with_env("DRUMSBENCH_RUN", run_id)), "a restored instance outlived the run"
+    assert sub.leftovers() == []
+
+
+def test_gc_removes_the_images_of_a_dead_run(ready, state_dir, run_id):
+    sub = ProcessSubstrate(run_id, state_dir)
+    slot = Slot(sub, DesktopEnv())
+    rec = _attempt(slot, Null(), 0)
+    assert rec.extra["reset"] == "restore", rec.extra
+    assert _images(state_dir, run_id)
+    assert isinstance(slot.env, DesktopEnv)
+    slot.env.stop()  # the run "died": its instance is gone, its folders stay
+    removed = ProcessSubstrate.gc(state_dir, {run_id})
+    assert removed and _images(state_dir, run_id) == [], removed
+    sub.close()
