@@ -9,7 +9,8 @@ the attempt's wall time (reset to verdict), the verify phase (stage + run) and t
 (order statistics), and the warm/cold ratio of the p50s. Every attempt must succeed (the oracle).
 
 ``--sweep``: also ``drumsbench sweep --substrate process --concurrency 2 --window 1m --soak none``
-once per verifier (``DRUMSBENCH_VERIFIER``), and their valid rollouts per host-hour side by side.
+per verifier (``DRUMSBENCH_VERIFIER``), ``--sweep-pairs`` pairs in ABBA order (warm, cold, cold,
+warm, ...), and their valid rollouts per host-hour side by side with the ratio of the means.
 
 The machine's load average is printed with the figures: on a shared 2-core host they move with it;
 compare the ratios.
@@ -97,28 +98,36 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
     return out
 
 
-def sweeps(state: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for mode in VERIFIERS:
-        folder = Path(tempfile.mkdtemp(prefix=f"sweep-{mode}-", dir=state))
-        report = folder / "sweep.json"
-        load0 = os.getloadavg()
-        t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "drumsbench", "sweep", "--substrate", "process",
-                               "--concurrency", "2", "--window", "1m", "--soak", "none", "--out", str(folder),
-                               "--json", str(report), "--no-progress"],
-                              env={**os.environ, VERIFIER_VAR: mode}, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"sweep with the {mode} verifier failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        out[mode] = {"report": json.loads(report.read_text()), "loadavg_before": load0,
-                     "loadavg_after": os.getloadavg(), "wall_s": time.monotonic() - t0, "out": str(folder)}
+def sweeps(state: Path, pairs: int) -> list[dict[str, Any]]:
+    """``pairs`` pairs of sweeps, in the order warm, cold, then cold, warm, ... (ABBA), so that a load
+    that rises or falls through the run does not favour one verifier."""
+    out: list[dict[str, Any]] = []
+    for i in range(pairs):
+        for mode in VERIFIERS if i % 2 == 0 else tuple(reversed(VERIFIERS)):
+            out.append({"verifier": mode, **_sweep(state, mode)})
     return out
+
+
+def _sweep(state: Path, mode: str) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix=f"sweep-{mode}-", dir=state))
+    report = folder / "sweep.json"
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "drumsbench", "sweep", "--substrate", "process",
+                           "--concurrency", "2", "--window", "1m", "--soak", "none", "--out", str(folder),
+                           "--json", str(report), "--no-progress"],
+                          env={**os.environ, VERIFIER_VAR: mode}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"sweep with the {mode} verifier failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return {"report": json.loads(report.read_text()), "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(), "wall_s": time.monotonic() - t0, "out": str(folder)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--attempts", type=int, default=40, help="oracle attempts per verifier")
-    ap.add_argument("--sweep", action="store_true", help="also a 1-minute sweep at concurrency 2 per verifier")
+    ap.add_argument("--sweep", action="store_true", help="also 1-minute sweeps at concurrency 2 per verifier")
+    ap.add_argument("--sweep-pairs", type=int, default=2, help="pairs of sweeps (ABBA order); default 2")
     ap.add_argument("--state", type=Path, default=None, help="state folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -137,18 +146,20 @@ def main() -> None:
     if a["not_success"]:
         print("NOT SUCCESS:", *a["not_success"], sep="\n  ")
     if args.sweep:
-        result["sweeps"] = sweeps(state)
-        rates: dict[str, float] = {}
-        for mode, s in result["sweeps"].items():
+        result["sweeps"] = sweeps(state, args.sweep_pairs)
+        rates: dict[str, list[float]] = {m: [] for m in VERIFIERS}
+        for s in result["sweeps"]:
             for w in s["report"]["windows"]:
                 e = Estimate(**w["valid_per_host_hour"])
-                rates[mode] = e.value or 0.0
-                print(f"sweep {mode}: N={w['concurrency']} {w['valid']}/{w['attempts']} valid in {w['ran_s']:.0f} s, "
-                      f"valid/host-hour {e.fmt('.0f')}, confirmed {w['confirmed']}; "
+                rates[s["verifier"]].append(e.value or 0.0)
+                print(f"sweep {s['verifier']}: N={w['concurrency']} {w['valid']}/{w['attempts']} valid in "
+                      f"{w['ran_s']:.0f} s, valid/host-hour {e.fmt('.0f')}, confirmed {w['confirmed']}; "
                       f"load {s['loadavg_before'][0]:.1f} -> {s['loadavg_after'][0]:.1f}")
-        if rates.get("cold"):
-            result["sweep_ratio_warm_cold"] = rates.get("warm", 0.0) / rates["cold"]
-            print(f"sweep warm/cold valid rollouts per host-hour: {result['sweep_ratio_warm_cold']:.2f}")
+        if rates["cold"] and rates["warm"]:
+            mean = {m: sum(v) / len(v) for m, v in rates.items()}
+            result["sweep_ratio_warm_cold"] = mean["warm"] / mean["cold"]
+            print(f"sweep warm/cold valid rollouts per host-hour (mean of {len(rates['warm'])} each): "
+                  f"{result['sweep_ratio_warm_cold']:.2f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     if a["not_success"]:
