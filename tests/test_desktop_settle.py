@@ -268,7 +268,7 @@ def test_libreoffice_dialogs_are_observed_in_the_step_that_opens_and_closes_them
     for _ in range(3):
         obs = step(env, "key", keys="ctrl+h")
         assert obs.content["title"] == "Find and Replace", env.instance.last_settle
-        assert obs.content["settled"] is True
+        assert obs.content["settled"] is True, env.instance.last_settle
         obs = step(env, "key", keys="Escape")
         assert obs.content["title"] == "start.odt - LibreOffice Writer", env.instance.last_settle
         assert env.instance.last_settle is not None and env.instance.last_settle.fallback == ""

@@ -123,6 +123,9 @@ class Settings:
     settle_tolerance_px: int = 64  # pixels that may differ between "equal" frames (the text cursor blinks)
     settle_ping_timeout_s: float = 2.0  # evidence: an application busy (silent) this long -> the quiet fallback
     settle_evidence_quiet_s: float = 0.03  # evidence: nothing drawn or moved this long before the last grab
+    # evidence: after a window was created, mapped, moved or destroyed, no such event this long (the
+    # window manager answers no ping: under load openbox maps a new dialog 0.2 s after it exists)
+    settle_wm_quiet_s: float = 0.25
     type_delay_ms: int = 8
     key_delay_ms: int = 20
     wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
@@ -138,7 +141,8 @@ class Settings:
 
     def settle_params(self) -> SettleParams:
         return SettleParams(self.settle_interval_s, self.settle_quiet_s, self.settle_max_s, self.settle_tolerance_px,
-                            self.grab_timeout_s, self.settle_ping_timeout_s, self.settle_evidence_quiet_s)
+                            self.grab_timeout_s, self.settle_ping_timeout_s, self.settle_evidence_quiet_s,
+                            self.settle_wm_quiet_s)
 
 
 def screen_problem(rgb: np.ndarray) -> str | None:
@@ -180,6 +184,7 @@ class DesktopInstance:
         self._host_left: set[str] = set()  # host paths of sockets seen in the instance's network namespace
         self._released = threading.Lock()
         self.last_settle: SettleReport | None = None  # how the last ``settle`` ended
+        self._host_pids: dict[int, int] = {}  # pid inside the instance -> host pid (``asleep``)
         if self.settings.checkpointable:
             self.display = _free_display()
             self.x_dir = Path("/tmp/.X11-unix")
@@ -445,9 +450,50 @@ class DesktopInstance:
             frame, report = settle_quiet(self.grab, params, deadline, first,
                                          s.settle_quiet_s if quiet_s is None else quiet_s)
         else:
-            frame, report = settle_evidence(self.client, self.grab, params, deadline)
+            frame, report = settle_evidence(self.client, self.grab, params, deadline, self.asleep)
         self.last_settle = report
         return frame, report.settled
+
+    def asleep(self, ns_pid: int) -> bool | None:
+        """Is the main thread of this instance's process ``ns_pid`` (its number inside the instance's
+        pid namespace, as ``_NET_WM_PID`` gives it) asleep — waiting for input or a timer — rather
+        than running or runnable? None when there is no such process."""
+        if ns_pid <= 0:
+            return None
+        host = self._host_pids.get(ns_pid)
+        for attempt in (0, 1):
+            if host is not None:
+                try:
+                    return Path(f"/proc/{host}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+                except OSError:
+                    pass
+            if attempt == 0:
+                self._host_pids = self._namespace_pids()
+                host = self._host_pids.get(ns_pid)
+        return None
+
+    def _namespace_pids(self) -> dict[int, int]:
+        """{pid inside the instance's pid namespace: host pid} of its processes (a /proc walk)."""
+        if self.holder_pid is None:
+            return {}
+        try:
+            ns = os.readlink(f"/proc/{self.holder_pid}/ns/pid")
+        except OSError:
+            return {}
+        found: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") != ns:
+                    continue
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+            if nspid:
+                found[int(nspid[-1])] = int(entry)
+        return found
 
     def client(self, timeout: float) -> xcb.XClient:
         """An X connection to the instance's server (use it with ``with``: closed at the end)."""

@@ -45,7 +45,9 @@ from drumsbench.envs.desktop import xcb
 
 SettleMode = Literal["evidence", "quiet"]
 SETTLE_MODES: tuple[str, ...] = ("evidence", "quiet")
-_WINDOW_EVENTS = frozenset({"map", "unmap", "configure", "property", "error", "other"})
+# windows appearing, going or moving: the window manager's work (it answers no ping)
+_STRUCTURE = frozenset({"create", "destroy", "map", "unmap", "reparent", "configure"})
+_WINDOW_EVENTS = _STRUCTURE | {"property", "error", "other"}
 
 
 @dataclass
@@ -65,8 +67,9 @@ def frames_differ(a: np.ndarray, b: np.ndarray) -> int:
 @dataclass(frozen=True)
 class SettleReport:
     """How the last wait ended: ``mode`` used, ``settled``, ``seconds`` spent, ``rounds`` of pings
-    answered, ``grabs`` taken, and ``fallback`` ("" unless the evidence wait fell back to the quiet
-    period: why)."""
+    answered, ``grabs`` taken, ``fallback`` ("" unless the evidence wait fell back to the quiet
+    period: why) and ``busy`` (answered rounds after which the application's main thread was still
+    running)."""
 
     mode: str
     settled: bool
@@ -74,6 +77,7 @@ class SettleReport:
     rounds: int = 0
     grabs: int = 0
     fallback: str = ""
+    busy: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class SettleParams:
     grab_timeout_s: float
     ping_timeout_s: float
     evidence_quiet_s: float
+    wm_quiet_s: float
 
 
 def settle_quiet(grab: Callable[[float], Frame], p: SettleParams, deadline: float, first: Frame | None,
@@ -117,29 +122,33 @@ class _Fallback(Exception):
 
 
 def settle_evidence(connect: Callable[[float], xcb.XClient], grab: Callable[[float], Frame], p: SettleParams,
-                    deadline: float) -> tuple[Frame, SettleReport]:
+                    deadline: float, asleep: Callable[[int], bool | None] | None = None) -> tuple[Frame, SettleReport]:
     """Wait until the screen and the application say the step is over (module docstring), else fall
     back to ``settle_quiet`` for the time left. ``connect(timeout)`` opens an ``xcb.XClient`` (not
-    entered); ``grab(timeout)`` is the quiet mode's screenshot. ``xcb.XTimeout`` when the server
-    does not answer; ``xcb.XError`` when it fails."""
+    entered); ``grab(timeout)`` is the quiet mode's screenshot; ``asleep(pid)`` (optional) tells
+    whether the main thread of the process the active window names (``_NET_WM_PID``) is asleep,
+    waiting for input or a timer (None: unknown). ``xcb.XTimeout`` when the server does not answer;
+    ``xcb.XError`` when it fails."""
     t0 = time.monotonic()
     end = min(deadline, t0 + p.max_s + p.quiet_s)
     evidence_end = min(deadline, t0 + p.max_s)
-    counts = {"rounds": 0, "grabs": 0}
+    counts = {"rounds": 0, "grabs": 0, "busy": 0}
     try:
         with connect(min(p.grab_timeout_s, max(0.5, deadline - t0))) as x:
-            frame = _evidence_loop(x, p, evidence_end, counts)
+            frame = _evidence_loop(x, p, evidence_end, counts, asleep)
             if frame is not None:
-                return frame, SettleReport("evidence", True, time.monotonic() - t0, counts["rounds"], counts["grabs"])
+                return frame, SettleReport("evidence", True, time.monotonic() - t0, counts["rounds"], counts["grabs"],
+                                           busy=counts["busy"])
             reason = f"no quiet round within {p.max_s:g} s"
     except _Fallback as e:
         reason = str(e)
     frame, quiet = settle_quiet(grab, p, end, None, p.quiet_s)
     return frame, SettleReport("evidence", quiet.settled, time.monotonic() - t0, counts["rounds"],
-                               counts["grabs"] + quiet.grabs, fallback=reason)
+                               counts["grabs"] + quiet.grabs, fallback=reason, busy=counts["busy"])
 
 
-def _evidence_loop(x: xcb.XClient, p: SettleParams, end: float, counts: dict[str, int]) -> Frame | None:
+def _evidence_loop(x: xcb.XClient, p: SettleParams, end: float, counts: dict[str, int],
+                   asleep: Callable[[int], bool | None] | None) -> Frame | None:
     """Rounds of ping, answer and events until two grabs agree after quiet rounds; None at ``end``."""
     try:
         x.watch()
@@ -150,7 +159,10 @@ def _evidence_loop(x: xcb.XClient, p: SettleParams, end: float, counts: dict[str
     token, window = 0, 0
     state: tuple[int, str, int] | None = None
     last_activity = time.monotonic()
-    candidate: bytes | None = None  # the first grab after a quiet round (BGRX as the server sent it)
+    last_structure = -float("inf")  # when a window was last created, mapped, moved or destroyed
+    pids: dict[int, int] = {}  # window -> its _NET_WM_PID
+    candidate: np.ndarray | None = None  # the first grab after a quiet round (BGRX as the server sent it)
+    slot = 0  # the shared-memory buffer holding the candidate; the next grab goes into the other
     while time.monotonic() < end:
         pinged = window if window and x.answers_ping(window) else 0
         if pinged:
@@ -161,12 +173,11 @@ def _evidence_loop(x: xcb.XClient, p: SettleParams, end: float, counts: dict[str
             state, candidate, last_activity = now_state, None, time.monotonic()
             window = now_state[0]
             if window != pinged:
-                if not x.answers_ping(window):
-                    raise _Fallback("the active window does not answer _NET_WM_PING" if window
-                                    else "no active window")
+                if not x.answers_ping(window) and _stays(x, now_state, p):
+                    raise _Fallback(_unpingable(now_state))
                 continue
         elif not pinged:
-            raise _Fallback("the active window does not answer _NET_WM_PING" if window else "no active window")
+            raise _Fallback(_unpingable(now_state))
         answer = _answer(x, token, p, end)
         if answer == "end":
             return None
@@ -174,28 +185,48 @@ def _evidence_loop(x: xcb.XClient, p: SettleParams, end: float, counts: dict[str
             candidate, last_activity = None, time.monotonic()
             continue
         counts["rounds"] += 1
-        if _active(x.events(0), p):
+        events = x.events(0)
+        if _structure(events):
+            last_structure = time.monotonic()
+        # the answer says the input was read; a main thread still running after it has work queued
+        # (LibreOffice runs an accelerator's dispatch from a posted event, after answering)
+        busy = asleep is not None and asleep(pids.setdefault(window, x.window_pid(window))) is False
+        if busy:
+            counts["busy"] += 1
+        if busy or _active(events, p):
             candidate, last_activity = None, time.monotonic()
             continue
         if candidate is None:
-            candidate = x.grab_raw()
+            candidate = x.grab_view(slot)
             counts["grabs"] += 1
             continue
-        wait = last_activity + p.evidence_quiet_s - time.monotonic()
-        if wait > 0 and _active(_collect(x, wait), p):
-            candidate, last_activity = None, time.monotonic()
+        wait = max(last_activity + p.evidence_quiet_s, last_structure + p.wm_quiet_s) - time.monotonic()
+        if wait > 0:  # then one more round: a fresh answer after the wait
+            events = _collect(x, wait)
+            if _structure(events):
+                last_structure = time.monotonic()
+            if _active(events, p):
+                candidate, last_activity = None, time.monotonic()
             continue
-        raw = x.grab_raw()
+        slot = 1 - slot
+        second = x.grab_view(slot)
         counts["grabs"] += 1
-        if x.snapshot(window) == state and not _active(x.events(0), p) and _same(raw, candidate, x, p):
-            return Frame(xcb.bgrx_to_rgb(raw, x.width, x.height), state[1])
-        candidate, last_activity = raw, time.monotonic()  # drawn between the grabs: one more round
+        events = x.events(0)
+        if x.snapshot(window) == state and not _active(events, p) and _same(second, candidate, x, p):
+            return Frame(xcb.bgrx_to_rgb(second, x.width, x.height), state[1])
+        if _structure(events):
+            last_structure = time.monotonic()
+        candidate, last_activity = second, time.monotonic()  # drawn between the grabs: one more round
     return None
 
 
-def _same(a: bytes, b: bytes, x: xcb.XClient, p: SettleParams) -> bool:
+def _structure(events: list[xcb.XEvent]) -> bool:
+    return any(e.kind in _STRUCTURE for e in events)
+
+
+def _same(a: np.ndarray, b: np.ndarray, x: xcb.XClient, p: SettleParams) -> bool:
     """Two grabs equal within the pixel tolerance (byte-equal in the usual case: no conversion)."""
-    if a == b:
+    if xcb.same_bytes(a, b):
         return True
     return frames_differ(xcb.bgrx_to_rgb(a, x.width, x.height), xcb.bgrx_to_rgb(b, x.width, x.height)) <= p.tolerance_px
 
@@ -219,6 +250,21 @@ def _answer(x: xcb.XClient, token: int, p: SettleParams, end: float) -> str:
             if e.kind == "error":
                 return "refused"
             seen.append(e)
+
+
+def _unpingable(state: tuple[int, str, int]) -> str:
+    window, title, _focus = state
+    return f"the active window ({window:#x} {title!r}) does not answer _NET_WM_PING" if window else "no active window"
+
+
+def _stays(x: xcb.XClient, state: tuple[int, str, int], p: SettleParams) -> bool:
+    """Is ``state`` still the state after ``wm_quiet_s``? (A window that cannot be pinged is often a
+    passing one: a dialog just destroyed that the window manager still names as the active window.)"""
+    end = time.monotonic() + max(p.wm_quiet_s, p.evidence_quiet_s)
+    while (left := end - time.monotonic()) > 0:
+        if _structure(x.events(left)) or x.snapshot(state[0]) != state:
+            return False
+    return x.snapshot(state[0]) == state
 
 
 def _collect(x: xcb.XClient, seconds: float) -> list[xcb.XEvent]:
