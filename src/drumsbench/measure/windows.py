@@ -365,7 +365,9 @@ def judge(ledger: Ledger, run_id: str, label: str, criteria: Criteria,
     valid = success + failed
     invalid = n - valid
     hosts = hosts_of(cluster)
-    throughput = scale(rate_per_hour(valid_offsets, measured), 1 / hosts)  # per host-hour, idle hosts included
+    throughput = rate_per_hour(valid_offsets, measured)
+    if hosts > 1:
+        throughput = scale(throughput, 1 / hosts)  # per host-hour, idle hosts included
     half = measured / 2
     halves = [0.0, 0.0]
     counts = (0, 0)
