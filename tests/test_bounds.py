@@ -124,7 +124,7 @@ def test_vm_guest_bounded_by_the_host(state_dir: Path, run_id: str):
             assert box.cgroup is not None and box.cgroup.limit_state()["memory.limit_in_bytes"] == str(4096 << 20)
             hog = escape._memory_hog(box, box, None, 700)
             assert hog.ran and hog.contained, hog  # the guest's own bound (512 MiB of RAM)
-            fill = escape._fill_disk(box, box, None, 2400)
+            fill = escape._fill_disk(box, box, None, 2400, timeout=900)  # ~1.6 GiB under TCG
             assert fill.ran and fill.contained and "No space left" in fill.detail, fill
             virtual = int(sub.limit_mechanisms()["disk_mb"].split()[0])
             assert os.path.getsize(box.vm.disk) >> 20 < virtual

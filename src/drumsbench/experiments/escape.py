@@ -252,7 +252,7 @@ _LIMIT_SIGNS = ("No space left", "Disk quota exceeded", "File too large", "File 
 
 
 def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk_mb: int,
-               keep: bool = False) -> ProbeResult:
+               keep: bool = False, timeout: float = 90.0) -> ProbeResult:
     # The sandbox may write to this host's disk (a host folder, a container layer): never fill it.
     free_mb = _host_free_mb(box)
     if free_mb < 4 * disk_mb + 1024:
@@ -261,7 +261,7 @@ def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk
     f = shlex.quote(f"{box.paths.tmp}/.drumsbench-fill")
     body = (f"dd if=/dev/zero of={f} bs=1M count={disk_mb} 2>&1; echo \"DDRC $?\"; "
             f"echo \"SIZE $(wc -c < {f} 2>/dev/null || echo 0)\"" + ("" if keep else f"; rm -f {f}"))
-    res = box.exec(_script("dd wc rm", body), timeout=90, env=env)
+    res = box.exec(_script("dd wc rm", body), timeout=timeout, env=env)
     why = _unfinished(res)
     if why:
         return _not_run("fill_disk", why)
@@ -275,9 +275,9 @@ def _fill_disk(box: Sandbox, other: Sandbox, env: Mapping[str, str] | None, disk
         return ProbeResult("fill_disk", True, False, f"wrote {disk_mb} MiB with no limit")
     dd_out = out[:rc.start()].strip()
     # 153 = 128 + SIGXFSZ: dd killed at the file size limit
-    if int(rc.group(1)) == 153 or any(s in dd_out for s in _LIMIT_SIGNS):
-        return ProbeResult("fill_disk", True, True,
-                           f"write cut short at {written >> 20} MiB: {dd_out[-120:] or 'dd exit 153'}")
+    sign = next((s for s in _LIMIT_SIGNS if s in dd_out), "dd exit 153 (SIGXFSZ)" if int(rc.group(1)) == 153 else "")
+    if sign:
+        return ProbeResult("fill_disk", True, True, f"write cut short at {written >> 20} MiB: {sign}")
     return _not_run("fill_disk", f"did not run: dd stopped at {written >> 20} MiB without hitting a limit: "
                                  f"{dd_out[-120:] or 'no message'}")
 

@@ -494,13 +494,13 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def mount_limited(folder: Path, size_mb: int) -> None:
+def mount_limited(folder: Path, size_mb: int, source: str = "tmpfs", mode: int = 0o755) -> None:
     """Mount a tmpfs of ``size_mb`` MiB (root's, 0755, nosuid, nodev) on the existing ``folder``: the
     sandbox's disk bound. A write past it fails with ENOSPC inside the tmpfs, never on the host's
     file system; its pages are charged to the writer's memory cgroup (the sandbox's memory bound
     covers them too). ``SubstrateError`` when the mount fails."""
-    data = f"size={size_mb}m,mode=0755".encode()
-    if _libc().mount(b"tmpfs", os.fsencode(folder), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), data) != 0:
+    data = f"size={size_mb}m,mode={mode:o}".encode()
+    if _libc().mount(source.encode(), os.fsencode(folder), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), data) != 0:
         err = ctypes.get_errno()
         raise SubstrateError(f"cannot mount a {size_mb} MiB tmpfs on {folder}: {os.strerror(err)}")
 
@@ -528,3 +528,23 @@ def unmount_below(folder: Path) -> list[str]:
         if libc.umount2(os.fsencode(point), _MNT_DETACH) == 0:
             done.append(point)
     return done
+
+
+def mounts_of_source(prefix: str) -> list[str]:
+    """Mount points (this mount namespace) of tmpfs mounts whose source starts with ``prefix``."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = right.split()
+                if len(fields) >= 2 and fields[0] == "tmpfs" and fields[1].startswith(prefix):
+                    found.append(left.split()[4].replace("\\040", " "))
+    except OSError:
+        pass
+    return found
+
+
+def unmount(point: str) -> bool:
+    """Detach the mount at ``point`` (lazily: a user of it keeps it until done)."""
+    return bool(_libc().umount2(os.fsencode(point), _MNT_DETACH) == 0)

@@ -61,9 +61,9 @@ FOLDERS = (PATHS.work, PATHS.home, PATHS.tmp, PATHS.verify)
 QUOTA_BACKING = ("xfs",)  # backing file systems on which overlay storage takes a per-container size
 
 
-def limit_mechanisms(engine: str, limits: SandboxLimits, disk_quota: str | None) -> dict[str, str]:
-    """``Substrate.limit_mechanisms`` of a container engine; ``disk_quota``: None when the engine's
-    storage takes ``size`` (overlay on xfs with pquota), else why not."""
+def limit_mechanisms(limits: SandboxLimits, disk: str) -> dict[str, str]:
+    """``Substrate.limit_mechanisms`` of a container engine; ``disk``: how the disk bound is enforced
+    (or "not enforced: why")."""
     def on(value: int | None, text: str) -> str:
         return "off (setting)" if value is None else text
 
@@ -71,8 +71,7 @@ def limit_mechanisms(engine: str, limits: SandboxLimits, disk_quota: str | None)
         "pids": on(limits.pids, f"{limits.pids}: the container's pids cgroup (--pids-limit)"),
         "memory_mb": on(limits.memory_mb, f"{limits.memory_mb} MiB: the container's memory cgroup (--memory; "
                                           "OOM kill inside it)"),
-        "disk_mb": on(limits.disk_mb, f"{limits.disk_mb} MiB: --storage-opt size (per-container quota)"
-                      if disk_quota is None else f"not enforced: {disk_quota}"),
+        "disk_mb": on(limits.disk_mb, disk),
     }
 
 
@@ -94,12 +93,46 @@ def fs_type(path: Path) -> str:
     return kind
 
 
+DISK_SOURCE = "drumsbench-disk"  # the mount table's source name of a container's disk-bound tmpfs
+
+
+def disk_source(run_id: str, sid: str = "") -> str:
+    """Source name of the disk tmpfs of sandbox ``sid`` of ``run_id`` (a prefix without ``sid``)."""
+    return f"{DISK_SOURCE}-{run_id}-{sid}"
+
+
+def bound_layer(layer: Path, size_mb: int, source: str) -> None:
+    """Mount a tmpfs of ``size_mb`` MiB over a container's (not yet started) storage-layer folder
+    ``layer`` (its upper and work folders), with a copy of what the folder held (the originals
+    stay underneath, for the engine's own removal once the tmpfs is detached): the container's
+    writes then end at ENOSPC of that tmpfs, never on the host's file system."""
+    import subprocess
+
+    from drumsbench.substrates.hostproc import mount_limited, unmount
+
+    st = os.stat(layer)
+    fd = os.open(layer, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        mount_limited(layer, size_mb, source=source, mode=st.st_mode & 0o7777)
+        try:
+            os.chown(layer, st.st_uid, st.st_gid)
+            proc = subprocess.run(["cp", "-a", "--", f"/proc/self/fd/{fd}/.", str(layer)], pass_fds=(fd,),
+                                  capture_output=True, text=True, timeout=60)
+            if proc.returncode != 0:
+                raise SubstrateError(f"cannot copy the layer {layer} onto its disk bound: {proc.stderr.strip()[-200:]}")
+        except BaseException:
+            unmount(str(layer))
+            raise
+    finally:
+        os.close(fd)
+
+
 def storage_quota(engine: str, driver: str, backing: str) -> str | None:
     """None when ``driver`` on ``backing`` takes a per-container size, else why not (one line)."""
     if driver.startswith("overlay") and backing.lower() in QUOTA_BACKING:
         return None
-    return (f"{engine}'s {driver} storage on {backing or 'an unknown file system'} takes no per-container size "
-            f"(it needs xfs mounted with pquota); a sandbox's writes go to the host's file system unbounded")
+    return (f"{engine}'s {driver} storage on {backing or 'an unknown file system'} takes no per-container size: "
+            "it needs xfs mounted with pquota")
 
 # Bump when the sandbox layer (folders, reaper) changes: the tag changes, the image is rebuilt.
 SANDBOX_LAYER_VERSION = 1

@@ -27,6 +27,7 @@ import posixpath
 import select
 import socket
 import struct
+import subprocess
 import sys
 import tarfile
 import threading
@@ -40,6 +41,7 @@ from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail
+from drumsbench.substrates.hostproc import mounts_of_source, unmount
 
 try:  # the SDK is optional: missing() says how to get it
     import docker
@@ -286,6 +288,10 @@ class DockerSandbox(C.ContainerSandbox):
         if self._destroyed:
             return
         self._destroyed = True
+        # the disk bound's tmpfs: detached now, freed when the engine unmounts the container's rootfs;
+        # the engine then removes the original layer folder underneath
+        for point in mounts_of_source(C.disk_source(self.run_id, self.id)):
+            unmount(point)
         try:
             self._api.remove_container(self.container_id, force=True)
         except docker.errors.NotFound:
@@ -439,7 +445,8 @@ class DockerSubstrate(C.ContainerSubstrate):
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self.client = _client()
-        self._quota: tuple[str | None] | None = None  # (why the disk bound cannot be enforced,) once asked
+        self._quota: tuple[str | None] | None = None  # (why the storage takes no size,) once asked
+        self._disk: tuple[str, str] | None = None
 
     def disk_quota(self) -> str | None:
         """None when dockerd's storage takes a per-container size, else why not (asked once)."""
@@ -453,8 +460,44 @@ class DockerSubstrate(C.ContainerSubstrate):
                 self._quota = (f"docker info failed: {e}",)
         return self._quota[0]
 
+    def disk_tmpfs(self) -> str | None:
+        """None when the disk bound can be a tmpfs over the container's overlay2 layer folder (root,
+        overlay2, dockerd in this mount namespace), else why not."""
+        if os.geteuid() != 0:
+            return "needs root (a tmpfs over the container's layer folder)"
+        errors: tuple[type[BaseException], ...] = (IndexError, ValueError, subprocess.SubprocessError, *_api_errors())
+        try:
+            info = self.client.info()
+            pidof = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, timeout=10)
+            pid = int(pidof.stdout.split()[0])
+            same_ns = os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+        except errors as e:
+            return f"cannot tell dockerd's storage or mount namespace: {e}"
+        if info.get("Driver") != "overlay2":
+            return f"docker's storage driver is {info.get('Driver')}, not overlay2"
+        if not same_ns:
+            return "dockerd runs in another mount namespace"
+        return None
+
+    def disk_mode(self) -> tuple[str, str]:
+        """("quota" | "tmpfs" | "none", the mechanism's text), decided once."""
+        if self._disk is None:
+            lim = self.limits.disk_mb
+            quota = self.disk_quota()
+            tmpfs = None if quota is None else self.disk_tmpfs()
+            if quota is None:
+                self._disk = ("quota", f"{lim} MiB: --storage-opt size (the storage's per-container quota)")
+            elif tmpfs is None:
+                self._disk = ("tmpfs", f"{lim} MiB: a tmpfs of that size over the container's overlay2 layer "
+                                       "folder (its upper and work), mounted before it starts; ENOSPC inside it; "
+                                       f"its pages count against the memory bound too ({quota})")
+            else:
+                self._disk = ("none", f"not enforced: {quota}, and no tmpfs: {tmpfs}; a sandbox's writes go to "
+                                      "the host's file system unbounded")
+        return self._disk
+
     def limit_mechanisms(self) -> dict[str, str]:
-        return C.limit_mechanisms("docker", self.limits, self.disk_quota())
+        return C.limit_mechanisms(self.limits, self.disk_mode()[1])
 
     @classmethod
     def missing(cls) -> str | None:
@@ -499,11 +542,17 @@ class DockerSubstrate(C.ContainerSubstrate):
             )["Id"]
         except _api_errors() as e:
             raise SubstrateError(f"docker: cannot create a container of {image}: {e}") from e
+        errors: tuple[type[BaseException], ...] = (SubstrateError, *_api_errors())
         try:
+            self._bound_disk(cid, sid)
             api.start(cid)
-        except _api_errors() as e:
+        except errors as e:
+            for point in mounts_of_source(C.disk_source(self.run_id, sid)):
+                unmount(point)
             with contextlib.suppress(*_api_errors()):
                 api.remove_container(cid, force=True)
+            if isinstance(e, SubstrateError):
+                raise
             raise SubstrateError(f"docker: cannot start container {cid[:12]}: {e}") from e
         return DockerSandbox(self, cid, sid)
 
@@ -514,9 +563,23 @@ class DockerSubstrate(C.ContainerSubstrate):
                                "pids_limit": lim.pids if lim.pids is not None else -1}
         if lim.memory_mb is not None:
             cfg["mem_limit"] = f"{lim.memory_mb}m"
-        if lim.disk_mb is not None and self.disk_quota() is None:
+        if lim.disk_mb is not None and self.disk_mode()[0] == "quota":
             cfg["storage_opt"] = {"size": f"{lim.disk_mb}m"}
         return cfg
+
+    def _bound_disk(self, cid: str, sid: str) -> None:
+        """The tmpfs disk bound over the created (not started) container's layer folder."""
+        if self.limits.disk_mb is None or self.disk_mode()[0] != "tmpfs":
+            return
+        errors: tuple[type[BaseException], ...] = (KeyError, TypeError, *_api_errors())
+        try:
+            data = self.client.api.inspect_container(cid)["GraphDriver"]["Data"]
+            upper, work = Path(data["UpperDir"]), Path(data["WorkDir"])
+        except errors as e:
+            raise SubstrateError(f"docker: cannot find the layer folder of {cid[:12]}: {e}") from e
+        if upper.parent != work.parent:
+            raise SubstrateError(f"docker: upper {upper} and work {work} of {cid[:12]} are not in one folder")
+        C.bound_layer(upper.parent, self.limits.disk_mb, C.disk_source(self.run_id, sid))
 
     def _containers(self, label: str) -> list[dict[str, Any]]:
         return self.client.api.containers(all=True, filters={"label": label})
@@ -531,7 +594,8 @@ class DockerSubstrate(C.ContainerSubstrate):
             found = self._containers(f"{C.LABEL_RUN}={self.run_id}")
         except _api_errors() as e:
             return [f"docker: cannot list containers: {e}"]
-        return [f"container {c['Id'][:12]} ({c.get('State', '?')})" for c in found]
+        return [f"container {c['Id'][:12]} ({c.get('State', '?')})" for c in found] + \
+            [f"mount {p}" for p in mounts_of_source(C.disk_source(self.run_id))]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -555,6 +619,10 @@ class DockerSubstrate(C.ContainerSubstrate):
                     if any(n.lstrip("/").startswith(C.BUILD_PREFIX) for n in c["Names"])]
 
         removed: list[str] = []
+        for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go)
+            for point in mounts_of_source(C.disk_source(run)):
+                unmount(point)
+                removed.append(f"mount {point} of run {run}")
         try:
             C.gc_containers("docker", found, dead_runs, remove, builds, removed)
         except _api_errors():

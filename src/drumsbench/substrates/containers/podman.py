@@ -357,7 +357,11 @@ class PodmanSubstrate(C.ContainerSubstrate):
         return C.storage_quota("podman", "overlay", C.fs_type(config_dir()))
 
     def limit_mechanisms(self) -> dict[str, str]:
-        return C.limit_mechanisms("podman", self.limits, self.disk_quota())
+        quota = self.disk_quota()
+        return C.limit_mechanisms(self.limits, f"{self.limits.disk_mb} MiB: --storage-opt size (the storage's "
+                                  "per-container quota)" if quota is None else
+                                  f"not enforced: {quota}; a sandbox's writes go to the host's file system "
+                                  "unbounded")
 
     def _limit_args(self) -> list[str]:
         lim = self.limits
