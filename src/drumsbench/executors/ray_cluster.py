@@ -116,7 +116,8 @@ def serve(state: Path, nodes: int, cpus: int, object_store_bytes: int, stop: thr
     try:
         from ray.cluster_utils import Cluster
 
-        common: dict[str, Any] = {"node_ip_address": ray_env.LOOPBACK, "num_cpus": cpus, "object_store_memory": object_store_bytes}
+        common: dict[str, Any] = {"node_ip_address": ray_env.LOOPBACK, "num_cpus": cpus,
+                                  "object_store_memory": object_store_bytes}
         c = Cluster(initialize_head=True, head_node_args={
             **common, "include_dashboard": False, "resources": {"node_1": 1},
             "_system_config": ray_env.health_check_config(fast=True)})
