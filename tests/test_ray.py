@@ -7,6 +7,7 @@ subprocesses): on these machines Ray's defaults send traffic off the machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from drumsbench.core.outcome import Outcome
 from drumsbench.core.records import AttemptRecord
 from drumsbench.executors import ray_env
 from drumsbench.executors.ray import missing as ray_missing
+from drumsbench.executors.ray_cluster import processes_with_tmpdir
 from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
 from drumsbench.ledger import Ledger
 from drumsbench.measure.summary import build
@@ -39,9 +41,11 @@ FAST_HEALTH = ray_env.health_check_config(fast=True)
 
 
 # -- the cluster ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cluster():
-    """Head (1 CPU) + ``node_2`` (1 CPU) on 127.0.0.1, lost nodes marked dead in about a second."""
+@contextlib.contextmanager
+def loopback_cluster(extra_nodes: int = 1):
+    """A real ``cluster_utils.Cluster`` on 127.0.0.1: head (1 CPU) + ``extra_nodes`` nodes ``node_2``...
+    (1 CPU each), object stores of 80 MiB, lost nodes marked dead in about a second; this process
+    connected as the driver. Yields (cluster, env, the extra nodes); nothing of it is left after."""
     require(ray_missing())
     imported = "ray" in sys.modules
     env = ray_env.apply()
@@ -54,33 +58,25 @@ def cluster():
         "node_ip_address": ray_env.LOOPBACK, "num_cpus": 1, "object_store_memory": 80 * MiB,
         "include_dashboard": False, "_system_config": FAST_HEALTH})
     try:
-        c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={"node_2": 1},
-                   object_store_memory=80 * MiB)
+        nodes = [c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={f"node_{i}": 1},
+                            object_store_memory=80 * MiB) for i in range(2, 2 + extra_nodes)]
         ray.init(address=c.address, _node_ip_address=ray_env.LOOPBACK, logging_level="WARNING")
-        yield c, env
+        c.wait_for_nodes()
+        yield c, env, nodes
     finally:
         ray.shutdown()
         c.shutdown()
         env.restore(remove_folder=False)
-        left = _processes_with_env("RAY_TMPDIR", env.tmpdir)
+        left = processes_with_tmpdir(env.tmpdir)
         env.restore()
         assert not left, f"Ray processes left behind: {left}"
 
 
-def _processes_with_env(key: str, value: str) -> list[str]:
-    """Processes whose environment has ``key=value`` (ours: the Ray processes of one folder)."""
-    needle = f"{key}={value}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
-        except OSError:
-            continue
-    return found
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (1 CPU) + ``node_2`` (1 CPU) on 127.0.0.1, lost nodes marked dead in about a second."""
+    with loopback_cluster(1) as (c, env, _):
+        yield c, env
 
 
 def _descendants(root: int) -> set[int]:
@@ -174,8 +170,11 @@ def test_same_controls_on_ray_as_in_process(cluster, tmp_path, state):
                 assert {r.host for r in recs} == {socket.gethostname()}
                 assert len({r.extra["node"] for r in recs}) == 2, "attempts ran on one node only"
                 assert len({r.worker for r in recs}) == 2
-                # a control on the driver's host and one per node, all fired
-                assert len(report.controls) == 3 and all(c.fired for c in report.controls)
+                # a control on the driver's host, one per node and the cross-node one, all fired
+                assert len(report.controls) == 4 and all(c.fired for c in report.controls)
+                assert sum("cross-node" in c.detail for c in report.controls) == 1
+                # per-node lines: both nodes ran attempts, and they add up to the run
+                assert len(report.nodes) == 2 and sum(n.attempts for n in report.nodes.values()) == 15
                 # two Ray nodes on one machine are one host: host-hours are not doubled
                 assert report.host_count == 1 and report.hosts[socket.gethostname()].nodes == 2
                 assert report.host_seconds == pytest.approx(report.wall_seconds)
@@ -277,7 +276,7 @@ def test_cli_starts_its_own_loopback_ray_and_stops_it_on_ctrl_c(tmp_path):
     """No address: the run starts a single-node Ray of its own on loopback; Ctrl-C stops the run
     (in-flight attempts dropped, status interrupted) and leaves no Ray process behind."""
     require(ray_missing())
-    tmpdir = tempfile.mkdtemp(prefix="dray-cli-", dir="/tmp")
+    tmpdir = tempfile.mkdtemp(prefix="dray-cli-", dir=ray_env.short_tmp())
     out = tmp_path / "runs"
     env = {**os.environ, "DRUMSBENCH_STATE": str(tmp_path / "state"), "RAY_TMPDIR": tmpdir}
     for key in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
@@ -317,7 +316,7 @@ def _ctrl_c_own_ray(tmp_path: Path, out: Path, env: dict[str, str], tmpdir: str)
     rows = db.execute("SELECT outcome, executor, host FROM attempts").fetchall()
     assert len(rows) >= 4 and {r[:2] for r in rows} == {("success", "ray")}
     time.sleep(0.5)
-    assert not _processes_with_env("RAY_TMPDIR", tmpdir), "Ray processes left behind"
+    assert not processes_with_tmpdir(tmpdir), "Ray processes left behind"
     assert not any((tmp_path / "state" / "sandboxes").glob("*/*")), "sandboxes left behind"
 
 

@@ -8,55 +8,32 @@ rollouts. The confirmation rules themselves are the sweep's own.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from test_ray import loopback_cluster, ray_sockets_off_loopback
 
 from drumsbench.core.machine import commit, machine_info
-from drumsbench.executors import ray_env
-from drumsbench.executors.ray import missing as ray_missing
 from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
-from drumsbench.experiments.sweep import SweepConfig, build, run_sweep
+from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cluster import ClusterSweepReport
 from drumsbench.measure.summary import build as build_run
+from drumsbench.report.html.page import write_html
+from drumsbench.report.sweep import print_sweep
 from drumsbench.rollout.attempt import RolloutConfig
 
-from conftest import require
 from helpers import MINI
-from test_ray import FAST_HEALTH, MiB, _processes_with_env, ray_sockets_off_loopback
 
 
 @pytest.fixture(scope="module")
 def cluster3():
     """Head + ``node_2`` + ``node_3``, 1 CPU each, small object stores, lost nodes dead in ~1 s."""
-    require(ray_missing())
-    imported = "ray" in sys.modules
-    env = ray_env.apply()
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if imported:
-        ray_env.reload_auth()
-    c = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": ray_env.LOOPBACK, "num_cpus": 1, "object_store_memory": 80 * MiB,
-        "include_dashboard": False, "_system_config": FAST_HEALTH})
-    try:
-        nodes = [c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={f"node_{i}": 1},
-                            object_store_memory=80 * MiB) for i in (2, 3)]
-        ray.init(address=c.address, _node_ip_address=ray_env.LOOPBACK, logging_level="WARNING")
-        c.wait_for_nodes()
+    with loopback_cluster(2) as (c, _, nodes):
         yield c, nodes
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        env.restore(remove_folder=False)
-        left = _processes_with_env("RAY_TMPDIR", env.tmpdir)
-        env.restore()
-        assert not left, f"Ray processes left behind: {left}"
 
 
 @pytest.fixture
@@ -122,6 +99,16 @@ def test_sweep_on_ray_confirms_windows_and_reports_n_max_per_node_and_cluster(cl
     # host-hours: one host for the whole sweep (three nodes on one machine are one host)
     assert r.host_seconds == pytest.approx(sum(e - s for s, e, _ in ledger.segments(run_id)))
     assert sockets and sockets[0][0] > 10 and not sockets[0][1], sockets
+    # the report shows per-node throughput, the cluster's and the tax: terminal and HTML
+    console = Console(record=True, width=240)
+    print_sweep(r, console)
+    text = console.export_text()
+    assert "N_max per node" in text and "N_max for the cluster" in text and "coordination" in text
+    assert all(ln.node_id[:8] in text for ln in n1.nodes)
+    publish(ledger, run_id, r)
+    write_html(ledger, [run_id], tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "valid per node-hour" in page and "Coordination tax" in page and f"{run_id}/tax/N1" in page
 
 
 def test_cross_node_canary_control_fires_and_a_per_node_registry_would_miss_it(cluster3, tmp_path, state):
@@ -176,7 +163,7 @@ def test_node_killed_mid_window_unconfirms_it_and_loses_no_attempt(cluster3, tmp
     assert not nodes_check.passed and victim.node_id[:8] in nodes_check.detail and "lost mid-window" in \
         nodes_check.detail, nodes_check
     assert any("lost mid-window" in reason for reason in n1.reasons)
-    lost = [ln for ln in n1.nodes if ln.node_id == victim.node_id][0]
+    lost = next(ln for ln in n1.nodes if ln.node_id == victim.node_id)
     assert not lost.finished and lost.lost_attempts == 1  # N=1: its one in-flight attempt
     # no recorded attempt lost: every sequence number once, the lost one recorded invalid
     seqs = _seqs(ledger, run_id)

@@ -19,11 +19,11 @@ be resumed.
 SIGINT/SIGTERM in the driver: as in process, work stops, the nodes destroy their sandboxes and
 in-flight attempts are dropped (not recorded).
 
-Canaries: one registry for the whole cluster (a ``CanaryHub`` actor on the driver's node; each
-node's ``ClusterCanaries`` issues, retires and asks it), so a canary of a sandbox on node A found
-inside one on node B is contamination. With two nodes or more, a cross-node positive control runs
-at the start: a canary of a sandbox on node A is planted in a sandbox on node B, and B's check must
-find it (a per-node registry would not: the control says so too).
+Canaries: with two nodes or more, one registry for the whole cluster (a ``CanaryHub`` actor on
+the driver's node; each node's ``ClusterCanaries`` issues, retires and asks it), so a canary of a
+sandbox on node A found inside one on node B is contamination; and a cross-node positive control
+runs at the start: a canary of a sandbox on node A is planted in a sandbox on node B, and B's check
+must find it (a per-node registry would not: the control says so too).
 
 A ``Session`` (``with session(...)``, used by the sweep) lets a caller that runs several windows on
 one connection restrict a window to the first ``node_limit`` nodes (the node-alone baseline) and
@@ -456,9 +456,10 @@ class RayExecutor:
         sess = _SESSION.get()
         if sess is not None and sess.node_limit is not None:
             alive = alive[: sess.node_limit]
-        here = ray.get_runtime_context().get_node_id()
-        self._hub = ray.remote(CanaryHub).options(
-            num_cpus=0, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+        if len(alive) >= 2:  # one registry for the cluster; a single node keeps its own (no extra calls)
+            here = ray.get_runtime_context().get_node_id()
+            self._hub = ray.remote(CanaryHub).options(num_cpus=0, max_restarts=0, scheduling_strategy=(
+                NodeAffinitySchedulingStrategy(here, soft=False))).remote()
         nodes = []
         for i, node_id in enumerate(alive):
             actor = actor_cls.options(
