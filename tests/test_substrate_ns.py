@@ -252,7 +252,8 @@ def test_overlay_gc_after_simulated_crash(run_id, state_dir):
 
 
 def test_overlay_harness_killed_leaves_nothing(run_id, state_dir):
-    """A harness that dies by SIGKILL takes its sandboxes with it; gc then removes the folders."""
+    """A harness that dies by SIGKILL takes its sandboxes' processes with it; gc then removes the
+    folders and the disk bounds' tmpfs mounts."""
     require(OverlaySubstrate.missing())
     script = textwrap.dedent(
         f"""
@@ -282,8 +283,10 @@ def test_overlay_harness_killed_leaves_nothing(run_id, state_dir):
     assert not pids_with_env(RUN_VAR, run_id), "processes outlived the killed harness"
     assert not any(alive(p) for p in holders)
     folder = run_folder(state_dir, run_id)
-    assert not host_mounts_below(folder)
+    # the only host mounts: each sandbox's disk bound (a tmpfs on its folder), which gc removes
+    assert sorted(host_mounts_below(folder)) == sorted(str(p) for p in (folder / "sb").iterdir())
     OverlaySubstrate.gc(state_dir, {run_id})
+    assert not host_mounts_below(folder)
     assert not folder.exists()
 
 

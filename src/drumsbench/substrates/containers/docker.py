@@ -594,8 +594,9 @@ class DockerSubstrate(C.ContainerSubstrate):
             found = self._containers(f"{C.LABEL_RUN}={self.run_id}")
         except _api_errors() as e:
             return [f"docker: cannot list containers: {e}"]
-        return [f"container {c['Id'][:12]} ({c.get('State', '?')})" for c in found] + \
-            [f"mount {p}" for p in mounts_of_source(C.disk_source(self.run_id))]
+        left = [f"container {c['Id'][:12]} ({c.get('State', '?')})" for c in found]
+        # a disk-bound tmpfs goes with its container; one left without containers is a leftover itself
+        return left or [f"mount {p}" for p in mounts_of_source(C.disk_source(self.run_id))]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -619,10 +620,9 @@ class DockerSubstrate(C.ContainerSubstrate):
                     if any(n.lstrip("/").startswith(C.BUILD_PREFIX) for n in c["Names"])]
 
         removed: list[str] = []
-        for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go)
+        for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go, one line each)
             for point in mounts_of_source(C.disk_source(run)):
                 unmount(point)
-                removed.append(f"mount {point} of run {run}")
         try:
             C.gc_containers("docker", found, dead_runs, remove, builds, removed)
         except _api_errors():
