@@ -84,7 +84,7 @@ def test_a_sandbox_dirtied_after_pooling_is_refused_and_replaced(name, state_dir
         again = pool.idle_sandboxes()
         assert dirty not in again and not set(map(id, again)) & set(map(id, handed))
         use = pool.use()
-        assert use.created >= 4 and use.hits == 2 and use.refused == 1
+        assert use.created >= 4 and use.hits + use.misses == 2 and use.refused == 1
     finally:
         pool.close()
         for box in handed:

@@ -97,6 +97,8 @@ def check_fresh(box: Sandbox) -> str | None:
         return f"{'unreadable entry' if UNREADABLE_MARK in str(e) else 'check failed'}: {e}"[:300]
     except OSError as e:  # UnreadableEntry from a host-side digest
         return f"unreadable: {e}"[:300]
+    except Exception as e:  # anything else the substrate raised: not shown clean
+        return f"check failed: {type(e).__name__}: {e}"[:300]
     if got != FRESH:
         return f"not fresh: its root digests to {got[:19]}..., a fresh sandbox to {FRESH[:19]}..."
     return None
@@ -121,7 +123,8 @@ class WarmPool:
         self._idle: deque[_Idle] = deque()
         self._cv = threading.Condition()
         self._closed = False
-        self._busy = 0  # sandboxes the thread holds outside the deque (being made or rechecked)
+        self._making = 0  # sandboxes the thread is making (not yet in the deque)
+        self._rechecking = 0  # idle sandboxes out of the deque for their background recheck (still the pool's)
         self._trash: list[Sandbox] = []
         self._last_t = time.monotonic()
         self._held_s = 0.0
@@ -134,7 +137,7 @@ class WarmPool:
     # -- bookkeeping (under the lock) -------------------------------------------------------------
     def _tick(self) -> None:
         now = time.monotonic()
-        self._held_s += len(self._idle) * (now - self._last_t)
+        self._held_s += (len(self._idle) + self._rechecking) * (now - self._last_t)
         self._last_t = now
 
     def _refuse(self, box: Sandbox, why: str) -> None:
@@ -154,9 +157,9 @@ class WarmPool:
                     return
                 job: Literal["make", "recheck", "wait"] = "wait"
                 item: _Idle | None = None
-                if len(self._idle) + self._busy < self.size:
+                if len(self._idle) + self._making + self._rechecking < self.size:
                     job = "make"
-                    self._busy += 1
+                    self._making += 1
                 else:
                     now = time.monotonic()
                     stale = [i for i in self._idle if now - i.checked_at > self.recheck_s / 2]
@@ -164,7 +167,7 @@ class WarmPool:
                         item = min(stale, key=lambda i: i.checked_at)
                         self._tick()
                         self._idle.remove(item)
-                        self._busy += 1
+                        self._rechecking += 1
                         job = "recheck"
                 if job == "wait":
                     if not self._trash:
@@ -177,7 +180,8 @@ class WarmPool:
                     self._recheck(item)
             finally:
                 with self._cv:
-                    self._busy -= 1
+                    if job == "make":
+                        self._making -= 1
                     self._cv.notify_all()
 
     def _make(self) -> None:
@@ -202,10 +206,12 @@ class WarmPool:
         why = check_fresh(box)
         dt = time.monotonic() - t0
         with self._cv:
+            self._tick()
             self.u.checks += 1
             self.u.check_s += dt
             if rechecked:
                 self.u.rechecks += 1
+                self._rechecking -= 1
             if why is not None:
                 self._refuse(box, why)
             elif self._closed:
@@ -278,20 +284,25 @@ class WarmPool:
             return len(self._idle)
 
     def idle_sandboxes(self) -> list[Sandbox]:
-        """The idle sandboxes now (a copy, for inspection; they stay the pool's)."""
+        """The idle sandboxes in the pool now, not counting one being rechecked (a copy, for
+        inspection; they stay the pool's)."""
         with self._cv:
             return [i.box for i in self._idle]
 
+    def _full(self) -> bool:
+        return len(self._idle) + self._rechecking >= self.size
+
     def wait_full(self, timeout: float) -> bool:
-        """Wait until ``size`` sandboxes are idle (or ``timeout``); returns whether it is full."""
+        """Wait until ``size`` checked sandboxes are idle (one being rechecked in the background counts:
+        it stays the pool's) or ``timeout``; returns whether it is full."""
         end = time.monotonic() + timeout
         with self._cv:
-            while len(self._idle) < self.size and not self._closed:
+            while not self._full() and not self._closed:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
                 self._cv.wait(timeout=min(left, 0.5))
-            return len(self._idle) >= self.size
+            return self._full()
 
     def wait_for(self, what: Callable[[PoolUse], bool], timeout: float) -> bool:
         """Wait until ``what(self.use())`` holds (tests, measurements)."""
