@@ -26,7 +26,7 @@ from drumsbench.report.html.page import write_html
 from drumsbench.report.sweep import print_sweep
 from drumsbench.rollout.attempt import RolloutConfig
 
-from helpers import MINI
+from helpers import MINI, cli
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +173,15 @@ def test_node_killed_mid_window_unconfirms_it_and_loses_no_attempt(cluster3, tmp
     assert r.climb_stopped and "N=1 not confirmed" in r.climb_stopped and r.n_max is None
     alone = next(v for v in r.windows if v.label == "node-N1")
     assert victim.node_id not in {ln.node_id for ln in alone.nodes if ln.attempts}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--executor", "spark"], "--executor"),
+    (["--executor", "ray", "--ray-address", "192.0.2.7:6379"], "not a loopback address"),
+    (["--ray-address", "127.0.0.1:6379"], "only with --executor ray"),
+])
+def test_sweep_bad_ray_input_one_line_exit_2(args, needle, tmp_path):
+    proc = cli("sweep", "--tasks", MINI, "--out", str(tmp_path / "runs"), "--concurrency", "1", "--window", "2s",
+               "--soak", "none", *args, env={"DRUMSBENCH_STATE": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr.strip().splitlines()[-1], proc.stderr
