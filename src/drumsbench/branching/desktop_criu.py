@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -34,7 +36,14 @@ from drumsbench.substrates.process import ProcessSandbox
 
 
 class CriuFork(ForkMethod):
+    """Continuations restored from one checkpoint; ``POOL`` of them are restored ahead of demand
+    (``prepare`` fills the pool, a background thread refills it after each ``fork``), so a
+    ``fork`` that finds one ready only hands it over. ``timings`` has where each continuation's
+    time went (seconds: provision, copy, restore, adopt; ``wait`` for the caller: 0 from the pool)."""
+
     name = "criu"
+    POOL = 3  # continuations kept restored ahead of demand (>= ``BranchConfig.growth_forks``)
+    FILL_TIMEOUT_S = 300.0
     folder: Path | None = None  # the checkpoint's folder, once ``prepare`` made it
 
     @classmethod
@@ -50,10 +59,10 @@ class CriuFork(ForkMethod):
 
         missing = criu_install.missing()
         if missing:
-            raise UsageError(f"--methods criu: {missing}")
+            raise UsageError(f"--methods {self.name}: {missing}")
         env = parent.env
         if not isinstance(env, DesktopEnv) or env.inst is None or not env.settings.checkpointable:
-            raise UsageError("--methods criu: only for the desktop environment started checkpointable")
+            raise UsageError(f"--methods {self.name}: only for the desktop environment started checkpointable")
         inst = env.inst
         box = parent.sandbox
         assert isinstance(box, ProcessSandbox) and inst.holder_pid is not None  # the desktop runs on process
@@ -66,12 +75,56 @@ class CriuFork(ForkMethod):
         self.parent_task = env.task
         self.history = list(env.history)
         self.settings = env.settings
-        self.checkpoint_s = criu.checkpoint(inst.holder_pid, self.images, {str(root): str(self.frozen)})
+        self.checkpoint_phases: dict[str, float] = {}
+        self.checkpoint_s = criu.checkpoint(inst.holder_pid, self.images, {str(root): str(self.frozen)},
+                                            phases=self.checkpoint_phases)
+        self.timings: list[dict[str, float]] = []
+        self.fill_errors: list[str] = []
+        self._pool: list[tuple[Slot, dict[str, float]]] = []  # restored ahead, with their timings
+        self._pending = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._filler: threading.Thread | None = None
+        if self.POOL > 0:
+            self._filler = threading.Thread(target=self._fill, name=f"criu-pool-{self.folder.name}", daemon=True)
+            self._filler.start()
+            deadline = time.monotonic() + self.FILL_TIMEOUT_S
+            with self._cond:
+                while len(self._pool) < self.POOL and not self.fill_errors and time.monotonic() < deadline:
+                    self._cond.wait(timeout=1.0)
 
-    def fork(self, parent_generation: int) -> Slot:
+    def _fill(self) -> None:
+        """Keep ``POOL`` continuations restored (one restore at a time: the host has few cores)."""
+        while True:
+            with self._cond:
+                while not self._closing and len(self._pool) + self._pending >= self.POOL:
+                    self._cond.wait()
+                if self._closing:
+                    return
+                self._pending += 1
+            try:
+                slot, phases = self._restore_one()
+            except Exception as e:  # a failed restore ahead of demand: the next fork restores itself
+                with self._cond:
+                    self._pending -= 1
+                    self.fill_errors.append(f"pool: {type(e).__name__}: {e}"[:300])
+                    self._cond.notify_all()
+                    if len(self.fill_errors) >= 3:
+                        return
+                continue
+            with self._cond:
+                self._pending -= 1
+                if self._closing:
+                    slot.destroy()
+                    return
+                self._pool.append((slot, phases))
+                self._cond.notify_all()
+
+    def _restore_one(self) -> tuple[Slot, dict[str, float]]:
         from drumsbench.envs.desktop.env import DesktopEnv
         from drumsbench.envs.desktop.instance import DesktopInstance
 
+        t0 = time.monotonic()
         slot = Slot(self.substrate, self.make_env())
         slot.provision()
         try:
@@ -80,21 +133,57 @@ class CriuFork(ForkMethod):
             assert isinstance(box, ProcessSandbox) and isinstance(env, DesktopEnv)
             env.settings = self.settings
             root = Path(box.host_root)
+            t1 = time.monotonic()
             restore.copy_frozen(self.frozen, root, None, None)
+            t2 = time.monotonic()
             pid = restore.restore_tree(self.images, self.parent_root, root, box.id)
+            t3 = time.monotonic()
             box.adopt_group(pid)  # destroy kills the restored tree
             inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
             assert self.parent_task is not None
             env.adopt(self.parent_task, inst, self.history)
-            env.generation = parent_generation + 1
         except BaseException:
             slot.destroy()
             raise
+        t4 = time.monotonic()
+        return slot, {"provision_s": t1 - t0, "copy_s": t2 - t1, "restore_s": t3 - t2, "adopt_s": t4 - t3}
+
+    def fork(self, parent_generation: int) -> Slot:
+        t0 = time.monotonic()
+        with self._cond:
+            ready = self._pool.pop(0) if self._pool else None
+            self._cond.notify_all()
+        if ready is not None:
+            slot, phases = ready[0], {**ready[1], "pooled": 1.0}
+        else:
+            slot, phases = self._restore_one()
+            phases["pooled"] = 0.0
+        slot.env.generation = parent_generation + 1
+        phases["wait_s"] = time.monotonic() - t0
+        with self._cond:
+            self.timings.append(phases)
         return slot
 
     def close(self) -> None:
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is None:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._filler is not None:
+            self._filler.join(timeout=self.FILL_TIMEOUT_S)
+        with self._cond:
+            pooled, self._pool = self._pool, []
+        for slot, _phases in pooled:
+            slot.destroy()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class ColdCriuFork(CriuFork):
+    """``criu`` without the pool: every fork provisions, copies and restores while the caller waits."""
+
+    name = "criu-cold"
+    POOL = 0
 
 
 def available() -> str | None:

@@ -135,6 +135,7 @@ METHODS: Registry[type[ForkMethod]] = Registry(
         "file": "drumsbench.branching.methods:FileCopy",
         "snapshot": "drumsbench.branching.methods:NativeSnapshot",
         "criu": "drumsbench.branching.desktop_criu:CriuFork",  # the desktop's live process tree
+        "criu-cold": "drumsbench.branching.desktop_criu:ColdCriuFork",  # the same, no pool restored ahead
     }, "drumsbench.fork_methods",
     check=lambda obj: isinstance(obj, type) and issubclass(obj, ForkMethod), expected="a ForkMethod subclass")
 

@@ -37,7 +37,8 @@ def branch(
     k: Annotated[int, typer.Option(help="Actions before the branch point.")] = 5,
     ks: Annotated[str, typer.Option(help="k values for the creation-time-against-k table.")] = "1,5,20",
     continuations: Annotated[int, typer.Option(help="Continuations per method.")] = 16,
-    methods: Annotated[str, typer.Option(help="Fork methods: replay, file, snapshot, criu.")] = "replay,file",
+    methods: Annotated[str, typer.Option(
+        help="Fork methods: replay, file, snapshot, criu (a pool restored ahead), criu-cold.")] = "replay,file",
     policy: Annotated[str, typer.Option(help="Policy that continues each continuation.")] = "noisy",
     step_timeout: o.StepTimeout = "30s",
     out: o.Out = o.RUNS,

@@ -111,12 +111,13 @@ def _signal_tree(pids: Sequence[int], sig: int) -> None:
             os.kill(p, sig)
 
 
-def checkpoint(pid: int, images: Path, copies: Mapping[str, str] | None = None) -> float:
+def checkpoint(pid: int, images: Path, copies: Mapping[str, str] | None = None,
+               phases: dict[str, float] | None = None) -> float:
     """``criu dump --leave-running`` of the tree rooted at ``pid`` into ``images``; seconds taken.
 
     With ``copies`` (live folder -> frozen copy), the folders are copied while the tree is stopped,
     so the files and the memory image describe the same instant; continuations then start from
-    the frozen copies, never from the live folders.
+    the frozen copies, never from the live folders. ``phases`` receives ``dump_s`` and ``copy_s``.
     """
     images.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -127,8 +128,11 @@ def checkpoint(pid: int, images: Path, copies: Mapping[str, str] | None = None) 
     try:
         if proc.returncode != 0:
             raise SubstrateError(f"criu dump failed: {log_errors(images / 'dump.log')}")
+        t1 = time.monotonic()
         for src, dst in (copies or {}).items():
             subprocess.run(["cp", "-a", src, dst], check=True, capture_output=True, timeout=120)
+        if phases is not None:
+            phases.update(dump_s=t1 - t0, copy_s=time.monotonic() - t1)
     finally:
         _signal_tree(tree_pids(pid), signal.SIGCONT)
     return time.monotonic() - t0
