@@ -18,7 +18,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,7 +169,7 @@ def late_app(env: DesktopEnv) -> Iterator[int]:
     assert res.exit_code == 0, res.stderr
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", 20, "the late painter's pid file")
     inside_pid = int(pid_file.read_text())
-    host_pid = _host_pid(inst.holder_pid, inside_pid)
+    host_pid = inst.namespace_pids()[inside_pid]
 
     def ready() -> bool:
         frame = inst.grab()
@@ -189,25 +188,6 @@ def late_app(env: DesktopEnv) -> Iterator[int]:
 def with_signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-def _host_pid(holder: int | None, inside_pid: int) -> int:
-    """The host pid of a process of the instance's pid namespace (NSpid in /proc/<pid>/status)."""
-    assert holder is not None
-    ns = os.readlink(f"/proc/{holder}/ns/pid")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry}/ns/pid") != ns:
-                continue
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-        if nspid and int(nspid[-1]) == inside_pid:
-            return int(entry)
-    raise AssertionError(f"no host process for pid {inside_pid} of the instance")
 
 
 def back_to_green(env: DesktopEnv) -> None:

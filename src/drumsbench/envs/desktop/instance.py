@@ -468,11 +468,11 @@ class DesktopInstance:
                 except OSError:
                     pass
             if attempt == 0:
-                self._host_pids = self._namespace_pids()
+                self._host_pids = self.namespace_pids()
                 host = self._host_pids.get(ns_pid)
         return None
 
-    def _namespace_pids(self) -> dict[int, int]:
+    def namespace_pids(self) -> dict[int, int]:
         """{pid inside the instance's pid namespace: host pid} of its processes (a /proc walk)."""
         if self.holder_pid is None:
             return {}
