@@ -16,9 +16,14 @@ sandbox's files but cannot mount, make device nodes or regain capabilities. Proc
 live on between commands (a server started by one command is reachable on ``127.0.0.1`` by the
 next) until reset, snapshot or destroy.
 
-No mount is ever made on the host: the overlay and its submounts exist only in the holder's
-private mount namespace and vanish with it, however the run ends. Holders die with the fork
-server, which dies when the harness closes its stdin (also on a crash).
+The overlay and its submounts exist only in the holder's private mount namespace and vanish
+with it, however the run ends. Holders die with the fork server, which dies when the harness
+closes its stdin (also on a crash). The one host mount is the disk bound (``limits.disk_mb``,
+on by default): a tmpfs of that size on the sandbox's folder ``sb/<id>``, which holds its upper
+and work layers, so that everything the sandbox writes ends at ENOSPC there; ``destroy``,
+``close`` and ``gc`` (after a crash) unmount it. With the bound on, ``snapshot()`` copies the
+upper layer into the layer store (``cp -a``) instead of renaming it. Where the v1 pids and memory
+hierarchies exist, the holder and every command are also in the sandbox's pids and memory groups.
 
 Reset in place discards the upper layer: the holder is killed (the kernel kills its pid namespace
 and drops its mounts), a fresh upper is made, a new holder mounts it; the old upper is renamed
@@ -281,7 +286,8 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
     def snapshot(self) -> str:
         """Freeze the current files as a layer; returns its id for ``OverlaySubstrate.fork``.
 
-        O(1): the upper layer is renamed, not copied. The sandbox's processes are killed; the
+        O(1) with the disk bound off: the upper layer is renamed, not copied (with it on, copied off
+        the sandbox's tmpfs: O(what the sandbox wrote)). The sandbox's processes are killed; the
         sandbox continues with the same files on a fresh upper layer.
         """
         with self._lock:
