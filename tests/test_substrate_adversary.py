@@ -296,11 +296,13 @@ def test_gc_of_a_dead_run_removes_frozen_sandboxes_cgroups_and_uid_leases(state_
 
 @needs_root
 def test_a_lease_whose_folder_vanished_is_swept(proc_sub: ProcessSubstrate) -> None:
+    from drumsbench.substrates.hostproc import unmount_below
     from drumsbench.substrates.process import sweep_orphans
 
     box = proc_sub.create()
     assert isinstance(box, ProcessSandbox) and box.lease is not None
     lease = box.lease.path
+    unmount_below(box.host_root)  # its disk bound's tmpfs, and then
     shutil.rmtree(box.host_root)  # its state folder was deleted without a gc
     assert lease.is_symlink()
     assert any(str(lease) in r for r in sweep_orphans())
