@@ -7,6 +7,8 @@ in-place reset, the built-in coding tasks in turn), so both see the same load. P
 the attempt's wall time (reset to verdict), the verify phase (stage + run) and the runner alone
 (``run_verifier``: one ``python3`` exec and the tests), each as p50 with its 95% interval
 (order statistics), and the warm/cold ratio of the p50s. Every attempt must succeed (the oracle).
+Beside them, the warm runner's start and imports alone (one ``python3 -I -c "import ..."`` in the
+sandbox per round): the part of the runner a verifier process kept from reset would not pay.
 
 ``--sweep``: also ``drumsbench sweep --substrate process --concurrency 2 --window 1m --soak none``
 per verifier (``DRUMSBENCH_VERIFIER``), ``--sweep-pairs`` pairs in ABBA order (warm, cold, cold,
@@ -39,6 +41,10 @@ from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.process import ProcessSubstrate
 
+# The warm runner's work before its fork (interpreter start and imports), as one exec in the sandbox:
+# what a verifier process kept from reset would no longer pay per verification.
+PREPARE = "import ast, json, os, select, signal, sys, time, secrets, types, unittest"
+
 
 class TimedEnv(CodingEnv):
     """A coding environment that keeps how long each ``run_verifier`` took."""
@@ -67,6 +73,7 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
     wall: dict[str, list[float]] = {m: [] for m in VERIFIERS}
     verify: dict[str, list[float]] = {m: [] for m in VERIFIERS}
     bad: list[str] = []
+    prepare: list[float] = []
     canaries = CanaryRegistry()
     load0 = os.getloadavg()
     try:
@@ -80,6 +87,12 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
                     bad.append(f"{mode} {task.id}: {rec.outcome} {rec.detail}")
                 wall[mode].append(rec.t_end - rec.t_start)
                 verify[mode].append(rec.verify_s)
+            box = slots["warm"].sandbox
+            if box is not None:  # what the warm runner does before its fork, alone
+                t0 = time.monotonic()
+                res = box.exec(["python3", "-I", "-c", PREPARE], timeout=60)
+                if res.exit_code == 0:
+                    prepare.append(time.monotonic() - t0)
     finally:
         for slot in slots.values():
             slot.destroy()
@@ -93,6 +106,7 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
                      "verify_phase_p50": quantile(verify[mode], 0.5).model_dump(),
                      "runner_p50": quantile(env.runner_s, 0.5).model_dump(),
                      "fallbacks": len(env.fallbacks)}
+    out["prepare_p50"] = quantile(prepare, 0.5).model_dump()
     for key in ("attempt_p50", "verify_phase_p50", "runner_p50"):
         out[f"ratio_{key}"] = out["warm"][key]["value"] / out["cold"][key]["value"]
     return out
@@ -143,6 +157,10 @@ def main() -> None:
         print(f"{mode:6} {row[0]:>30} {row[1]:>30} {row[2]:>30}  {a[mode]['fallbacks']}")
     print(f"{'warm/cold':10} {a['ratio_attempt_p50']:>26.2f} {a['ratio_verify_phase_p50']:>30.2f} "
           f"{a['ratio_runner_p50']:>30.2f}")
+    prep = Estimate(**a["prepare_p50"])
+    print(f"the warm runner's start and imports alone (python3 -I -c 'import ...' in the sandbox): {_ms(prep)}; "
+          f"warm runner minus that: {(a['warm']['runner_p50']['value'] - (prep.value or 0)) * 1e3:.1f} ms "
+          f"(what a verifier process kept from reset would cost)")
     if a["not_success"]:
         print("NOT SUCCESS:", *a["not_success"], sep="\n  ")
     if args.sweep:

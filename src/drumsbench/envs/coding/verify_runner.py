@@ -36,15 +36,16 @@ Verdict statuses (the harness maps them; see docs/attribution.md):
 """
 
 import ast
-import hashlib
-import hmac
 import json
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
+
+# hashlib, hmac (the parent's MAC) and subprocess (the cold parent's child) are imported where they
+# are used: the warm runner's child, forked from the parent, never needs them, so the parent
+# imports them only after the fork.
 
 MAX_LINE = 64 * 1024
 MAX_REPORT = 4 * 1024 * 1024
@@ -52,6 +53,9 @@ MAX_REPORT = 4 * 1024 * 1024
 
 # -- parent -----------------------------------------------------------------------------------------
 def _mac(secret, text):
+    import hashlib
+    import hmac
+
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
 
 
@@ -193,6 +197,8 @@ def _verdict(expected, events, problem, exit_code, test_imports=frozenset(), tas
 
 
 def main():
+    import subprocess
+
     secret = bytes.fromhex(sys.stdin.readline().strip())
     config = json.loads(sys.stdin.readline())
     if len(secret) < 16:
