@@ -18,6 +18,7 @@ from pathlib import Path
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.exec_core import SANDBOX_PATH
+from drumsbench.substrates.hostproc import mounts_below
 from drumsbench.substrates.process import RUN_VAR
 
 NAMESPACE_INIT = Path(__file__).with_name("namespace_init.py")
@@ -32,19 +33,8 @@ def cached_rootfs() -> Path | None:
     return target if (target / ".drumsbench-complete").exists() else None
 
 
-def host_mounts_below(folder: Path) -> list[str]:
-    """Mount points in the host's mount namespace at or below ``folder``."""
-    prefix = os.path.realpath(folder)
-    found = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                point = line.split()[4].replace("\\040", " ")
-                if point == prefix or point.startswith(prefix + "/"):
-                    found.append(point)
-    except OSError:
-        pass
-    return found
+# Mount points in the host's mount namespace at or below a folder (deepest first).
+host_mounts_below = mounts_below
 
 
 def wait_pidfd(pidfd: int, timeout: float) -> bool:
