@@ -84,6 +84,33 @@ def test_the_sampler_sees_fds_processes_and_files(tmp_path):
     assert art.columns[0] == "t" and art.rows and art.before and art.after and art.sample_ms is not None
 
 
+def test_the_sampler_counts_the_runs_own_mounts_not_the_hosts(tmp_path):
+    """A mount under the run's folder counts; one elsewhere on the host (another user's) does not."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    run_id = "r20990101-000000-leak"
+    ours, theirs = tmp_path / run_id / "box", tmp_path / "someone-else" / "box"
+    for d in (ours, theirs):
+        d.mkdir(parents=True)
+    s = leak_sampler.LeakSampler("process", interval_s=0.05, tmp=str(tmp_path), shm=str(tmp_path), store=tmp_path,
+                                 run_id=run_id)
+    host = leak_sampler.LeakSampler("process", interval_s=0.05, tmp=str(tmp_path), shm=str(tmp_path),
+                                    store=tmp_path)
+    base, base_host = s.sample()["mounts"], host.sample()["mounts"]
+    mounted = []
+    try:
+        for d in (ours, theirs):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)], check=True)
+            mounted.append(d)
+        assert s.sample()["mounts"] == base + 1
+        assert host.sample()["mounts"] == base_host + 2
+    finally:
+        for d in mounted:
+            subprocess.run(["umount", str(d)], check=False)
+
+
 # -- the positive control: real sweeps on the process substrate ------------------------------------------------
 
 

@@ -163,7 +163,7 @@ def _run_sweep(ledger: Ledger, run_id: str, cfg: SweepConfig, ray_ctx: tuple[Any
             ray, sess = ray_ctx
             sess.node_limit = node_limit
             before, ready_n = cluster_nodes(ray), len(sess.ready_at)
-        sampler = LeakSampler(cfg.base.substrate, seconds).start()
+        sampler = LeakSampler(cfg.base.substrate, seconds, run_id=run_id).start()
         try:
             status, _ = execute(ledger, run_id, cfg.window_cfg(label, n, seconds), resume=False)
         finally:

@@ -53,7 +53,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(key="fds", label="open fds (harness)", unit="fds", tolerance_per_h=5),
     Quantity(key="processes", label="processes under the harness", unit="processes", tolerance_per_h=5),
     Quantity(key="zombies", label="zombies under the harness", unit="zombies", tolerance_per_h=1),
-    Quantity(key="mounts", label="mounts (harness's mountinfo)", unit="mounts", tolerance_per_h=5),
+    Quantity(key="mounts", label="mounts of the run (harness's mountinfo)", unit="mounts", tolerance_per_h=5),
     Quantity(key="tmp_entries", label="entries in the host's /tmp", unit="entries", tolerance_per_h=5),
     Quantity(key="shm_entries", label="entries in /dev/shm", unit="entries", tolerance_per_h=5),
     Quantity(key="store_mib", label="sandbox store disk use", unit="MiB", tolerance_per_h=20),
