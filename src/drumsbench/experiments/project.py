@@ -147,7 +147,10 @@ def _groups(ledger: Ledger, run_ids: list[str]) -> dict[tuple[str, str], dict[st
                 caps = registry.get(substrate).capabilities.reset_strategies
                 reset = "in_place" if ResetStrategy.IN_PLACE in caps else "recreate"
             role = "check" if window.startswith("check:") else "calibrate"
-            g = out[(pool_label(f"{substrate}/{reset}", wcfg.get("pool")), role)]
+            # a calibration window of a pooled target says so in its label (``...+pool#r``); rows of
+            # other runs (--from) are grouped by substrate and reset alone, pooled or not
+            pooled = window.split("#", 1)[0].endswith("+pool")
+            g = out[(pool_label(f"{substrate}/{reset}", "auto" if pooled else 0), role)]
             g.update(substrate=substrate, reset=reset)
             g.setdefault("concurrency", set()).add(conc)
             g["rows"].append(rest)
