@@ -10,22 +10,27 @@ quiet period is observed before it happened, and every step pays the quiet perio
 - every drawing anywhere on the screen (a DAMAGE object on the root window);
 - windows mapped, unmapped, moved and the active window changing (the root's substructure and
   property events), and the focus and the active window's title, read each round;
-- the application's own word that it has consumed the input: an EWMH ``_NET_WM_PING`` sent to the
+- the application's own word that it has read the input: an EWMH ``_NET_WM_PING`` sent to the
   active window, which the application answers from its event loop only after it has read and
   dispatched every event queued before the ping — the action's key or click (xdotool's events
-  reach the server before this connection exists), and LibreOffice runs the user events a key
-  handler posts (an accelerator's dispatch) before it reads the next X event.
+  reach the server before this connection exists);
+- that the application has no work queued after answering: the main thread of the process the
+  active window names (``_NET_WM_PID``) asleep in ``/proc`` (LibreOffice runs an accelerator's
+  dispatch from an event it posts to itself, after answering the ping).
 
 A round is one ping and its answer. The step is over when a round saw no drawing beyond the pixel
-tolerance (the blinking text cursor) and no window, focus or title change; then a frame is grabbed;
-after a further quiet round, and ``settle_evidence_quiet_s`` after the last activity, a second
-frame is grabbed and must equal the first (within the tolerance, same title) with nothing drawn
-since: a screenshot taken too early is caught by the difference and the wait goes on.
+tolerance (the blinking text cursor), no window, focus or title change and the application
+asleep; then a frame is grabbed; after a further quiet round, ``settle_evidence_quiet_s`` after the
+last activity and — when windows were created, mapped, moved or destroyed during the wait (the
+window manager's work, which answers no ping) — ``settle_wm_quiet_s`` after the last of those, a
+second frame is grabbed and must equal the first (within the tolerance, same title) with nothing
+drawn since: a screenshot taken too early is caught by the difference and the wait goes on.
+Grabs go through shared memory (``XClient.grab_view``) and are compared with memcmp.
 
 Fallback to ``quiet`` (bounded by ``settle_max_s``; the reason is in ``SettleReport.fallback``):
 the server has no DAMAGE extension, the active window does not take pings (none, or LibreOffice
-closed: an empty desktop), or the application did not answer within ``settle_ping_timeout_s``
-(hung, or busy that long).
+closed: an empty desktop) and stays so for ``settle_wm_quiet_s``, or the application did not
+answer within ``settle_ping_timeout_s`` (hung, or busy that long).
 
 Not seen by either mode: what an application draws later from a timer while its event loop is
 free. LibreOffice refreshes toolbar and status-bar states that way (its bindings update about
