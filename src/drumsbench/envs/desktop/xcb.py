@@ -8,9 +8,17 @@ socket path, so the harness connects a plain Unix socket to the path itself — 
 sandbox's location — and hands the connected fd to ``xcb_connect_to_fd``.
 
 Every operation opens a connection, does its work and closes it: no connection from the harness
-stays open between calls (a checkpoint of the instance must not see an outside client). A server
-that does not answer (stopped, wedged) is detected by a deadline: the socket is shut down from the
-calling thread, which makes libxcb's blocking read return, and ``XTimeout`` is raised.
+stays open between calls (a checkpoint of the instance must not see an outside client; a settle
+wait keeps one for its own duration, and its shared-memory segment goes with it). A server that
+does not answer (stopped, wedged) is detected by a deadline: replies are awaited by polling the
+socket (``XClient._reply``, no thread); the connection setup runs in a thread whose socket is shut
+down past the deadline. Either way ``XTimeout`` is raised.
+
+For the settle wait (``settle.py``): ``watch`` (DAMAGE events for all drawing, the root's window
+and property events), ``ping`` / ``events`` (EWMH ``_NET_WM_PING`` and its answer), ``snapshot``
+(active window, title, focus in one round trip) and ``grab_view`` (the screen through MIT-SHM
+1.2: a memfd passed to the server). The DAMAGE and MIT-SHM requests are sent raw with
+``xcb_send_request`` (no libxcb-damage here).
 """
 
 from __future__ import annotations
