@@ -10,7 +10,9 @@ p50 with its 95% interval, oracle and null success, the share of resets that pas
 fingerprint (gate 1), and for restore: how many resets restored, fell back to a cold start, and
 the one-off cost of making each task's checkpoint (not counted in the reset times: the first
 restore attempt of a task pays it). The restore's own phases (copy, criu restore, first screen,
-fingerprint) are printed as medians. The load average is printed before and after.
+fingerprint) are printed as medians, with the CPU seconds a restore takes (CRIU's own and the
+restored tasks') beside those of a cold start (the instance's processes up to the ready screen):
+CPU time does not move with the load, wall time does. The load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def main() -> None:
         cfgs = {name: RolloutConfig(step_timeout_s=30, episode_timeout_s=300, reset=r)  # type: ignore[arg-type]
                 for name, r in STRATEGIES.items()}
         recs: dict[str, list[AttemptRecord]] = defaultdict(list)
+        cold_cpu: dict[str, list[float]] = defaultdict(list)  # CPU seconds of each cold start's instance
         seq = 0
         t0 = time.monotonic()
         try:
@@ -67,6 +70,9 @@ def main() -> None:
                             rec = run_attempt(slots[name], task, policy, cfgs[name], CanaryRegistry(),
                                               run_id=sub.run_id, seq=seq, seed=0)
                             seq += 1
+                            env = slots[name].env
+                            if name != "restore" and isinstance(env, DesktopEnv):
+                                cold_cpu[name].append(env.start_cpu_s)
                             recs[name].append(rec)
                             print(f"{task.id:22s} {name:9s} {policy.name:6s} {rec.outcome.value:8s} "
                                   f"reset {rec.reset_s:6.2f} s {rec.extra.get('reset', '')} {rec.detail[:80]}",
@@ -80,12 +86,14 @@ def main() -> None:
         span = time.monotonic() - t0
     load1 = os.getloadavg()
     out = report(recs)
+    for name, cpu in cold_cpu.items():
+        out["strategies"][name]["start_cpu_p50_s"] = round(statistics.median(cpu), 3) if cpu else None
     out.update(load_before=load0, load_after=load1, span_s=span, tasks=[t.id for t in tasks], rounds=args.rounds)
     print(f"\nload average before {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, after "
           f"{load1[0]:.1f}/{load1[1]:.1f}/{load1[2]:.1f} (2 cores); {len(tasks)} tasks, {span:.0f} s")
     for name, r in out["strategies"].items():
         print(f"{name:9s} reset p50 {r['reset_p50']} (n={r['resets']}), oracle {r['oracle']}, null {r['null']}, "
-              f"start fingerprint passed {r['fingerprint_passed']}")
+              f"start fingerprint passed {r['fingerprint_passed']}, start CPU p50 {r.get('start_cpu_p50_s')} s")
     rs = out["strategies"]["restore"]
     print(f"restore: {rs['restored']} restored, {rs['cold_fallbacks']} cold fallbacks; checkpoint made per task "
           f"p50 {rs['checkpoint_made_p50_s']}; phases p50 {rs['phases_p50_s']}")
@@ -115,7 +123,8 @@ def report(recs: dict[str, list[AttemptRecord]]) -> dict[str, Any]:
             made = [float(r.extra["reset_checkpoint_made_s"]) for r in rs  # type: ignore[arg-type]
                     if "reset_checkpoint_made_s" in r.extra]
             row["checkpoint_made_p50_s"] = round(statistics.median(made), 2) if made else None
-            phases = ("copy_s", "criu_restore_s", "first_screen_s", "fingerprint_s", "restore_total_s")
+            phases = ("copy_s", "criu_restore_s", "first_screen_s", "fingerprint_s", "restore_total_s",
+                      "criu_cpu_s", "tree_cpu_s")
             row["phases_p50_s"] = {
                 p: round(statistics.median(float(r.extra[f"reset_{p}"]) for r in rs  # type: ignore[arg-type]
                                            if f"reset_{p}" in r.extra), 3)

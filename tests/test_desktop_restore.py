@@ -43,7 +43,15 @@ def _images(state_dir: Path, run_id: str) -> list[Path]:
     return sorted(sandbox_root(state_dir, run_id).glob("restore-*"))
 
 
+def _host_tmp() -> set[str]:
+    """Entries of the host's /tmp a desktop instance could leave (the checkpointable spare keeps its
+    X socket and LibreOffice's pipes there while it runs); other processes' entries come and go."""
+    names = ("OSL_PIPE", ".X", ".ICE", "lu", "criu", "drumsbench", "soffice", "xkb")
+    return {p.name for p in Path("/tmp").iterdir() if p.name.startswith(names)}
+
+
 def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id):
+    tmp_before = _host_tmp()
     sub = ProcessSubstrate(run_id, state_dir)
     slot = Slot(sub, DesktopEnv())
     try:
@@ -58,6 +66,7 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
         assert "reset_checkpoint_made_s" not in again.extra  # made once
         for rec in (null, again):
             assert 0 < float(rec.extra["reset_restore_total_s"]) < rec.reset_s + 1e-6  # type: ignore[arg-type]
+            assert float(rec.extra["reset_criu_cpu_s"]) + float(rec.extra["reset_tree_cpu_s"]) > 0  # type: ignore[arg-type]
 
         (image,) = _images(state_dir, run_id)  # in the run's own sandbox folder, never the host's /tmp
         assert not str(image).startswith("/tmp/")
@@ -76,6 +85,7 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
     assert _images(state_dir, run_id) == []
     assert not list(pids_with_env("DRUMSBENCH_RUN", run_id)), "a restored instance outlived the run"
     assert sub.leftovers() == []
+    assert _host_tmp() - tmp_before == set(), "the spare instance left entries in the host's /tmp"
 
 
 def test_gc_removes_the_images_of_a_dead_run(ready, state_dir, run_id):

@@ -136,7 +136,8 @@ class CriuFork(ForkMethod):
             t1 = time.monotonic()
             restore.copy_frozen(self.frozen, root, None, None)
             t2 = time.monotonic()
-            pid = restore.restore_tree(self.images, self.parent_root, root, box.id)
+            cpu: dict[str, float] = {}
+            pid = restore.restore_tree(self.images, self.parent_root, root, box.id, cpu)
             t3 = time.monotonic()
             box.adopt_group(pid)  # destroy kills the restored tree
             inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
@@ -146,7 +147,7 @@ class CriuFork(ForkMethod):
             slot.destroy()
             raise
         t4 = time.monotonic()
-        return slot, {"provision_s": t1 - t0, "copy_s": t2 - t1, "restore_s": t3 - t2, "adopt_s": t4 - t3}
+        return slot, {"provision_s": t1 - t0, "copy_s": t2 - t1, "restore_s": t3 - t2, "adopt_s": t4 - t3, **cpu}
 
     def fork(self, parent_generation: int) -> Slot:
         t0 = time.monotonic()

@@ -137,6 +137,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         self._ready_frame: Frame | None = None  # the still frame the reset ended on
         self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
         self.reset_note: dict[str, object] = {}  # how the last reset_by_restore went
+        self.start_cpu_s = 0.0  # CPU seconds of the last cold start's instance up to its ready screen
 
     # -- reset -----------------------------------------------------------------------------------
     def _write_start(self, task: Task) -> None:
@@ -178,6 +179,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         self._wait_ready(inst, task, t0 + self.settings.start_timeout_s)
         self.last_start_s = time.monotonic() - t0
         self.start_phases["ready"] = self.last_start_s
+        # CPU seconds the instance's processes spent up to the ready screen (load-independent)
+        self.start_cpu_s = restore.tree_cpu_s(inst.holder_pid) if inst.holder_pid is not None else 0.0
 
     # -- reset by restore (``--reset restore``) ----------------------------------------------------------
     RESTORE_SCREEN_S = 5.0  # how long a restored screen may take to show the checkpoint's frame
@@ -256,7 +259,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         t0 = time.monotonic()
         restore.copy_frozen(image.frozen, root, image.origin_uid, box.uid)
         t1 = time.monotonic()
-        pid = restore.restore_tree(image.images, image.origin_root, root, box.id)
+        cpu: dict[str, float] = {}
+        pid = restore.restore_tree(image.images, image.origin_root, root, box.id, cpu)
         t2 = time.monotonic()
         inst = DesktopInstance.adopt_restored(box, image.settings, pid, image.display, image.origin_root)
         self.inst = inst
@@ -284,7 +288,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         self.last_start_s = t4 - t0
         self.start_phases = {"copy": t1 - t0, "restore": t2 - t0, "screen": t3 - t0, "ready": t4 - t0}
         return {"copy_s": t1 - t0, "criu_restore_s": t2 - t1, "first_screen_s": t3 - t2, "fingerprint_s": t4 - t3,
-                "restore_total_s": t4 - t0}
+                "restore_total_s": t4 - t0, **cpu}
 
     @staticmethod
     def _watch_folder(inst: DesktopInstance, root: Path) -> None:

@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -67,9 +69,10 @@ def copy_frozen(frozen: Path, root: Path, origin_uid: int | None, uid: int | Non
 RESTORE_TIMEOUT_S = 60.0  # a restore takes about a second on a loaded 2-core host
 
 
-def restore_tree(images: Path, origin_root: str, root: Path, sid: str) -> int:
+def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict[str, float] | None = None) -> int:
     """``criu restore`` of ``images`` in a private mount namespace where ``root`` (this sandbox's
-    copy) shows at ``origin_root``; returns the restored holder's host pid (pid 1 of its namespaces)."""
+    copy) shows at ``origin_root``; returns the restored holder's host pid (pid 1 of its namespaces).
+    ``cpu`` receives the CPU seconds the restore took (``criu_cpu_s``, ``tree_cpu_s``)."""
     tmp, xkb = root / ".criu-tmp", root / ".criu-xkb"
     shutil.rmtree(tmp, ignore_errors=True)  # what an earlier restore in this sandbox left (its instance is dead)
     (tmp / ".X11-unix").mkdir(parents=True, exist_ok=True)
@@ -90,21 +93,45 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str) -> int:
     steps += ["cd /proc/self/fd/3", "exec 3<&-",
               f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
               f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    timer = threading.Timer(RESTORE_TIMEOUT_S, proc.kill)
+    timer.start()
     try:
-        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
-                              capture_output=True, text=True, timeout=RESTORE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pidfile.unlink(missing_ok=True)
-        raise SubstrateError(f"criu restore did not finish within {RESTORE_TIMEOUT_S:g} s") from None
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace")  # EOF when criu exits (restored fds are the images')
+        _pid, status, usage = os.wait4(proc.pid, 0)  # its CPU time, which subprocess would not tell
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        proc.stderr.close()
+    finally:
+        timer.cancel()
     try:
-        if proc.returncode != 0 or not pidfile.exists():
-            why = criu.log_errors(images / log) or proc.stderr.strip()[-300:]
+        if code == -signal.SIGKILL and not pidfile.exists():
+            raise SubstrateError(f"criu restore did not finish within {RESTORE_TIMEOUT_S:g} s")
+        if code != 0 or not pidfile.exists():
+            why = criu.log_errors(images / log) or err.strip()[-300:]
             raise SubstrateError(f"criu restore failed: {why}")
-        return int(pidfile.read_text().strip())
+        pid = int(pidfile.read_text().strip())
     finally:
         pidfile.unlink(missing_ok=True)
-        if proc.returncode == 0:
+        if code == 0:
             (images / log).unlink(missing_ok=True)  # one log per restore would pile up over a run
+    if cpu is not None:  # CRIU's own CPU and what the restored tasks spent restoring themselves
+        cpu["criu_cpu_s"] = usage.ru_utime + usage.ru_stime
+        cpu["tree_cpu_s"] = tree_cpu_s(pid)
+    return pid
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the tree rooted at ``pid``: right after a restore, what its
+    tasks spent restoring their own memory (a restored task's counters start at zero)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in criu.tree_pids(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 @dataclass
