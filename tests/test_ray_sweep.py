@@ -17,11 +17,16 @@ from rich.console import Console
 from test_ray import loopback_cluster, ray_sockets_off_loopback
 
 from drumsbench.core.machine import commit, machine_info
+from drumsbench.core.outcome import Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
 from drumsbench.experiments.sweep import SweepConfig, build, publish, run_sweep
 from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts
+from drumsbench.measure.artifacts import SegmentArtifact
 from drumsbench.measure.cluster import ClusterSweepReport
 from drumsbench.measure.summary import build as build_run
+from drumsbench.measure.windows import ClusterArtifact, ClusterNode, Criteria, judge, usage
 from drumsbench.report.html.page import write_html
 from drumsbench.report.sweep import print_sweep
 from drumsbench.rollout.attempt import RolloutConfig
@@ -185,3 +190,41 @@ def test_sweep_bad_ray_input_one_line_exit_2(args, needle, tmp_path):
                "--soak", "none", *args, env={"DRUMSBENCH_STATE": str(tmp_path / "state")})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_an_idle_node_on_another_host_costs_host_hours(tmp_path):
+    """From a ledger alone: a window whose cluster had nodes on hosts a and b, with only a's node
+    working, is two hosts' worth of host-hours (b idle still costs), and b's node is listed idle."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.create_run("r", "sweep", {}, {}, "c")
+    ledger.start_segment("r", 1, "N1")
+    t0 = time.time()
+    ledger.db.execute("UPDATE segments SET started = ?, ended = ? WHERE run_id = 'r'", (t0, t0 + 3600))
+    for seq in range(40):
+        ledger.record(AttemptRecord(run_id="r", seq=seq, task="t", substrate="process", env="coding", policy="p",
+                                    executor="ray", host="a", window="N1", concurrency=1, outcome=Outcome.SUCCESS,
+                                    reward=1.0, t_start=t0 + seq * 80, t_end=t0 + seq * 80 + 1,
+                                    extra={"node": "node-a"}))
+    ledger.db.execute("UPDATE segments SET ended = ? WHERE run_id = 'r'", (t0 + 3600,))
+    artifacts.put(ledger, "r", "N1", SegmentArtifact(concurrency=1, planned_s=3600, max_attempts=None,
+                                                      work_started=t0, ended=t0 + 3600, interrupted=False,
+                                                      config={}, resources={}))
+    crit = Criteria(invalid_threshold=0.01, stability=1.0)
+    alone = judge(ledger, "r", "N1", crit)
+    assert alone.host_count == 1 and alone.valid_per_host_hour.value == pytest.approx(40)
+    artifacts.put(ledger, "r", "N1", ClusterArtifact(nodes=[
+        ClusterNode(node_id="node-a", host="a", at_start=True, at_end=True),
+        ClusterNode(node_id="node-b", host="b", at_start=True, at_end=True)]))
+    v = judge(ledger, "r", "N1", crit)
+    assert v.host_count == 2 and v.valid_per_host_hour.value == pytest.approx(20)
+    assert [(ln.node_id, ln.attempts, ln.finished) for ln in v.nodes] == [("node-a", 40, True), ("node-b", 0, True)]
+    assert v.nodes[0].valid_per_node_hour.value == pytest.approx(40)
+    assert next(c for c in v.checks if c.name == "nodes").passed
+    assert usage(ledger, "r", ["N1"]).host_seconds == pytest.approx(2 * 3600)
+    # node b gone by the end of the window: not confirmed, with the reason
+    artifacts.put(ledger, "r", "N1", ClusterArtifact(nodes=[
+        ClusterNode(node_id="node-a", host="a", at_start=True, at_end=True),
+        ClusterNode(node_id="node-b", host="b", at_start=True, at_end=False)]))
+    v = judge(ledger, "r", "N1", crit)
+    gone = next(c for c in v.checks if c.name == "nodes")
+    assert not v.confirmed and not gone.passed and "node node-b on b lost mid-window" in gone.detail
