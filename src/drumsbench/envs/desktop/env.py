@@ -198,12 +198,12 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
             note: dict[str, object] = {"reset": "restore", **self._restore_start(task, image)}
             if made:
                 note["checkpoint_made_s"] = made[0]
-        except SubstrateError as e:
+        except Exception as e:  # any failure of the restore path: a cold start, recorded
             restore.IMAGES.forget(key)  # remade by the next reset
             self.stop()
             t0 = time.monotonic()
             self._start(task, write_document=True)
-            note = {"reset": "cold", "cold_s": time.monotonic() - t0, "fallback": str(e)[:300]}
+            note = {"reset": "cold", "cold_s": time.monotonic() - t0, "fallback": f"{type(e).__name__}: {e}"[:300]}
         self.reset_note = note
         self.generation += 1
         self.step_count = 0
