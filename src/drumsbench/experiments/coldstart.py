@@ -19,12 +19,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from drumsbench.core.errors import UsageError
+from drumsbench.experiments.run import mem_kib
 from drumsbench.measure.artifacts import ColdstartArtifact, Latency, latency
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, pool_cost
 from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import wilson
 from drumsbench.rollout.pool import PoolSetting, WarmPool, pool_size
-from drumsbench.substrates.base import ResetStrategy, Substrate
+from drumsbench.substrates.base import ResetStrategy, Sandbox, Substrate
 
 
 class Mode(StrEnum):
@@ -81,11 +82,7 @@ def _run_mode(mode: Mode, n: int, stagger_s: float, one: Callable[[], Any]) -> l
 
 
 def _mem_available_kib(field: str = "MemAvailable") -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/meminfo")
+    return mem_kib(field)
 
 
 def _labelled_pss_kib(run_id: str) -> int | None:
@@ -106,22 +103,29 @@ def _labelled_pss_kib(run_id: str) -> int | None:
     return total if found else None
 
 
+def _first_command(get: Callable[[], Sandbox]) -> tuple[float, float, float]:
+    """Get a sandbox, run ``true`` in it, destroy it: (got, first command returned, teardown) in s."""
+    t0 = time.monotonic()
+    box = get()
+    got = time.monotonic() - t0
+    try:
+        res = box.exec("true", timeout=60)
+        first = time.monotonic() - t0
+        if res.exit_code != 0:
+            raise RuntimeError(f"`true` exited {res.exit_code}")
+    finally:
+        t1 = time.monotonic()
+        box.destroy()
+    return got, first, time.monotonic() - t1
+
+
 def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
             say: Callable[[str], None] = lambda _m: None) -> SubstrateColdstart:
     errors: list[str] = []
 
     def cycle() -> tuple[float, float]:
-        t0 = time.monotonic()
-        box = sub.create()
-        try:
-            res = box.exec("true", timeout=60)
-            first = time.monotonic() - t0
-            if res.exit_code != 0:
-                raise RuntimeError(f"`true` exited {res.exit_code}")
-        finally:
-            t1 = time.monotonic()
-            box.destroy()
-        return first, time.monotonic() - t1
+        _, first, teardown = _first_command(sub.create)
+        return first, teardown
 
     say(f"{sub.name}: {cfg.n} x create + first command ({cfg.mode})")
     samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, cycle)
@@ -227,16 +231,7 @@ def measure_pool(sub: Substrate, cfg: ColdstartConfig, say: Callable[[str], None
         def cycle() -> tuple[float, float]:
             if cfg.mode is Mode.SEQUENTIAL:
                 pool.wait_full(FILL_WAIT_S)
-            t0 = time.monotonic()
-            box = pool.acquire()
-            got = time.monotonic() - t0
-            try:
-                res = box.exec("true", timeout=60)
-                first = time.monotonic() - t0
-                if res.exit_code != 0:
-                    raise RuntimeError(f"`true` exited {res.exit_code}")
-            finally:
-                box.destroy()
+            got, first, _ = _first_command(pool.acquire)
             return got, first
 
         samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, cycle)
