@@ -464,8 +464,12 @@ class VmSubstrate(Substrate, Forking):
 
     def leftovers(self) -> list[str]:
         left = [f"qemu process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
-        left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-")]
-        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(self.run_id, f"{self.name}-")]
+        groups = FreezerCgroup.of_run(self.run_id, f"{self.name}-")
+        left += [f"cgroup {cg.path}" + (" (with its pids and memory groups)" if cg.limit_dirs else "")
+                 for cg in groups]
+        named = {cg.path.name for cg in groups}
+        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(self.run_id, f"{self.name}-")
+                 if d.name not in named]
         folder = run_folder(self.state_dir, self.run_id)
         if folder.is_dir():
             left += [f"vm folder {p}" for p in folder.iterdir()]
