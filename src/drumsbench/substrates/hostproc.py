@@ -437,6 +437,15 @@ class FreezerCgroup:
         return removed
 
 
+def cgroup_leftovers(run_id: str, prefix: str) -> list[str]:
+    """The run's sandbox cgroups, one line per sandbox (its pids and memory groups go with its freezer
+    group), and limit groups left without a freezer group."""
+    groups = FreezerCgroup.of_run(run_id, prefix)
+    named = {cg.path.name for cg in groups}
+    return [f"cgroup {cg.path}" + (" (with its pids and memory groups)" if cg.limit_dirs else "") for cg in groups] + \
+        [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(run_id, prefix) if d.name not in named]
+
+
 def _remove_limit_dirs(dirs: Sequence[Path]) -> list[str]:
     """Kill what is left in the limit groups ``dirs``, remove them and their empty run folders."""
     problems = []

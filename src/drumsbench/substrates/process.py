@@ -56,6 +56,7 @@ from drumsbench.substrates.hostproc import (
     CgroupFreezable,
     FreezerCgroup,
     UidLease,
+    cgroup_leftovers,
     host_probe,
     kill_pids,
     limit_hierarchies,
@@ -135,8 +136,7 @@ def host_leftovers(run_id: str, folder: Path, cgroup_prefix: str | None = None) 
     if folder.is_dir():
         left += [f"folder {p}" for p in folder.iterdir()]
     if cgroup_prefix is not None:
-        left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(run_id, cgroup_prefix)]
-        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(run_id, cgroup_prefix)]
+        left += cgroup_leftovers(run_id, cgroup_prefix)
         left += [f"uid lease {p} of {run_id}" for p in UidLease.of_runs({run_id})
                  if os.readlink(p).split("/", 1)[-1].startswith(cgroup_prefix)]
     return left

@@ -77,6 +77,7 @@ from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sand
 from drumsbench.substrates.hostproc import (
     CgroupFreezable,
     FreezerCgroup,
+    cgroup_leftovers,
     host_probe,
     kill_pids,
     mount_limited,
@@ -490,8 +491,7 @@ class OverlaySubstrate(Substrate, Forking):
         own = server.pid if server is not None and server.proc.poll() is None else None
         left = [f"process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id) if pid != own]
         left += [f"mount {m}" for m in host_mounts_below(self.folder)]
-        left += [f"cgroup {cg.path}" for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-")]
-        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(self.run_id, f"{self.name}-")]
+        left += cgroup_leftovers(self.run_id, f"{self.name}-")
         sandboxes = self.folder / "sb"
         if sandboxes.is_dir():
             left += [f"folder {p}" for p in sandboxes.iterdir()]

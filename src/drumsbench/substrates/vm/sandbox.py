@@ -67,7 +67,13 @@ from drumsbench.substrates.base import (
 )
 from drumsbench.substrates.containers.common import END_ARGV
 from drumsbench.substrates.exec_core import SANDBOX_PATH, sandbox_env
-from drumsbench.substrates.hostproc import FreezerCgroup, kill_pids, limit_hierarchies, pids_with_env
+from drumsbench.substrates.hostproc import (
+    FreezerCgroup,
+    cgroup_leftovers,
+    kill_pids,
+    limit_hierarchies,
+    pids_with_env,
+)
 from drumsbench.substrates.vm.agent import AgentError
 from drumsbench.substrates.vm.image import IMAGE_RECIPE, ensure_image, missing_tools
 from drumsbench.substrates.vm.qemu import MEM_MIB, RUN_VAR, SANDBOX_VAR, Qemu, is_qemu, probe_argv
@@ -464,12 +470,7 @@ class VmSubstrate(Substrate, Forking):
 
     def leftovers(self) -> list[str]:
         left = [f"qemu process {pid}" for pid in pids_with_env(RUN_VAR, self.run_id)]
-        groups = FreezerCgroup.of_run(self.run_id, f"{self.name}-")
-        left += [f"cgroup {cg.path}" + (" (with its pids and memory groups)" if cg.limit_dirs else "")
-                 for cg in groups]
-        named = {cg.path.name for cg in groups}
-        left += [f"cgroup {d}" for d in FreezerCgroup.limit_leftovers(self.run_id, f"{self.name}-")
-                 if d.name not in named]
+        left += cgroup_leftovers(self.run_id, f"{self.name}-")
         folder = run_folder(self.state_dir, self.run_id)
         if folder.is_dir():
             left += [f"vm folder {p}" for p in folder.iterdir()]
