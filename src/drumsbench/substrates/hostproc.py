@@ -198,15 +198,6 @@ def _limit_run_dirs(run_id: str) -> list[Path]:
     return found
 
 
-def limit_runs() -> set[str]:
-    """Run ids that have limit folders on this machine."""
-    runs: set[str] = set()
-    for root in LIMIT_ROOTS.values():
-        for depth in range(4):
-            runs |= {p.name for p in root.glob("/".join(["*"] * depth + [CGROUP_PREFIX, "*"])) if p.is_dir()}
-    return runs
-
-
 def uid_separation_available() -> bool:
     """Per-sandbox uids need root (setuid, chown)."""
     return os.geteuid() == 0
