@@ -66,6 +66,10 @@ def copy_frozen(frozen: Path, root: Path, origin_uid: int | None, uid: int | Non
                        check=True, capture_output=True, timeout=120)
 
 
+class ScreenMismatch(SubstrateError):
+    """A restored instance does not show its checkpoint's screen (the image itself may be sound)."""
+
+
 RESTORE_TIMEOUT_S = 60.0  # a restore takes about a second on a loaded 2-core host
 
 
@@ -120,6 +124,14 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict
         cpu["criu_cpu_s"] = usage.ru_utime + usage.ru_stime
         cpu["tree_cpu_s"] = tree_cpu_s(pid)
     return pid
+
+
+def running(pid: int) -> bool:
+    """Is ``pid`` alive (not gone, not a zombie)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def tree_cpu_s(pid: int) -> float:
