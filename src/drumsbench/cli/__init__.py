@@ -9,6 +9,7 @@ Every user error is one line on stderr naming the flag and the fix, exit code 2,
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 
 import typer
@@ -54,4 +55,9 @@ def main() -> None:
         app()
     except DrumsError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except sqlite3.OperationalError as e:  # the ledger refused a write outside an attempt's (e.g. a full disk
+        # while a run starts); what was committed stays, SQLite rolled back the rest
+        print(f"error: the ledger could not be written ({e}); make room or fix the --out folder, then resume "
+              "the run (`drumsbench run --resume RUN`)", file=sys.stderr)
         sys.exit(2)

@@ -160,8 +160,12 @@ def write_json(data: dict[str, Any], folder: Path | None, name: str, json_path: 
     """A report's JSON into ``folder/name`` (none: no folder copy) and to ``--json`` if given."""
     text = json.dumps(data, indent=2)
     if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+        except OSError as e:  # e.g. a full disk: the ledger holds everything, the report can be rebuilt
+            raise UsageError(f"--out: cannot write {folder / name} ({e.strerror}); make room, then rebuild it with "
+                             f"`drumsbench report {folder.name} --out {folder.parent}`") from None
     if json_path is not None:
         try:
             json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,8 @@ DOCKERD_WAIT_S = 120.0
 # what a run of ours may leave in the host's /tmp (anything else new there is another user's)
 TMP_OURS: tuple[str, ...] = ("drumsbench",)
 TMP_DESKTOP = ("OSL_PIPE_",)  # LibreOffice's pipes: counted only for desktop runs (others' are not ours)
+PROGRESS_WAIT_S = 120.0  # after a resume, the next event waits for an attempt at most this long
+FULL_GRACE_S = 180.0  # after a full disk is freed: how long to wait for the harness to show it ran on or stopped
 TMP_RECHECK_S = 10.0  # a new /tmp entry counts as left behind only if it is still there this much later
 
 
@@ -125,6 +127,26 @@ def containers_of_run(engine: str, run_id: str, running_only: bool = False) -> l
                                f"label=drumsbench.run={run_id}"]).split()
 
 
+def listening(path: str) -> bool:
+    """Is ``path`` a Unix socket something still listens on (a live process's, e.g. another user's
+    running LibreOffice)? A socket left behind by a dead process refuses the connection."""
+    import socket
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def tmp_entries() -> set[str]:
     with contextlib.suppress(OSError):
         return set(os.listdir("/tmp"))
@@ -158,6 +180,8 @@ class Chaos:
         self.events: list[ChaosEventArtifact] = []
         self.mounted = False
         self.done = False  # the run was complete when an event stopped the harness: nothing to resume
+        self.resumed_at: float | None = None  # a resumed harness has not yet recorded an attempt
+        self.resumed_with = 0
 
     # -- the harness -------------------------------------------------------------------------------
     def _harness_args(self) -> list[str]:
@@ -222,7 +246,7 @@ class Chaos:
             run_id = self.run_id
             if run_id is None:
                 raise UsageError(f"chaos: the harness recorded no run; see {self.out / 'chaos-logs'}")
-            self.say("run complete; gc")
+            self.say(f"run {self._status() or 'unknown'}; gc")
             gc_line = self._gc()
             clean = self._clean(run_id, tmp_before, gc_line)
         finally:
@@ -263,19 +287,42 @@ class Chaos:
                     return
                 self.unexpected.append(f"harness start {self.starts - 1} exited {rc} on its own: {self._log_tail()}")
                 if len(self.unexpected) > 3 or self.run_id is None:
+                    self.say(f"giving up: the harness exited on its own {len(self.unexpected)} times")
                     return
                 self.say(f"harness exited {rc} on its own; resuming")
                 self._gc()
                 self._start()
                 continue
             self._find_run()
-            if self.run_id is not None and time.monotonic() >= next_at:
+            if self.run_id is not None and time.monotonic() >= next_at and self._working():
                 self._inject(self.rng.choice(self.kinds))
                 next_at = time.monotonic() + self._gap()
             time.sleep(0.1)
 
+    def _working(self) -> bool:
+        """May the next event come? Not before a resumed harness recorded an attempt (or ``PROGRESS_WAIT_S``
+        passed): events faster than a start under load would stop it before it does any work, and a chaos
+        run that never lets the harness work proves nothing (nor ever ends)."""
+        if self.resumed_at is None:
+            return True
+        if self._count_ro() > self.resumed_with or time.monotonic() - self.resumed_at > PROGRESS_WAIT_S:
+            self.resumed_at = None
+            return True
+        return False
+
     def _gap(self) -> float:
         return self.rng.uniform(0.5, 1.5) * self.cfg.every_s
+
+    def _count_ro(self) -> int:
+        """Attempts recorded for the run, read through a read-only connection (0 when unreadable)."""
+        with contextlib.suppress(sqlite3.Error):
+            db = sqlite3.connect(f"file:{self.live / 'ledger.sqlite'}?mode=ro", uri=True, timeout=30)
+            try:
+                row = db.execute("SELECT COUNT(*) FROM attempts WHERE run_id = ?", (self.run_id,)).fetchone()
+            finally:
+                db.close()
+            return int(row[0]) if row else 0
+        return 0
 
     def _status(self) -> str | None:
         with contextlib.suppress(sqlite3.Error):
@@ -368,6 +415,7 @@ class Chaos:
         if self._status() == "complete":
             self.done = True
             return "the run was already complete: not resumed"
+        self.resumed_at, self.resumed_with = time.monotonic(), self._count_ro()
         self._start()
         return f"resumed (start {self.starts - 1})"
 
@@ -462,11 +510,29 @@ class Chaos:
         deadline = time.monotonic() + self.cfg.hold_s
         while time.monotonic() < deadline and self.proc.poll() is None:
             time.sleep(0.05)
-        rc = self.proc.poll()
+        n_full = self._count_ro()  # the disk is still full: read only (opening a Ledger writes)
         filler.unlink()
+        rc = self._stopped_by_full_disk(n_full)
         with contextlib.closing(self._ledger()) as ledger:
             integrity = str(ledger.db.execute("PRAGMA integrity_check").fetchone()[0])
         return f"{self.live} ({written >> 20} MiB filled)", rc, integrity
+
+    def _stopped_by_full_disk(self, n_full: int) -> int | None:
+        """After the disk was freed: did the full disk stop the harness? A refused write stops the job
+        at once, but the harness exits only after its teardown (seconds, more under load), so a harness
+        still alive when the disk is freed may be on its way out. It ran on once an attempt is recorded
+        after the free (a stopped job records nothing more); it was stopped when it exits first.
+        Returns its exit code when stopped, else None (no answer within ``FULL_GRACE_S``: ran on)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + FULL_GRACE_S
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:  # complete and 0: it finished; else the full disk stopped it (or its report)
+                return None if rc == 0 and self._status() == "complete" else rc
+            if self.run_id is None or self._count_ro() > n_full:
+                return None
+            time.sleep(0.25)
+        return None
 
     # -- the end -----------------------------------------------------------------------------------
     def _clean(self, run_id: str, tmp_before: set[str], gc_line: str) -> ChaosCheck:
@@ -483,7 +549,7 @@ class Chaos:
         new_tmp = sorted(e for e in tmp_entries() - tmp_before if e.startswith(ours))
         if new_tmp:  # another user's live run makes and removes such entries too: what we left stays
             time.sleep(TMP_RECHECK_S)
-            new_tmp = sorted(set(new_tmp) & tmp_entries())
+            new_tmp = sorted(e for e in set(new_tmp) & tmp_entries() if not listening(f"/tmp/{e}"))
         left += [f"/tmp/{e}" for e in new_tmp]
         if (self.live / ".chaos-fill").exists():
             left.append(str(self.live / ".chaos-fill"))

@@ -91,6 +91,8 @@ def classified(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) ->
     rows = _rows(ledger, run_id)
     problems: list[str] = []
     touched: Counter[str] = Counter()
+    # an attempt in flight at a kill is that kill's, even when it ends during a later reader's hold
+    killed = {s for ev in events if ev.kind in SANDBOX_EVENTS for s, _, _, t0, t1 in rows if t0 <= ev.t <= t1}
     for ev in events:
         stopped = ev.kind in STOP_EVENTS or (ev.kind == "disk_full" and ev.harness_exit is not None)
         if stopped:
@@ -114,7 +116,7 @@ def classified(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) ->
             hold = ev.hold_s or 0.0
             ended = [(s, c) for s, _, c, _, t1 in rows if ev.t <= t1 <= ev.t + hold + 1.0]
             touched[f"{ev.kind}: recorded"] += len(ended)
-            bad = [s for s, c in ended if c is not None]
+            bad = [s for s, c in ended if c is not None and s not in killed]
             if bad:
                 problems.append(f"event {ev.index} ({ev.kind}): seq {bad[0]} made invalid by an event on the "
                                 f"ledger alone")
