@@ -106,6 +106,15 @@ def test_the_sampler_counts_the_runs_own_mounts_not_the_hosts(tmp_path):
             mounted.append(d)
         assert s.sample()["mounts"] == base + 1
         assert host.sample()["mounts"] == base_host + 2
+        # the artifact says what was counted, and the verdict labels it so
+        from drumsbench.measure import leaks
+
+        for sampler, label in ((s, "mounts of the run"), (host, "the host's whole table")):
+            art = sampler.start().stop()
+            assert art.mounts_of_run == (run_id if sampler is s else None)
+            t0 = art.rows[0][0]
+            verdict = leaks.judge(art, t0, span_to=art.rows[-1][0] + 1, span_from=t0)
+            assert any(sl.key == "mounts" and label in sl.label for sl in verdict.slopes), verdict.slopes
     finally:
         for d in mounted:
             subprocess.run(["umount", str(d)], check=False)

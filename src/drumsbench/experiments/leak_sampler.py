@@ -194,4 +194,4 @@ class LeakSampler:
             substrate=self.substrate, interval_s=self.interval_s, columns=self.columns, rows=self.rows,
             before={k: self.before.get(k) for k in keys}, after={k: after.get(k) for k in keys},
             sample_ms=round(1000 * sum(self._cost) / len(self._cost), 3) if self._cost else None,
-            notes=sorted(self.notes))
+            notes=sorted(self.notes), mounts_of_run=self.run_mark.decode() if self.run_mark else None)

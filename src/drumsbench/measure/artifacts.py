@@ -167,6 +167,9 @@ class LeakSamplesArtifact(Artifact):
     after: dict[str, float | None]
     sample_ms: float | None = None  # mean time one sample took
     notes: list[str] = Field(default_factory=list)  # e.g. a count that stopped at its cap
+    # what ``mounts`` counted: the lines of the harness's mountinfo naming this run id; None: every
+    # line (the host's whole table, shared with other users; samplers before the run's own count)
+    mounts_of_run: str | None = None
 
 
 class SweepSummaryArtifact(Artifact):

@@ -60,6 +60,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(key="daemon_mib", label="dockerd / podman conmon RSS", unit="MiB", tolerance_per_h=20),
 )
 BY_KEY = {q.key: q for q in QUANTITIES}
+HOST_MOUNTS_LABEL = "mounts (the host's whole table, other users' included)"
 
 
 class LeakSlope(BaseModel):
@@ -162,7 +163,10 @@ def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, spa
         y = [v for _, v in pts]
         b, lo, hi, n_eff = slope_interval(t_h, y)
         leaks = None if lo is None else bool(lo > max(0.0, q.tolerance_per_h))
-        slopes.append(LeakSlope(key=q.key, label=q.label, unit=q.unit, samples=len(y),
+        label = q.label
+        if q.key == "mounts" and samples.mounts_of_run is None:
+            label = HOST_MOUNTS_LABEL  # counted by a sampler that did not know the run: the whole table
+        slopes.append(LeakSlope(key=q.key, label=label, unit=q.unit, samples=len(y),
                                 first=y[0] if y else None, last=y[-1] if y else None, per_hour=b, low=lo, high=hi,
                                 n_effective=n_eff, tolerance_per_h=q.tolerance_per_h, leaks=leaks))
     judged = [s for s in slopes if s.leaks is not None]
