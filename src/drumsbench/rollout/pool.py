@@ -10,9 +10,11 @@ Contracts:
 
 - **Never hands out a sandbox that failed its check.** A sandbox is checked after it is created; an
   idle one is checked again in the background when its check is older than ``recheck_s``; and at
-  ``acquire`` it is checked once more, synchronously, when its check was cheap (``cheap_check_s``:
-  a host-side digest, e.g. process, bwrap, overlay) or when it is stale (older than ``recheck_s``:
-  the background check lagged). A sandbox that fails is destroyed (``refused``), never handed out,
+  ``acquire`` it is checked once more, synchronously, when the substrate's check is cheap (the
+  fastest check this pool has seen took at most ``cheap_check_s``: a host-side digest, e.g.
+  process, bwrap, overlay, ~0.3-2 ms; the minimum, so that a loaded host does not turn it off) or
+  when it is stale (older than ``recheck_s``: the background check lagged). A sandbox that fails
+  is destroyed (``refused``), never handed out,
   and replaced. Where the check is an exec (docker, podman: 60–200 ms), a sandbox changed from the
   host after its last check and before ``acquire`` is not seen by the pool; it is caught by the
   attempt's own gate 1 (``dirty_reset``), as without a pool — that window is at most ``recheck_s``.
@@ -129,6 +131,7 @@ class WarmPool:
         self._last_t = time.monotonic()
         self._held_s = 0.0
         self.u = PoolUse(size=size)
+        self._min_check_s = float("inf")  # the cheapest check seen: a property of the substrate, not of the load
         self.refusals: list[str] = []
         self._thread = threading.Thread(target=self._loop, name=f"pool-{substrate.name}", daemon=True)
         if start:
@@ -207,6 +210,7 @@ class WarmPool:
         dt = time.monotonic() - t0
         with self._cv:
             self._tick()
+            self._min_check_s = min(self._min_check_s, dt)
             self.u.checks += 1
             self.u.check_s += dt
             if rechecked:
@@ -252,7 +256,7 @@ class WarmPool:
                 self._tick()
                 item = self._idle.pop()  # the most recently checked
                 self._cv.notify_all()  # the thread makes a replacement
-            if item.check_s <= self.cheap_check_s or time.monotonic() - item.checked_at > self.recheck_s:
+            if self._min_check_s <= self.cheap_check_s or time.monotonic() - item.checked_at > self.recheck_s:
                 c0 = time.monotonic()
                 why = check_fresh(item.box)
                 with self._cv:
