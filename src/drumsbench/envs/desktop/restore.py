@@ -99,7 +99,7 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict
               f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    timer = threading.Timer(RESTORE_TIMEOUT_S, proc.kill)
+    timer = threading.Timer(RESTORE_TIMEOUT_S, _kill_tree, (proc.pid,))
     timer.start()
     try:
         assert proc.stderr is not None
@@ -124,6 +124,14 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict
         cpu["criu_cpu_s"] = usage.ru_utime + usage.ru_stime
         cpu["tree_cpu_s"] = tree_cpu_s(pid)
     return pid
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it: a hung ``criu restore`` has forked the tasks it
+    was restoring (found spinning an hour after a restore of damaged pages was given up)."""
+    for p in reversed(criu.tree_pids(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
 
 
 def running(pid: int) -> bool:
