@@ -192,3 +192,22 @@ def test_a_run_with_the_pool_has_the_outcomes_of_one_without(name, tmp_path, mon
     line = {ln.name: ln for ln in with_pool.lines}["idle reserve"]
     assert "warm pool of 2" in line.detail and f"{use.hits} hits" in line.detail
     assert with_pool.total_usd > without.total_usd
+
+
+def test_the_run_and_sweep_reports_price_the_pool_they_held(tmp_path):
+    """`drumsbench run` and `sweep` with a price file: the idle reserve line of the cost per 1,000 verified
+    attempts names the warm pool and what it held (from its `pool` artifacts, not a price-file input)."""
+    import json
+
+    env = {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+    price = str(ROOT / "examples" / "prices" / "owned-server.toml")
+    cli("run", "--attempts", "6", "--concurrency", "2", "--pool", "2", "--price", price, "--out",
+        str(tmp_path / "runs"), "--json", str(tmp_path / "run.json"), "--no-progress", env=env, check=True)
+    cli("sweep", "--concurrency", "2", "--window", "4s", "--soak", "none", "--stability", "1", "--pool", "2",
+        "--price", price, "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "sweep.json"), "--no-progress",
+        env=env, check=True)
+    run = json.loads((tmp_path / "run.json").read_text())
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    for attribution in (run["costs"]["attribution"], sweep["attribution"]):
+        line = {ln["name"]: ln for ln in attribution[0]["lines"]}["idle reserve"]
+        assert "warm pool of 2" in line["detail"] and "hits" in line["detail"], line

@@ -41,7 +41,7 @@ def run_costs(ledger: Ledger, run_id: str, report: Any, paths: list[Path] | None
     from rich.console import Group
 
     from drumsbench.experiments.sweep import publish_prices
-    from drumsbench.measure.cost import attribute, host_figures
+    from drumsbench.measure.cost import attribute, host_figures, pool_use
     from drumsbench.measure.windows import usage
     from drumsbench.report.sweep import cost_group
 
@@ -55,7 +55,9 @@ def run_costs(ledger: Ledger, run_id: str, report: Any, paths: list[Path] | None
     if publish:
         publish_prices(ledger, run_id, figures, basis=WHOLE_RUN)
     use = usage(ledger, run_id)
-    attributions = [attribute(h, f.attribution, use, scope="the whole run") for f in files for h in f.hosts()]
+    pool = pool_use(ledger, run_id)  # the warm pool the run held, priced in the idle reserve line
+    attributions = [attribute(h, f.attribution, use, scope="the whole run", pool=pool)
+                    for f in files for h in f.hosts()]
     console.print(Group(*cost_group(figures, attributions, f"inference: {report.inference_cost}")))
     data["costs"] = {"basis": WHOLE_RUN, "prices": [f.model_dump(mode="json") for f in figures],
                      "attribution": [a.model_dump(mode="json") for a in attributions]}

@@ -50,6 +50,7 @@ from drumsbench.measure.cost import (
     PriceFile,
     attribute,
     host_figures,
+    pool_use,
 )
 from drumsbench.measure.reports import NotRun, SteadyState, SweepReport
 from drumsbench.measure.windows import (
@@ -293,9 +294,10 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
     attribution = []
     if counted:
         use = usage(ledger, run_id, [v.label for v in counted])
+        pool = pool_use(ledger, run_id, [v.label for v in counted])  # what the warm pool really held
         for h, inputs in priced:
             attribution.append(attribute(h, inputs, use, scope=f"confirmed windows at N_max={n_max}: "
-                                         + ", ".join(v.label for v in counted)))
+                                         + ", ".join(v.label for v in counted), pool=pool))
     leaks_passed, leaks_note = leak_summary(windows)
     machine = run["machine"]
     b = cfg.base
