@@ -26,6 +26,9 @@ kind               name                                written by
 ``screenshot``     ``<task>/<seq or method>/<stage>``  run on desktop tasks, branch on desktop
 ``chaos-event``    ``event-NNNN``                      chaos (one per injected event)
 ``chaos``          ``summary``                         chaos (its checks)
+``cluster``        the window's label                  sweep --executor ray (the nodes around a window)
+``pool``           the window's label or the run's     run, sweep (``measure.cost.PoolUse``: what the warm pool held)
+``coldstart-pool`` the substrate                       coldstart --pool (``measure.pool.PoolColdstartArtifact``)
 =================  ==================================  ========================================
 """
 
@@ -38,7 +41,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from drumsbench.ledger import Ledger
-from drumsbench.measure.cost import HostPrice, PriceFile
+from drumsbench.measure.cost import POOL_KIND, HostPrice, PriceFile
 from drumsbench.measure.leaks import LeakVerdict
 from drumsbench.measure.stats import Estimate, quantile, wilson
 from drumsbench.measure.train_report import TrainReport
@@ -333,6 +336,29 @@ class ScreenshotArtifact(Artifact):
     png_base64: str | None = None
 
 
+# -- a Ray cluster during a window -------------------------------------------------------------------
+
+class ClusterNode(BaseModel):
+    """One Ray node as the driver saw it around a window."""
+
+    node_id: str
+    host: str
+    at_start: bool  # alive when the window started
+    at_end: bool  # alive when it ended
+
+
+class ClusterArtifact(Artifact):
+    """What the Ray cluster was during one window (kind ``cluster``, name: the window's label),
+    written by the sweep: its nodes at the start and end, how many ran the window (``used``: all,
+    or 1 for a node-alone baseline window) and when the nodes were ready to work (``work_started``,
+    after their set-up; ``None``: the segment's own start is used)."""
+
+    KIND: ClassVar[str] = "cluster"
+    nodes: list[ClusterNode]
+    used: int | None = None  # None: every alive node
+    work_started: float | None = None
+
+
 # -- chaos -------------------------------------------------------------------------------------------
 
 class RowsDigest(BaseModel):
@@ -410,7 +436,10 @@ class RunArtifacts:
 KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
                                 PriceFilesArtifact, ColdstartArtifact, IsolationArtifact, ProjectionArtifact,
                                 BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact,
-                                LeakSamplesArtifact, ChaosEventArtifact, ChaosSummaryArtifact)} | {TrainReport.KIND}
+                                LeakSamplesArtifact, ChaosEventArtifact, ChaosSummaryArtifact, ClusterArtifact)} | {
+    TrainReport.KIND, POOL_KIND,
+    "coldstart-pool",  # measure.pool.PoolColdstartArtifact (it builds on this module: named, not imported)
+}
 
 
 def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:

@@ -39,14 +39,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.ledger import Ledger
 from drumsbench.measure import leaks
-from drumsbench.measure.artifacts import Artifact
+from drumsbench.measure.artifacts import Artifact, ClusterArtifact, ClusterNode  # noqa: F401 (re-exported)
 from drumsbench.measure.leaks import LeakVerdict
 from drumsbench.measure.stats import Estimate, rate_per_hour, scale, wilson
 
@@ -165,27 +165,6 @@ class Check(BaseModel):
     name: str
     passed: bool
     detail: str
-
-
-class ClusterNode(BaseModel):
-    """One Ray node as the driver saw it around a window."""
-
-    node_id: str
-    host: str
-    at_start: bool  # alive when the window started
-    at_end: bool  # alive when it ended
-
-
-class ClusterArtifact(Artifact):
-    """What the Ray cluster was during one window (kind ``cluster``, name: the window's label),
-    written by the sweep: its nodes at the start and end, how many ran the window (``used``: all,
-    or 1 for a node-alone baseline window) and when the nodes were ready to work (``work_started``,
-    after their set-up; ``None``: the segment's own start is used)."""
-
-    KIND: ClassVar[str] = "cluster"
-    nodes: list[ClusterNode]
-    used: int | None = None  # None: every alive node
-    work_started: float | None = None
 
 
 class NodeLine(BaseModel):
