@@ -243,3 +243,29 @@ def test_a_socket_someone_listens_on_is_not_left_behind(tmp_path):
     assert os.path.exists(path) and not listening(path)  # the file stays, nobody answers
     (tmp_path / "plain").write_text("x")
     assert not listening(str(tmp_path / "plain")) and not listening(str(tmp_path / "absent"))
+
+
+def test_a_control_whose_sandbox_dies_is_not_fired_instead_of_stopping_the_run(tmp_path):
+    """The isolation control on a substrate whose sandboxes fail (here: every sandbox handed out is already
+    destroyed, as after a kill from outside): recorded as not fired, with the reason — never an exception that
+    stops the run (a chaos container kill during a window's control stopped the harness)."""
+    from drumsbench.rollout.isolation import positive_control
+    from drumsbench.substrates.process import ProcessSubstrate
+
+    sub = ProcessSubstrate("r-control", tmp_path / "state")
+    made = []
+    create = sub.create
+
+    def dying_create():
+        box = create()
+        made.append(box)
+        box.destroy()  # the sandbox is gone from under the harness (as after a kill from outside)
+        return box
+
+    sub.create = dying_create
+    try:
+        result = positive_control(sub)
+    finally:
+        sub.close()
+    assert not result.fired and result.detail.startswith("could not run"), result
+    assert len(made) >= 2  # tried again with new sandboxes

@@ -194,7 +194,10 @@ def _limit_run_dirs(run_id: str) -> list[Path]:
     found: list[Path] = []
     for root in LIMIT_ROOTS.values():
         for depth in range(4):
-            found += [p for p in root.glob("/".join(["*"] * depth + [CGROUP_PREFIX, run_id])) if p.is_dir()]
+            try:  # groups come and go while the glob walks (another run's sandbox ending): a race, not an error
+                found += [p for p in root.glob("/".join(["*"] * depth + [CGROUP_PREFIX, run_id])) if p.is_dir()]
+            except FileNotFoundError:
+                continue
     return found
 
 
