@@ -100,3 +100,19 @@ def test_gc_removes_the_images_of_a_dead_run(ready, state_dir, run_id):
     removed = ProcessSubstrate.gc(state_dir, {run_id})
     assert removed and _images(state_dir, run_id) == [], removed
     sub.close()
+
+
+def test_reset_restore_is_refused_up_front_where_the_environment_cannot_restore(tmp_path):
+    """`--reset restore` on the coding suite: one line naming the flag and the fix, exit 2, no run recorded."""
+    import sqlite3
+
+    from helpers import cli
+
+    out = tmp_path / "runs"
+    proc = cli("run", "--tasks", "coding", "--reset", "restore", "--attempts", "1", "--out", str(out),
+               env={"DRUMSBENCH_STATE": str(tmp_path / "state")}, timeout=120)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "--reset restore" in lines[0] and "in_place" in lines[0], \
+        proc.stderr
+    db = out / "ledger.sqlite"
+    assert not db.exists() or sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0

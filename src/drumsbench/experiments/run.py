@@ -70,6 +70,13 @@ class RunConfig(BaseModel):
             raise UsageError(f"--pool: {self.pool} is negative; give auto, off or a number of sandboxes")
         if self.executor == "ray" and self.pool not in ("auto", 0):
             raise UsageError("--pool: not with --executor ray (each node makes its own sandboxes); give --pool off")
+        if self.rollout.reset == "restore":  # refused up front, never a harness error per attempt
+            from drumsbench.envs.base import RestoringReset
+
+            kind = suites.KINDS.load(suites.suite_kind(self.tasks))
+            if not issubclass(kind.environment_class(), RestoringReset):
+                raise UsageError(f"--reset restore: the {kind.name} environment cannot reset by restoring a "
+                                 "checkpoint; use in_place or recreate")
         return self
 
     def pool_size(self) -> int:
