@@ -69,6 +69,13 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
             assert 0 < float(rec.extra["reset_restore_total_s"]) < rec.reset_s + 1e-6  # type: ignore[arg-type]
             assert float(rec.extra["reset_criu_cpu_s"]) + float(rec.extra["reset_tree_cpu_s"]) > 0  # type: ignore[arg-type]
 
+        # a command in the restored instance works in this sandbox's work folder, not in the folder of the
+        # sandbox the checkpoint was made in (nsenter --wd=PATH opened PATH on the host's side)
+        assert isinstance(slot.env, DesktopEnv)
+        inst = slot.env.instance
+        probe = inst.exec_inside(["sh", "-c", "touch wd-probe && pwd"], 20, as_sandbox_user=True)
+        assert probe.exit_code == 0, probe
+        assert (Path(inst.work) / "wd-probe").exists(), (probe.stdout, inst.work)
         (image,) = _images(state_dir, run_id)  # in the run's own sandbox folder, never the host's /tmp
         assert not str(image).startswith("/tmp/")
         (image / "images" / "pstree.img").unlink()  # a checkpoint that cannot be restored

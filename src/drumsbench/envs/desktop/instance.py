@@ -515,7 +515,10 @@ class DesktopInstance:
         # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
         # the host's /tmp): host paths of the sandbox are given as the instance sees them
         argv = [self.inside(a) for a in argv]
-        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, f"--wd={self.inside(self.work)}", "--", *argv]
+        # the working folder is set by `env -C` once inside the namespaces: nsenter's --wd=PATH opens PATH
+        # before it enters them, i.e. on the host's side, which for a restored continuation is the
+        # parent's live work folder (its relative writes would land in the parent)
+        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, "--", "env", "-C", self.inside(self.work), *argv]
         env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
                "DRUMSBENCH_UNO": self.uno_connection()}
         # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root
