@@ -313,26 +313,26 @@ class Chaos:
     def _gap(self) -> float:
         return self.rng.uniform(0.5, 1.5) * self.cfg.every_s
 
-    def _count_ro(self) -> int:
-        """Attempts recorded for the run, read through a read-only connection (0 when unreadable)."""
+    def _read_one(self, sql: str) -> tuple[object, ...] | None:
+        """One row of ``sql`` (with the run id as its parameter) through a read-only connection: the
+        driver never writes the ledger, and reads it even when its disk is full. None when unreadable."""
         with contextlib.suppress(sqlite3.Error):
             db = sqlite3.connect(f"file:{self.live / 'ledger.sqlite'}?mode=ro", uri=True, timeout=30)
             try:
-                row = db.execute("SELECT COUNT(*) FROM attempts WHERE run_id = ?", (self.run_id,)).fetchone()
+                row: tuple[object, ...] | None = db.execute(sql, (self.run_id,)).fetchone()
+                return row
             finally:
                 db.close()
-            return int(row[0]) if row else 0
-        return 0
+        return None
+
+    def _count_ro(self) -> int:
+        """Attempts recorded for the run (0 when unreadable)."""
+        row = self._read_one("SELECT COUNT(*) FROM attempts WHERE run_id = ?")
+        return int(str(row[0])) if row else 0
 
     def _status(self) -> str | None:
-        with contextlib.suppress(sqlite3.Error):
-            db = sqlite3.connect(f"file:{self.live / 'ledger.sqlite'}?mode=ro", uri=True, timeout=30)
-            try:
-                row = db.execute("SELECT status FROM runs WHERE run_id = ?", (self.run_id,)).fetchone()
-            finally:
-                db.close()
-            return row[0] if row else None
-        return None
+        row = self._read_one("SELECT status FROM runs WHERE run_id = ?")
+        return str(row[0]) if row else None
 
     def _stop_harness(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
