@@ -215,3 +215,26 @@ def test_the_sampler_reads_dockerd_memory_on_docker(tmp_path):
     s = leak_sampler.LeakSampler("docker", interval_s=0.05, tmp=str(tmp_path), shm=str(tmp_path), store=tmp_path)
     v = s.sample()
     assert "daemon_mib" in s.columns and v["daemon_mib"] is not None and v["daemon_mib"] > 1, (v, s.notes)
+
+
+def test_run_watch_samples_leaks_beside_a_plain_run_and_reports_them(tmp_path):
+    """`drumsbench run --watch`: a leaks artifact per segment, judged in the run's report (terminal and
+    JSON) from the ledger alone; a run without --watch has none."""
+    from helpers import cli
+
+    env = {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+    out = tmp_path / "runs"
+    proc = cli("run", "--watch", "--duration", "8s", "--concurrency", "2", "--out", str(out), "--json",
+               str(tmp_path / "w.json"), "--no-progress", env=env, check=True)
+    data = json.loads((tmp_path / "w.json").read_text())
+    (name,) = data["leaks"]
+    verdict = data["leaks"][name]
+    assert name == "run-segment-0" and {s["key"] for s in verdict["slopes"]} >= {"fds", "processes", "mounts"}
+    assert verdict["samples"] >= 5 and f"leak check ({name})" in proc.stdout
+    again = cli("report", data["run_id"], "--out", str(out), "--json", str(tmp_path / "again.json"), env=env,
+                check=True)
+    assert json.loads((tmp_path / "again.json").read_text())["leaks"][name]["slopes"] == verdict["slopes"]
+    assert f"leak check ({name})" in again.stdout
+    cli("run", "--attempts", "2", "--out", str(out), "--json", str(tmp_path / "plain.json"), "--no-progress",
+        env=env, check=True)
+    assert "leaks" not in json.loads((tmp_path / "plain.json").read_text())

@@ -63,14 +63,32 @@ def show_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None, 
         from drumsbench.serve.clients import print_clients
 
         print_clients(ledger, run_id, console)
+    watched = _watched_leaks(ledger, run_id)
+    if watched:  # run --watch: the leak check of each segment, under the run's report
+        data_leaks = {name: v.model_dump(mode="json") for name, v in watched.items()}
+        for name, v in watched.items():
+            console.print(f"leak check ({name}): {v.detail}", soft_wrap=True, highlight=False)
+            for sl in v.slopes:
+                console.print(f"  {sl.label}: {sl.fmt()} {sl.unit}/h{'  LEAKS' if sl.leaks else ''}",
+                              soft_wrap=True, highlight=False)
     chaos = artifacts.load(ledger, run_id, artifacts.ChaosSummaryArtifact).get("summary")
     if chaos is not None:  # a run driven by `drumsbench chaos`: its checks under the run's report
         from drumsbench.report.chaos import print_chaos
 
         print_chaos(run_id, chaos, console)
     data = run_costs(ledger, run_id, report, price, report.dump(), publish=publish)
+    if watched:
+        data["leaks"] = data_leaks
     write_json(data, out / run_id, "report.json", json_path)
     return report
+
+
+def _watched_leaks(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """The leak verdicts of a ``run --watch`` (empty for a run that was not watched)."""
+    from drumsbench.experiments.run import WATCH_PREFIX
+    from drumsbench.measure import leaks
+
+    return dict(leaks.judge_watched(artifacts.load(ledger, run_id, artifacts.LeakSamplesArtifact), WATCH_PREFIX))
 
 
 def _special_report(ledger: Ledger, run_id: str, out: Path, json_path: Path | None,

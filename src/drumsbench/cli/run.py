@@ -36,6 +36,9 @@ def run(
     verify_timeout: o.VerifyTimeout = "task",
     reset: o.Reset = "auto",
     pool: o.Pool = "auto",
+    watch: Annotated[bool, typer.Option("--watch", help="Sample leaks beside the run (fds, processes, mounts, "
+                                        "/tmp, /dev/shm, store, daemon memory) and judge their slopes, as a "
+                                        "sweep's soak does.")] = False,
     seed: o.Seed = 0,
     usd_per_host_hour: Annotated[float | None, typer.Option(help="Host price for the headline.")] = None,
     price: o.Price = None,
@@ -92,7 +95,8 @@ def run(
                                            note="given with --usd-per-host-hour")
             cfg = RunConfig(substrate=substrate, tasks=tasks, policy=policy, noisy_p=noisy_p,
                             explorer_steps=explorer_steps, duration_s=parse_duration(duration, "--duration"),
-                            max_attempts=attempts, inject=inject, seed=seed, rollout=rollout, **extra)
+                            max_attempts=attempts, inject=inject, seed=seed, rollout=rollout, watch=watch,
+                            **extra)
         except ValidationError as e:
             raise usage_error(e, FLAGS) from None
         run_id = new_run_id()

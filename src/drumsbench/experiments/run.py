@@ -27,6 +27,7 @@ from drumsbench.envs import suites
 from drumsbench.envs.base import Environment
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
+from drumsbench.experiments.leak_sampler import LeakSampler
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
 from drumsbench.measure.cost import DEFAULT_PRICE, POOL_KIND, HostPrice
@@ -61,6 +62,7 @@ class RunConfig(BaseModel):
     ray_address: str | None = None  # None: a local single-node Ray of the run's own
     # warm pool (rollout/pool.py): "auto" = one idle sandbox per concurrent attempt, 0 = off
     pool: PoolSetting = DEFAULT_POOL
+    watch: bool = False  # run --watch: leak samples beside each segment of a plain run (``leaks`` artifacts)
 
     @model_validator(mode="after")
     def _bounded(self) -> RunConfig:
@@ -207,7 +209,14 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
 
         tick = (lambda: on_progress(progress)) if on_progress else None
         sampler = ResourceSampler(lambda: len(job._live), duration_left).start() if windowed else None
-        executor.execute(job, substrate, sink, tick)
+        watcher = (LeakSampler(cfg.substrate, duration_left, run_id=run_id).start()
+                   if cfg.watch and not windowed else None)
+        try:
+            executor.execute(job, substrate, sink, tick)
+        finally:
+            if watcher is not None:  # name: the segment (a resumed run has one per start)
+                with contextlib.suppress(sqlite3.OperationalError):
+                    artifacts.put(ledger, run_id, f"{WATCH_PREFIX}{seg}", watcher.stop())
         if refused:
             raise LedgerUnwritable(f"the ledger refused attempt {refused[0]}; the {ledger.count(run_id)} attempts "
                                    f"recorded are intact; make room, then `drumsbench run --resume {run_id}`")
@@ -232,6 +241,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         state.unregister(run_id)
 
 
+WATCH_PREFIX = "run-segment-"  # names of a watched run's ``leaks`` artifacts
 FILL_WAIT_S = 120.0  # the first fill is awaited at most this long before work starts
 
 

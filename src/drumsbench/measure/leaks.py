@@ -187,3 +187,17 @@ def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, spa
             for k in cols[1:]}
     return LeakVerdict(span_from_s=span_from - work_started, span_to_s=span_to - work_started, samples=len(rows),
                        interval_s=samples.interval_s, slopes=slopes, left=left, passed=passed, detail=detail)
+
+
+def judge_watched(samples: dict[str, LeakSamplesArtifact], prefix: str) -> dict[str, LeakVerdict]:
+    """The leak verdicts of a watched plain run (``run --watch``): one per segment artifact named
+    ``prefix + N``, fitted from the end of its ramp-up (``RAMP_FRACTION`` of what was sampled) to its
+    last sample. A plain run has no confirmation to fail; the verdict is reported beside its figures."""
+    out: dict[str, LeakVerdict] = {}
+    for name, s in sorted(samples.items()):
+        times = [float(r[0]) for r in s.rows if r and r[0] is not None]
+        if not name.startswith(prefix) or not times:
+            continue
+        start, end = times[0], times[-1]
+        out[name] = judge(s, start, span_to=end, span_from=start + RAMP_FRACTION * (end - start))
+    return out
