@@ -540,7 +540,10 @@ def single_office_pipe(uid: int, user_installation: str) -> str:
 
 class _SharedFolder:
     """A host folder some instances of this process need while they run (``/tmp/.X11-unix``): made
-    when missing, removed when the last of them is done if this process made it (and it is empty)."""
+    when missing, removed when the last of them is done if it is empty — whichever process made it
+    (two harnesses sharing it left it behind when the one that made it finished first; an X server
+    still using it keeps its socket there, so the removal fails harmlessly, and one starting later
+    makes it again)."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
@@ -559,7 +562,7 @@ class _SharedFolder:
     def release(self) -> None:
         with self._lock:
             self._users = max(0, self._users - 1)
-            if self._users == 0 and self._made:
+            if self._users == 0:
                 self._made = False
                 with contextlib.suppress(OSError):  # not empty: another process's X server uses it
                     self.path.rmdir()
