@@ -138,7 +138,9 @@ def host(tmp_path, monkeypatch):
 def _sweep(folder: Path, run_id: str, seconds: float = 10.0):
     """A step window N2 then a soak at N2, each ``seconds`` long."""
     ledger = Ledger(folder / f"{run_id}.sqlite")
-    cfg = SweepConfig(base=RunConfig(substrate="process", tasks="coding", policy="oracle"), concurrency=[2],
+    # no warm pool: its background creates move the harness's process count in steps, which a 10-s clean
+    # window can mistake for a slope (the CI rehearsal saw +344 processes/h once)
+    cfg = SweepConfig(base=RunConfig(substrate="process", tasks="coding", policy="oracle", pool=0), concurrency=[2],
                       window_s=seconds, soak_s=seconds, stability=1.0)
     ledger.create_run(run_id, "sweep", cfg.model_dump(mode="json"), {}, "test")
     run_sweep(ledger, run_id, cfg)
