@@ -105,7 +105,7 @@ def test_the_sampler_counts_the_runs_own_mounts_not_the_hosts(tmp_path):
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)], check=True)
             mounted.append(d)
         assert s.sample()["mounts"] == base + 1
-        assert host.sample()["mounts"] == base_host + 2
+        assert host.sample()["mounts"] >= base_host + 2  # the whole table: others may mount meanwhile
         # the artifact says what was counted, and the verdict labels it so
         from drumsbench.measure import leaks
 
