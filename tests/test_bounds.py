@@ -15,7 +15,8 @@ from drumsbench.core.errors import UsageError
 from drumsbench.experiments import escape
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import LIMIT_VARS, SandboxLimits
-from drumsbench.substrates.hostproc import limit_hierarchies, mounts_below
+from drumsbench.substrates.containers.common import disk_source
+from drumsbench.substrates.hostproc import limit_hierarchies, mounts_below, mounts_of_source
 
 from conftest import require
 
@@ -88,11 +89,16 @@ def test_limits_off_make_no_mount_and_no_limit_group(state_dir: Path, run_id: st
 
 
 @pytest.mark.parametrize("name", ["docker", "podman"])
-def test_container_bounds(name: str, state_dir: Path, run_id: str):
-    """pids and memory are bounded; the disk bound only where the engine's storage takes a size, and
-    where it does not, the probe says so (NOT bounded), as the mechanism does."""
+def test_container_bounds(name: str, state_dir: Path, run_id: str, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch):
+    """pids, memory and disk are bounded (the disk by the storage's quota where it takes one, else by
+    a tmpfs over the container's layer folder), each control exceeding its bound; nothing appears in
+    the harness's working folder (podman's conmon once wrote an ``oom`` marker there)."""
     cls = registry.get(name)
     require(cls.missing())
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     sub = cls(run_id, state_dir)
     sub.limits = SMALL
     try:
@@ -101,13 +107,15 @@ def test_container_bounds(name: str, state_dir: Path, run_id: str):
             assert results[bound].verdict == "bounded", results[bound]
         disk = results["disk_mb"]
         assert disk.off.ran and disk.off.contained is False, disk
-        if disk.mechanism.startswith("not enforced"):
-            assert disk.verdict == "NOT bounded", disk
-        else:
-            assert disk.verdict == "bounded", disk
+        assert not disk.mechanism.startswith("not enforced"), disk
+        assert disk.verdict == "bounded" and "No space left" in disk.on.detail, disk
+        before, full = disk.host_free_mb or (0, 0)
+        assert full > 1024 and before - full < 32, disk  # the host's file system kept its room
     finally:
         sub.close()
     assert sub.leftovers() == []
+    assert not mounts_of_source(disk_source(run_id)), "a disk-bound tmpfs outlived its container"
+    assert list(cwd.iterdir()) == [], "a sandbox's OOM wrote into the harness's working folder"
 
 
 def test_vm_guest_bounded_by_the_host(state_dir: Path, run_id: str):

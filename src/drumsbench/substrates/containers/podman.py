@@ -38,6 +38,7 @@ from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded
+from drumsbench.substrates.hostproc import mounts_of_source, unmount
 
 PODMAN_ERROR = 125  # podman's own failure (also a command's possible exit code: checked)
 # podman exec's exit code when it cannot create the exec session (a paused or stopped container)
@@ -47,6 +48,13 @@ RUNTIME_DIR = Path("/dev/shm/drumsbench-podman")
 
 def config_dir() -> Path:
     return images.cache_dir() / "podman"
+
+
+def work_dir() -> Path:
+    """The working folder of every podman process (and so of its conmon): conmon writes an ``oom``
+    marker into its working folder when a container's process is OOM-killed, which must not be the
+    harness's (the host's) working folder."""
+    return config_dir() / "cwd"
 
 
 def _limit(res: int, want: int) -> int:
@@ -97,6 +105,7 @@ def configure() -> dict[str, str]:
             return _configured
         folder = config_dir()
         folder.mkdir(parents=True, exist_ok=True)
+        work_dir().mkdir(exist_ok=True)
         for name, content in config_files().items():
             path = folder / name
             try:
@@ -133,6 +142,7 @@ def podman(
             capture_output=True,
             timeout=timeout,
             env=configure(),
+            cwd=work_dir(),
         )
     except subprocess.TimeoutExpired as e:
         raise SubstrateError(f"podman {args[0]}: no answer within {timeout:.0f} s") from e
@@ -222,7 +232,8 @@ class PodmanSandbox(C.ContainerSandbox):
             cmd += ["--env", f"{k}={v}"]
         cmd += [self.container_id, *req.argv]
         return run_bounded(
-            cmd, timeout=req.timeout, cwd=None, env=self._env, stdin=req.stdin, output_limit=req.output_limit
+            cmd, timeout=req.timeout, cwd=str(work_dir()), env=self._env, stdin=req.stdin,
+            output_limit=req.output_limit
         )
 
     def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
@@ -283,6 +294,10 @@ class PodmanSandbox(C.ContainerSandbox):
         if self._destroyed:
             return
         self._destroyed = True
+        # the disk bound's tmpfs: detached now, freed when podman unmounts the container's rootfs;
+        # podman then removes the original layer folder underneath
+        for point in mounts_of_source(C.disk_source(self.run_id, self.id)):
+            unmount(point)
         proc = podman(["rm", "--force", "--time", "0", self.container_id], check=False)
         if proc.returncode != 0 and b"no such container" not in proc.stderr.lower():
             # A frozen container that podman would not remove: unpause it, then remove.
@@ -340,7 +355,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
         snapshot=False,
         network=False,
         notes="podman containers via the CLI (runc, private config); --network none; "
-        "pids and memory limits",
+        "pids, memory and disk limits",
     )
 
     def __init__(self, run_id: str, state_dir: Path) -> None:
@@ -356,19 +371,30 @@ class PodmanSubstrate(C.ContainerSubstrate):
         """None when podman's private overlay storage takes a per-container size, else why not."""
         return C.storage_quota("podman", "overlay", C.fs_type(config_dir()))
 
-    def limit_mechanisms(self) -> dict[str, str]:
+    def disk_mode(self) -> tuple[str, str]:
+        """("quota" | "tmpfs" | "none", the mechanism's text): podman's own quota where its storage
+        takes one, else (root: podman is a CLI in this mount namespace) a tmpfs of the bound's size
+        over the container's layer folder, mounted between ``podman create`` and ``podman start``."""
+        lim = self.limits.disk_mb
         quota = self.disk_quota()
-        return C.limit_mechanisms(self.limits, f"{self.limits.disk_mb} MiB: --storage-opt size (the storage's "
-                                  "per-container quota)" if quota is None else
-                                  f"not enforced: {quota}; a sandbox's writes go to the host's file system "
-                                  "unbounded")
+        if quota is None:
+            return "quota", f"{lim} MiB: --storage-opt size (the storage's per-container quota)"
+        if os.geteuid() == 0:
+            return "tmpfs", (f"{lim} MiB: a tmpfs of that size over the container's overlay layer folder (its "
+                             "upper and work), mounted before it starts; ENOSPC inside it; its pages count "
+                             f"against the memory bound too ({quota})")
+        return "none", (f"not enforced: {quota}, and no tmpfs: needs root; a sandbox's writes go to the host's "
+                        "file system unbounded")
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        return C.limit_mechanisms(self.limits, self.disk_mode()[1])
 
     def _limit_args(self) -> list[str]:
         lim = self.limits
         args = ["--pids-limit", str(lim.pids if lim.pids is not None else -1)]
         if lim.memory_mb is not None:
             args += ["--memory", f"{lim.memory_mb}m"]
-        if lim.disk_mb is not None and self.disk_quota() is None:
+        if lim.disk_mb is not None and self.disk_mode()[0] == "quota":
             args += ["--storage-opt", f"size={lim.disk_mb}m"]
         return args
 
@@ -392,12 +418,12 @@ class PodmanSubstrate(C.ContainerSubstrate):
         return ensure_image()
 
     def create(self) -> PodmanSandbox:
+        """``podman create``, the disk bound over its layer folder (``disk_mode``), ``podman start``."""
         image = self.image()
         sid = C.new_sandbox_id()
         proc = podman(
             [
-                "run",
-                "--detach",
+                "create",
                 "--network",
                 "none",
                 "--label",
@@ -419,9 +445,37 @@ class PodmanSubstrate(C.ContainerSubstrate):
             if cid:
                 podman(["rm", "--force", "--time", "0", cid], check=False)
             raise SubstrateError(
-                f"podman: cannot start a container of {image}: {C.decode_tail(proc.stderr)}"
+                f"podman: cannot create a container of {image}: {C.decode_tail(proc.stderr)}"
             )
+        try:
+            layer = self._bound_disk(cid, sid)
+            podman(["start", cid])
+            if layer is not None and os.stat(layer / "diff").st_dev == os.stat(layer.parent).st_dev:
+                # podman bound its storage folder over itself after the tmpfs was mounted: shadowed
+                raise SubstrateError(f"podman: the disk bound of {cid[:12]} is not in effect (its layer folder "
+                                     "is on the storage's file system after start)")
+        except BaseException:
+            for point in mounts_of_source(C.disk_source(self.run_id, sid)):
+                unmount(point)
+            podman(["rm", "--force", "--time", "0", cid], check=False)
+            raise
         return PodmanSandbox(self, cid, sid)
+
+    def _bound_disk(self, cid: str, sid: str) -> Path | None:
+        """The tmpfs disk bound over the created (not started) container's layer folder; returns
+        that folder (None: no tmpfs bound)."""
+        if self.limits.disk_mb is None or self.disk_mode()[0] != "tmpfs":
+            return None
+        proc = podman(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}} {{.GraphDriver.Data.WorkDir}}",
+                       cid], check=False)
+        parts = proc.stdout.decode().split()
+        if proc.returncode != 0 or len(parts) != 2:
+            raise SubstrateError(f"podman: cannot find the layer folder of {cid[:12]}: {C.decode_tail(proc.stderr)}")
+        upper, work = Path(parts[0]), Path(parts[1])
+        if upper.parent != work.parent:
+            raise SubstrateError(f"podman: upper {upper} and work {work} of {cid[:12]} are not in one folder")
+        C.bound_layer(upper.parent, self.limits.disk_mb, C.disk_source(self.run_id, sid))
+        return upper.parent
 
     def raw_floor(self) -> list[str] | None:
         """`podman run --rm` through the CLI, with the same private configuration."""
@@ -444,7 +498,9 @@ class PodmanSubstrate(C.ContainerSubstrate):
         )
         if proc.returncode != 0:
             return [f"podman: cannot list containers: {C.decode_tail(proc.stderr)}"]
-        return [f"container {line}" for line in proc.stdout.decode().splitlines() if line.strip()]
+        left = [f"container {line}" for line in proc.stdout.decode().splitlines() if line.strip()]
+        # a disk-bound tmpfs goes with its container; one left without containers is a leftover itself
+        return left or [f"mount {p}" for p in mounts_of_source(C.disk_source(self.run_id))]
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
@@ -461,6 +517,9 @@ class PodmanSubstrate(C.ContainerSubstrate):
             return [cid for cid, _, names in (line.partition(" ") for line in listing.splitlines())
                     if names.startswith(C.BUILD_PREFIX)]
 
+        for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go)
+            for point in mounts_of_source(C.disk_source(run)):
+                unmount(point)
         return C.gc_containers("podman", json.loads(proc.stdout or b"[]") or [], dead_runs,
                                lambda cid: podman(["rm", "--force", "--time", "0", cid], check=False), builds, [])
 
