@@ -8,6 +8,8 @@ proves every component.
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -34,3 +36,27 @@ def state_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def run_id() -> str:
     return "t" + uuid.uuid4().hex[:10]
+
+
+def _ray_folders() -> set[Path]:
+    """Ray's own temp folders (``executors/ray_env.apply``) in the temp folders it may use."""
+    return {p for d in {tempfile.gettempdir(), "/tmp"} for p in Path(d).glob("dray-*")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_folder_left():
+    """Every test module removes the Ray temp folders it made (a CI run once left one in /tmp)."""
+    before = _ray_folders()
+    yield
+    left = _ray_folders() - before
+    assert not left, f"Ray temp folder(s) left behind: {sorted(map(str, left))}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ray_folder_left_at_the_end():
+    """The same over the whole session: a late Ray helper process may recreate a removed folder."""
+    before = _ray_folders()
+    yield
+    time.sleep(1.0)
+    left = _ray_folders() - before
+    assert not left, f"Ray temp folder(s) left behind: {sorted(map(str, left))}"

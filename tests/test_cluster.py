@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from drumsbench.executors.ray import missing as ray_missing
-from drumsbench.executors.ray_cluster import alive, processes_with_tmpdir
+from drumsbench.executors.ray_env import alive, processes_with_tmpdir
 
 from conftest import require
 from helpers import MINI, ROOT, cli

@@ -27,7 +27,7 @@ from drumsbench.core.outcome import Outcome
 from drumsbench.core.records import AttemptRecord
 from drumsbench.executors import ray_env
 from drumsbench.executors.ray import missing as ray_missing
-from drumsbench.executors.ray_cluster import processes_with_tmpdir
+from drumsbench.executors.ray_env import processes_with_tmpdir
 from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
 from drumsbench.ledger import Ledger
 from drumsbench.measure.summary import build

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import threading
 import time
@@ -30,6 +29,7 @@ from pydantic import BaseModel
 
 from drumsbench.core.errors import UsageError
 from drumsbench.executors import ray_env
+from drumsbench.executors.ray_env import alive
 
 MiB = 1024 * 1024
 
@@ -62,19 +62,6 @@ def pid_path(state: Path) -> Path:
     return folder(state) / "cluster.pid"
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def running(state: Path) -> ClusterInfo | None:
     """The cluster of this state folder when its owner is alive, else None."""
     try:
@@ -82,22 +69,6 @@ def running(state: Path) -> ClusterInfo | None:
     except (OSError, ValueError):
         return None
     return info if alive(info.pid) else None
-
-
-def processes_with_tmpdir(tmpdir: str) -> list[int]:
-    """Pids whose environment has ``RAY_TMPDIR=tmpdir`` (the cluster's Ray processes), not this one."""
-    needle = f"RAY_TMPDIR={tmpdir}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0") and alive(int(pid)):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def serve(state: Path, nodes: int, cpus: int, object_store_bytes: int, stop: threading.Event,
@@ -132,26 +103,9 @@ def serve(state: Path, nodes: int, cpus: int, object_store_bytes: int, stop: thr
         if c is not None:
             with contextlib.suppress(Exception):
                 c.shutdown()
-        _reap(env.tmpdir)
-        env.restore()  # removes the token and Ray's temp folder
+        env.restore()  # stops what is left of its Ray processes  # removes the token and Ray's temp folder
         for p in (info_path(state), pid_path(state)):
             p.unlink(missing_ok=True)
-
-
-def _reap(tmpdir: str, grace_s: float = 10.0) -> list[int]:
-    """Stop what is left of the cluster's Ray processes: SIGTERM, then SIGKILL after ``grace_s``."""
-    left = processes_with_tmpdir(tmpdir)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(p) for p in left):
-        time.sleep(0.2)
-    for pid in left:
-        if alive(pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    return left
 
 
 def down(state: Path, timeout_s: float = 60.0) -> str:
@@ -175,8 +129,7 @@ def down(state: Path, timeout_s: float = 60.0) -> str:
             os.kill(pid, signal.SIGKILL)
     reaped: list[int] = []
     if info is not None:
-        reaped = _reap(info.tmpdir)
-        shutil.rmtree(info.folder, ignore_errors=True)
+        reaped = ray_env.remove(Path(info.folder), info.tmpdir)
     for p in (info_path(state), pid_path(state), folder(state) / "cluster.log"):
         p.unlink(missing_ok=True)
     with contextlib.suppress(OSError):

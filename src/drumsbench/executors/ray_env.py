@@ -10,10 +10,13 @@ This module does not import Ray.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+import signal
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +51,10 @@ class RayEnv:
     _saved: dict[str, str | None] = field(default_factory=dict)
 
     def restore(self, remove_folder: bool = True) -> None:
+        """Put the saved variables back; with ``remove_folder``, remove our own folder for good.
+
+        See ``remove``.
+        """
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -55,7 +62,7 @@ class RayEnv:
                 os.environ[key] = value
         self._saved = {}
         if remove_folder and self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            remove(self.folder, self.tmpdir)
 
 
 def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
@@ -102,6 +109,70 @@ def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
         token_path = str(token_file)
         put("RAY_AUTH_TOKEN_PATH", token_path)
     return RayEnv(folder=own, token_path=token_path, tmpdir=tmpdir, _saved=saved)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_with_tmpdir(tmpdir: str) -> list[int]:
+    """Pids whose environment has ``RAY_TMPDIR=tmpdir`` (one Ray's processes), not this one."""
+    needle = f"RAY_TMPDIR={tmpdir}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and alive(int(pid)):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def reap(tmpdir: str, grace_s: float = 10.0) -> list[int]:
+    """Stop what is left of one Ray's processes: SIGTERM, SIGKILL after ``grace_s``; returns their pids."""
+    left = processes_with_tmpdir(tmpdir)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in left):
+        time.sleep(0.2)
+    for pid in left:
+        if alive(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def remove(folder: Path, tmpdir: str) -> list[int]:
+    """Remove one Ray's own folder for good; returns the pids of its processes that had to be stopped.
+
+    Ray's helper processes (agents, log monitor) may outlive ``ray.shutdown()`` by seconds and
+    recreate their session folder under a removed one: every process that still carries
+    ``RAY_TMPDIR=tmpdir`` is stopped first (``reap``), and the removal is repeated if the folder
+    came back meanwhile.
+    """
+    stopped: list[int] = []
+    for _ in range(3):
+        stopped += reap(tmpdir)
+        shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.2)
+        if not folder.exists():
+            break
+    return stopped
 
 
 SOCKET_ROOM = 30  # Ray's unix sockets go 70 characters below RAY_TMPDIR's parent; sun_path holds 107
