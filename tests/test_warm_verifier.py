@@ -188,11 +188,13 @@ def test_a_killer_left_running_cannot_reach_the_warm_runner(state_dir, run_id):
         env = CodingEnv("warm")
         rec = _attempt(env, Scripted("killer", [KILLER], solve=solve), state_dir, run_id)
         assert rec.outcome is want, (rec.outcome, rec.cause, rec.detail)
-        assert env.fallbacks == []
+        assert env.fallbacks == [] and rec.extra["verifier"] == "warm", rec.extra
     env = _NoEnd("warm")
     escaped = _attempt(env, Scripted("killer", [KILLER]), state_dir, run_id + "p")
     assert (escaped.outcome, escaped.cause) == (Outcome.INVALID, InvalidCause.VERIFIER_UNAVAILABLE), escaped.detail
     assert len(env.fallbacks) == 1  # positive control: the killer got the warm runner, then the cold one
+    # the ledger's record says so
+    assert escaped.extra["verifier"] == "cold" and "warm runner exit" in str(escaped.extra["verifier_fallback"])
 
 
 def _staged(state_dir, run_id: str, oracle: bool) -> tuple[ProcessSubstrate, CodingEnv]:
@@ -222,6 +224,7 @@ def test_a_warm_runner_that_cannot_start_falls_back_to_cold_and_says_so(state_di
         env.box.write_file(runner, b'import sys\nif "--warm" in sys.argv:\n    raise SystemExit(3)\n' + RUNNER)
         assert env.run_verifier(TASKS[0], 30) is True
         assert len(env.fallbacks) == 1 and "exit 3" in env.fallbacks[0]
+        assert env.verify_note == {"verifier": "cold", "verifier_fallback": env.fallbacks[0]}
         env.break_verifier()  # both broken: infrastructure, as the cold verifier alone says
         with pytest.raises(coding_env.InvalidAttempt) as e:
             env.run_verifier(TASKS[0], 30)
@@ -242,3 +245,27 @@ def test_the_setting_is_checked(monkeypatch):
         CodingEnv()
     with pytest.raises(UsageError, match="verifier='tepid'"):
         CodingEnv("tepid")
+
+
+def test_the_run_report_groups_attempts_by_verifier(tmp_path, state_dir):
+    """The real command's ledger: every attempt says which verifier decided it, and the run report
+    (JSON, rebuilt from the ledger alone, and the terminal) groups them with the verify latency."""
+    from helpers import cli
+
+    env = {"DRUMSBENCH_STATE": str(state_dir)}
+    seen = {}
+    for mode in ("warm", "cold"):
+        out = tmp_path / mode
+        proc = cli("run", "--tasks", "coding", "--attempts", "4", "--concurrency", "2", "--pool", "off",
+                   "--out", str(out), "--json", str(out / "r.json"), "--no-progress",
+                   env={**env, VERIFIER_VAR: mode}, check=True)
+        report = json.loads((out / "r.json").read_text())
+        (way,) = [w for w in report["ways"] if w["aspect"] == "verifier"]
+        assert (way["way"], way["attempts"], way["invalid"]) == (mode, report["attempts"], 0), report["ways"]
+        assert way["latency"]["n"] == report["attempts"] >= 4 and way["latency"]["p50"]["value"] > 0
+        assert "how attempts ran" in proc.stdout
+        rebuilt = cli("report", report["run_id"], "--out", str(out), "--json", str(out / "again.json"), env=env,
+                      check=True)
+        assert json.loads((out / "again.json").read_text())["ways"] == report["ways"], rebuilt.stdout
+        seen[mode] = way
+    assert seen["warm"]["way"] != seen["cold"]["way"]

@@ -209,6 +209,15 @@ class RestoringReset(ABC):
     def reset_by_restore(self, task: Task, spare: Callable[[], Sandbox]) -> None: ...
 
 
+class VerifierNotes(ABC):
+    """Capability of an environment whose verifier can run in more than one way: after each
+    ``run_verifier`` (whatever it returned or raised), ``verify_note`` says how the verdict was
+    reached (e.g. ``{"verifier": "warm"}``, or ``{"verifier": "cold", "verifier_fallback": why}``
+    when the prepared runner could not start); recorded in the attempt's ``extra``."""
+
+    verify_note: dict[str, object]
+
+
 class BreakableObservation(ABC):
     """An environment whose observation channel the host can break for real (fault injection),
     where observations do not come through ``Sandbox.exec`` (e.g. the desktop's X server)."""

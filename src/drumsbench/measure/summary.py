@@ -78,6 +78,22 @@ class SabotageLine(BaseModel):
     reached_invalid: list[str]
 
 
+class WayLine(BaseModel):
+    """Attempts grouped by how one of their phases ran, from their ``extra``: ``aspect`` ``reset``
+    (``restore`` or ``cold``: a desktop reset by restore, or its cold fallback) or ``verifier``
+    (``warm`` or ``cold``: the coding verifier, or its cold fallback); ``latency`` is that phase's."""
+
+    aspect: str
+    way: str
+    attempts: int
+    invalid: int
+    latency: PhaseLatency
+
+
+# extra key -> (aspect, the attempt column of its phase)
+WAYS = {"reset": ("reset", "reset_s"), "verifier": ("verifier", "verify_s")}
+
+
 class RunHeader(BaseModel):
     """What every report of a run starts with: its schema, the run, its status, machine, commit and config."""
 
@@ -121,6 +137,7 @@ class RunReport(RunHeader):
     hosts: dict[str, HostLine] = {}
     nodes: dict[str, NodeRunLine] = {}  # Ray: per node id (empty in process)
     sabotage: list[SabotageLine] = []
+    ways: list[WayLine] = []  # attempts by how their reset / verifier ran (empty when no attempt says)
 
     model_config = {"populate_by_name": True}
 
@@ -258,7 +275,24 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
         hosts=hosts,
         nodes=_nodes(db, run_id, segs, wall_s),
         sabotage=_sabotage(db, run_id),
+        ways=_ways(db, run_id),
     )
+
+
+def _ways(db: Any, run_id: str) -> list[WayLine]:
+    """Attempts by the way their reset or verifier ran (``WAYS``), with that phase's latency."""
+    lines: list[WayLine] = []
+    for key, (aspect, column) in WAYS.items():
+        groups: dict[str, tuple[list[float], list[bool]]] = {}
+        for way, seconds, outcome in db.execute(
+                f"SELECT json_extract(extra, '$.{key}') AS w, {column}, outcome FROM attempts "
+                "WHERE run_id = ? AND w IS NOT NULL", (run_id,)):
+            times, invalid = groups.setdefault(str(way), ([], []))
+            times.append(seconds)
+            invalid.append(outcome == "invalid")
+        lines += [WayLine(aspect=aspect, way=way, attempts=len(t), invalid=sum(bad), latency=_latency(t))
+                  for way, (t, bad) in sorted(groups.items())]
+    return lines
 
 
 def _sabotage(db: Any, run_id: str) -> list[SabotageLine]:

@@ -63,6 +63,13 @@ def render(r: RunReport) -> Group:
     parts: list[Table | Text] = [head, Text(""), out, Text(""), m,
                                  Text(f"headline basis: {r.headline_basis} (a sweep confirms windows)"),
                                  Text(""), lat, Text(""), tasks]
+    if r.ways:
+        ways = Table(title="how attempts ran (from each attempt's record), phase latency in ms", show_edge=False)
+        for col in ("aspect", "way", "attempts", "invalid", "p50", "p95"):
+            ways.add_column(col, justify="right" if col in ("attempts", "invalid", "p50", "p95") else "left")
+        for w in r.ways:
+            ways.add_row(w.aspect, w.way, str(w.attempts), str(w.invalid), ms(w.latency.p50), ms(w.latency.p95))
+        parts += [Text(""), ways]
     for s in r.sabotage:
         n = len(s.strategies)
         bad = s.reached_success or s.reached_invalid

@@ -39,7 +39,7 @@ from drumsbench.core.errors import (
 )
 from drumsbench.core.outcome import InvalidCause, Outcome, Verdict
 from drumsbench.core.records import AttemptRecord
-from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, RestoringReset, Task
+from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, RestoringReset, Task, VerifierNotes
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout import gates
 from drumsbench.rollout.faults import Injector, injector_for
@@ -146,7 +146,7 @@ def run_attempt(
                                       f"{verdict.detail}; destroy failed: {e}")
     fields = dict(meta or {})
     given = fields.pop("extra", None)
-    extra = {**(given if isinstance(given, dict) else {}), **policy.notes(), **ep.reset_note}
+    extra = {**(given if isinstance(given, dict) else {}), **policy.notes(), **ep.reset_note, **ep.verify_note}
     return AttemptRecord(
         run_id=run_id,
         seq=seq,
@@ -184,6 +184,7 @@ class _Episode:
         self.canaries, self.rng, self.inject, self.prepared = canaries, rng, injector, prepared
         self.phases: dict[str, float] = {}
         self.reset_note: dict[str, object] = {}  # a reset by restore: how it went (recorded in extra)
+        self.verify_note: dict[str, object] = {}  # how the verifier reached its verdict (recorded in extra)
         self.steps: list[float] = []
         self.token: str | None = None
         self.deadline = 0.0
@@ -238,6 +239,8 @@ class _Episode:
             self._missing_dependency(e)
         finally:
             self.phases["verify"] = time.monotonic() - t0
+            if isinstance(env, VerifierNotes):
+                self.verify_note = dict(env.verify_note)
         inject.after_verify(env, self.token, self.canaries)
         gates.check_isolation(env, self.token, self.canaries)  # gate 6
         return Verdict.success() if done else Verdict.failed(reason)

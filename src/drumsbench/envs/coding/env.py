@@ -33,7 +33,7 @@ from typing import Any
 from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, UsageError
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
-from drumsbench.envs.base import Action, Environment, Observation, Task
+from drumsbench.envs.base import Action, Environment, Observation, Task, VerifierNotes
 from drumsbench.envs.coding.task import CodingTask
 from drumsbench.substrates.base import ExecResult
 
@@ -62,7 +62,7 @@ def chosen_verifier(verifier: str | None = None) -> str:
     return value
 
 
-class CodingEnv(Environment):
+class CodingEnv(Environment, VerifierNotes):
     kind = "coding"
 
     def __init__(self, verifier: str | None = None) -> None:
@@ -71,6 +71,7 @@ class CodingEnv(Environment):
         # warm verifications that gave no authenticated READY and were run again cold (each with
         # the reason); the verdict is then the cold one's
         self.fallbacks: list[str] = []
+        self.verify_note: dict[str, object] = {}
 
     def _write_start(self, task: Task) -> None:
         assert isinstance(task, CodingTask)
@@ -171,12 +172,15 @@ class CodingEnv(Environment):
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
                   "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
+        self.verify_note = {"verifier": self.verifier}
         res = self._exec_runner(secret, config, timeout, warm=self.verifier == "warm")
         lines = res.stdout.decode(errors="replace").splitlines()
         if self.verifier == "warm" and not saw_ready(lines, secret) and not res.timed_out:
             # The warm runner could not start its child (nothing of the policy ran yet): the cold
             # runner decides, under today's rules, with a fresh secret.
-            self.fallbacks.append(f"warm runner exit {res.exit_code}: {res.stderr.decode(errors='replace')[-120:]}")
+            why = f"warm runner exit {res.exit_code}: {res.stderr.decode(errors='replace')[-120:]}"
+            self.fallbacks.append(why)
+            self.verify_note = {"verifier": "cold", "verifier_fallback": why}
             secret = new_secret()
             res = self._exec_runner(secret, config, timeout, warm=False)
             lines = res.stdout.decode(errors="replace").splitlines()
