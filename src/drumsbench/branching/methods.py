@@ -11,12 +11,19 @@ dimension, and an unfaithful continuation is invalid.
 - ``snapshot``: the substrate's own snapshot/fork (overlay upper-layer freeze, container commit).
 
 Environments with live processes add their own (the desktop environment's ``criu``).
+
+A ``Shippable`` method's prepared state travels as bytes (``pack`` where the parent lives,
+``unpack`` into a method built for another substrate instance, e.g. on another Ray node):
+``replay`` ships its recorded actions, ``file`` the work folder's tar, ``snapshot`` the substrate's
+exported snapshot (a ``PortableSnapshots`` substrate).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -25,7 +32,7 @@ from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.plugins import Registry
 from drumsbench.envs.base import Action, ActionSpec, Environment, Resumable, Task
 from drumsbench.rollout.attempt import Slot
-from drumsbench.substrates.base import Forking, Snapshotting, Substrate
+from drumsbench.substrates.base import Forking, PortableSnapshots, Snapshotting, Substrate
 
 
 class ForkMethod(ABC):
@@ -56,8 +63,33 @@ class ForkMethod(ABC):
         return slot
 
 
-class Replay(ForkMethod):
+class Shippable(ABC):
+    """Capability of a fork method: its prepared state as bytes. ``pack`` after ``prepare`` (where
+    the parent is); ``unpack`` instead of ``prepare`` on a method built for another substrate
+    instance, after which ``fork`` makes continuations there. ``close`` frees what ``unpack`` made."""
+
+    @abstractmethod
+    def pack(self) -> bytes: ...
+
+    @abstractmethod
+    def unpack(self, data: bytes) -> None: ...
+
+
+def shippable(name: str) -> bool:
+    """True when the registered fork method ``name`` can ship its prepared state as bytes."""
+    return issubclass(METHODS.load(name), Shippable)
+
+
+class Replay(ForkMethod, Shippable):
+    """The recorded actions are the whole prepared state (what ships)."""
+
     name = "replay"
+
+    def pack(self) -> bytes:
+        return json.dumps([[a.kind, a.payload] for a in self.recorded]).encode()
+
+    def unpack(self, data: bytes) -> None:
+        self.recorded = [ActionSpec(kind, payload) for kind, payload in json.loads(data)]
 
     def fork(self, parent_generation: int) -> Slot:
         slot = self._fresh(0)
@@ -80,7 +112,7 @@ def _untar(data: bytes) -> dict[str, bytes]:
     return files
 
 
-class FileCopy(ForkMethod):
+class FileCopy(ForkMethod, Shippable):
     name = "file"
 
     def prepare(self, parent: Slot) -> None:
@@ -90,6 +122,18 @@ class FileCopy(ForkMethod):
         if res.exit_code != 0 or res.truncated:
             raise SubstrateError(f"file: tar of the work folder failed (exit {res.exit_code})")
         self.files = _untar(res.stdout)
+
+    def pack(self) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path, data in sorted(self.files.items()):
+                info = tarfile.TarInfo(path)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    def unpack(self, data: bytes) -> None:
+        self.files = _untar(data)
 
     def fork(self, parent_generation: int) -> Slot:
         slot = self._fresh(parent_generation + 1)
@@ -101,8 +145,9 @@ class FileCopy(ForkMethod):
         return slot
 
 
-class NativeSnapshot(ForkMethod):
-    """The substrate's own live snapshot (``Snapshotting`` sandbox, ``Forking`` substrate)."""
+class NativeSnapshot(ForkMethod, Shippable):
+    """The substrate's own live snapshot (``Snapshotting`` sandbox, ``Forking`` substrate); it ships
+    when the substrate has ``PortableSnapshots``."""
 
     name = "snapshot"
     snapshot_id: str | None = None
@@ -122,6 +167,16 @@ class NativeSnapshot(ForkMethod):
         slot.env.attach(box)
         slot.env.generation = parent_generation + 1
         return slot
+
+    def pack(self) -> bytes:
+        if not isinstance(self.substrate, PortableSnapshots) or self.snapshot_id is None:
+            raise UsageError(f"--methods snapshot: substrate {self.substrate.name} cannot ship a snapshot")
+        return self.substrate.export_snapshot(self.snapshot_id)
+
+    def unpack(self, data: bytes) -> None:
+        if not isinstance(self.substrate, PortableSnapshots):
+            raise UsageError(f"--methods snapshot: substrate {self.substrate.name} cannot ship a snapshot")
+        self.snapshot_id = self.substrate.import_snapshot(data)
 
     def close(self) -> None:
         snap, self.snapshot_id = self.snapshot_id, None
@@ -144,3 +199,32 @@ def timed_fork(method: ForkMethod, parent_generation: int) -> tuple[Slot, float]
     t0 = time.monotonic()
     slot = method.fork(parent_generation)
     return slot, time.monotonic() - t0
+
+
+def fork_parallel(method: ForkMethod, n: int, generation: int) -> tuple[list[float], float, list[str]]:
+    """n forks at once: (creation time of each, wall time of all, errors). Destroys them all."""
+    times: list[float] = []
+    made: list[Slot] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            slot, took = timed_fork(method, generation)
+            with lock:
+                made.append(slot)
+                times.append(took)
+        except Exception as e:  # a failed fork is a result of the method
+            with lock:
+                errors.append(f"parallel fork: {type(e).__name__}: {e}"[:300])
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    for slot in made:
+        slot.destroy()
+    return times, wall, errors

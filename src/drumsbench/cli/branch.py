@@ -35,7 +35,8 @@ def branch(
     task: o.Task = None,
     substrate: o.Substrate = "process",
     k: Annotated[int, typer.Option(help="Actions before the branch point.")] = 5,
-    ks: Annotated[str, typer.Option(help="k values for the creation-time-against-k table.")] = "1,5,20",
+    ks: Annotated[str | None, typer.Option(
+        help="k values for the creation-time-against-k table (default 1,5,20; with --executor ray: k).")] = None,
     continuations: Annotated[int, typer.Option(help="Continuations per method.")] = 16,
     methods: Annotated[str, typer.Option(
         help="Fork methods: replay, file, snapshot, criu (a pool restored ahead), criu-cold.")] = "replay,file",
@@ -44,20 +45,26 @@ def branch(
     out: o.Out = o.RUNS,
     json_path: o.Json = None,
     progress: o.Progress = True,
+    executor: Annotated[str, typer.Option(
+        help="local (this host) or ray (continuations made, checked and run on the cluster's nodes).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
 ) -> None:
     """Prepare k steps, fork continuations with each method, check faithfulness, run them to the end."""
     from drumsbench.core.machine import commit, machine_info
-    from drumsbench.experiments.branch import BranchConfig, run_branch
+    from drumsbench.executors.ray import executor_options
+    from drumsbench.experiments.branch import BranchConfig, ray_problems, run_branch
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
     from drumsbench.report.tables import branch_group
     from drumsbench.rollout.attempt import RolloutConfig
 
     suite = one_suite(tasks, env)
     step = parse_duration(step_timeout, "--step-timeout")
+    extra = executor_options(executor, ray_address)  # one-line errors for --executor / --ray-address
+    k_values = parse_int_list(ks, "--ks") if ks is not None else [k] if executor == "ray" else [1, 5, 20]
     try:
-        cfg = BranchConfig(tasks=suite, task=task, substrate=substrate, k=k, ks=parse_int_list(ks, "--ks"),
+        cfg = BranchConfig(tasks=suite, task=task, substrate=substrate, k=k, ks=k_values,
                            continuations=continuations, methods=names(methods), policy=policy,
-                           rollout=RolloutConfig(step_timeout_s=step, episode_timeout_s=step * 10))
+                           rollout=RolloutConfig(step_timeout_s=step, episode_timeout_s=step * 10), **extra)
     except ValidationError as e:
         raise usage_error(e, {"tasks": "--tasks"}) from None
     from drumsbench.branching.methods import METHODS
@@ -66,6 +73,9 @@ def branch(
     make_policy(cfg.policy)
     for name in cfg.methods:
         METHODS.load(name)  # a one-line error naming the known methods
+    from drumsbench.substrates import registry
+
+    ray_problems(cfg, registry.get(substrate))
     run_id = new_run_id()
     sub = make_substrate(substrate, run_id, suite)
     ledger = open_ledger(out)

@@ -278,6 +278,21 @@ class ProjectionArtifact(Artifact):
 
 # -- branching -----------------------------------------------------------------------------------------
 
+class BranchNode(BaseModel):
+    """One Ray node of a branch run for one method: the prepared state's transfer to it (apart from
+    creation), and the continuations it created and checked (creation excludes the transfer)."""
+
+    node_id: str
+    label: str  # the node's custom resource (``node_<i>``) when it has one, else ``head``/its id
+    host: str
+    transfer_s: float  # ``ray.get`` of the shipped bytes on the node (object store to the node)
+    unpack_s: float  # installing them on the node's substrate (``Shippable.unpack``)
+    continuations: int
+    faithful_all: Share
+    creation_sequential: Latency
+    seqs: list[int] = Field(default_factory=list)  # the continuations (ledger sequence numbers) it ran
+
+
 class BranchMethodArtifact(Artifact):
     """One fork method's results: creation one at a time and all at once (samples and percentiles),
     faithfulness per dimension, the continuations' outcomes, throughput and cost, creation against k."""
@@ -301,6 +316,11 @@ class BranchMethodArtifact(Artifact):
     usd_per_valid_continuation: Estimate
     creation_by_k: dict[str, Estimate]
     errors: list[str]
+    executor: str = "local"
+    shipped_bytes: int | None = None  # on Ray: the prepared state as shipped (``Shippable.pack``)
+    pack_s: float | None = None  # on Ray: packing it on the driver
+    put_s: float | None = None  # on Ray: ``ray.put`` of the bytes on the driver's node
+    nodes: list[BranchNode] = Field(default_factory=list)  # on Ray: per node, transfer apart from creation
 
 
 class BranchSummaryArtifact(Artifact):
@@ -319,6 +339,7 @@ class BranchSummaryArtifact(Artifact):
     methods: list[BranchMethodArtifact]
     price: HostPrice
     conditions: str
+    executor: str = "local"  # ray: each method's ``nodes`` say where its continuations ran
 
 
 class ScreenshotArtifact(Artifact):

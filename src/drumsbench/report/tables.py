@@ -11,7 +11,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from drumsbench.measure.artifacts import BranchSummaryArtifact, ColdstartArtifact, IsolationArtifact
+from drumsbench.measure.artifacts import (
+    BranchMethodArtifact,
+    BranchNode,
+    BranchSummaryArtifact,
+    ColdstartArtifact,
+    IsolationArtifact,
+)
 from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import Estimate
 
@@ -66,6 +72,8 @@ def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
         *((f"creation p50 at k={kk} (ms)", [ms(m.creation_by_k.get(str(kk))) for m in report.methods])
           for kk in ks),
     ]
+    if any(m.nodes for m in report.methods):
+        rows += _branch_ray_rows(report)
     for label, cells in rows:
         t.add_row(label, *cells)
     parts: list[RenderableType] = [t]
@@ -81,6 +89,27 @@ def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
         for problem in m.errors[:3]:
             parts.append(Text(f"{m.method}: {problem}"))
     return Group(*parts)
+
+
+def _branch_ray_rows(report: BranchSummaryArtifact) -> list[tuple[str, list[str]]]:
+    """On Ray: the prepared state's transfer (apart from creation) and where the continuations ran."""
+    def per_node(m: BranchMethodArtifact, cell: Callable[[BranchNode], str]) -> str:
+        return ", ".join(f"{n.label} {cell(n)}" for n in m.nodes) or "n/a"
+
+    return [
+        ("shipped: bytes; pack + put on the driver (ms)",
+         [f"{m.shipped_bytes}; {ms_value((m.pack_s or 0) + (m.put_s or 0))}" for m in report.methods]),
+        ("transfer to each node (ms, apart from creation)", [per_node(m, lambda n: ms_value(n.transfer_s))
+                                                            for m in report.methods]),
+        ("unpack on each node (ms)", [per_node(m, lambda n: ms_value(n.unpack_s)) for m in report.methods]),
+        ("continuations (faithful) per node", [per_node(m, lambda n: f"{n.continuations} ({n.faithful_all.faithful})")
+                                               for m in report.methods]),
+        ("creation p50 per node (ms)", [per_node(m, lambda n: ms(n.creation_sequential.p50)) for m in report.methods]),
+    ]
+
+
+def ms_value(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
 
 
 def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idle: int, run_id: str,

@@ -365,6 +365,23 @@ class Forking(ABC):
         """Free a snapshot (forks already made are not affected); an unknown id is ignored."""
 
 
+class PortableSnapshots(ABC):
+    """Capability of a ``Forking`` substrate: a snapshot as bytes, so that another instance of the
+    substrate (another Ray node, another host) can fork from it without sharing a disk path.
+
+    ``import_snapshot(export_snapshot(id))`` on another instance yields an id whose forks start from
+    the same files as forks of ``id`` here. The bytes hold the snapshot's own layers only (what the
+    substrate's base image, present on every node, does not)."""
+
+    @abstractmethod
+    def export_snapshot(self, snapshot_id: str) -> bytes:
+        """The snapshot ``snapshot_id`` as bytes; ``SubstrateError`` for an unknown id."""
+
+    @abstractmethod
+    def import_snapshot(self, data: bytes) -> str:
+        """Install bytes from ``export_snapshot`` (of any instance); returns a snapshot id for ``fork``."""
+
+
 class Substrate(ABC):
     """A kind of place to run sandboxes. One instance serves one run.
 

@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -67,6 +69,7 @@ from drumsbench.substrates.base import (
     ExecResult,
     Forking,
     Isolation,
+    PortableSnapshots,
     ResetStrategy,
     SandboxPaths,
     Snapshotting,
@@ -331,7 +334,7 @@ class FreezableOverlaySandbox(CgroupFreezable, OverlaySandbox):
     """An overlay sandbox with a freezer cgroup (holder and commands): the host can freeze it."""
 
 
-class OverlaySubstrate(Substrate, Forking):
+class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
     name = "overlay"
     sandbox_class = OverlaySandbox
     capabilities = Capabilities(
@@ -468,6 +471,45 @@ class OverlaySubstrate(Substrate, Forking):
         with self._lock:
             self._snapshots.pop(snapshot_id, None)
 
+    def export_snapshot(self, snapshot_id: str) -> bytes:
+        """The snapshot's own frozen layers (not the skeleton, not the rootfs, which every instance
+        has) as one line of JSON naming them top first, then a GNU tar of them with owners,
+        whiteouts and ``trusted.*`` xattrs (overlayfs's opaque directories)."""
+        with self._lock:
+            chain = self._snapshots.get(snapshot_id)
+        if chain is None:
+            raise SubstrateError(f"overlay: no snapshot {snapshot_id!r} in run {self.run_id}")
+        own = [c for c in chain if c != SKELETON and _LAYER.fullmatch(c)]
+        proc = _tar(["-C", str(self.folder), "-cf", "-", "--", *own])
+        return json.dumps({"layers": own}).encode() + b"\n" + proc
+
+    def import_snapshot(self, data: bytes) -> str:
+        """Unpack ``export_snapshot`` bytes into this run's layer store under new names; returns a
+        snapshot id whose chain is those layers over this instance's skeleton and rootfs."""
+        head, _, body = data.partition(b"\n")
+        try:
+            layers = json.loads(head)["layers"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise SubstrateError(f"overlay: not an exported snapshot ({type(e).__name__})") from None
+        if not isinstance(layers, list) or not all(isinstance(x, str) and _LAYER.fullmatch(x) for x in layers):
+            raise SubstrateError("overlay: an exported snapshot names layers outside the layer store")
+        self._prepare()
+        assert self._rootfs is not None
+        staging = self.folder / "layers" / f".import-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        try:
+            _tar(["-C", str(staging), "-xf", "-"], stdin=body)
+            mine = []
+            for layer in layers:
+                name = f"layers/{uuid.uuid4().hex[:12]}"
+                os.rename(staging / layer, self.folder / name)
+                mine.append(name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        snap = uuid.uuid4().hex[:12]
+        self.register_snapshot(snap, (*mine, SKELETON, self._rootfs))
+        return snap
+
     def close(self) -> None:
         """Destroy sandboxes still alive, stop the fork server, remove the run's layers."""
         with self._lock:
@@ -519,6 +561,20 @@ class OverlaySubstrate(Substrate, Forking):
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(f"folder {folder}")
         return removed
+
+
+_LAYER = re.compile(r"layers/[0-9a-f]{12}")
+_TAR_FLAGS = ["--format=posix", "--xattrs", "--xattrs-include=trusted.*", "--numeric-owner"]
+
+
+def _tar(args: list[str], stdin: bytes | None = None) -> bytes:
+    """GNU tar with owners, device nodes (whiteouts) and ``trusted.*`` xattrs kept; its stdout."""
+    import subprocess
+
+    proc = subprocess.run(["tar", *_TAR_FLAGS, *args], input=stdin, capture_output=True)
+    if proc.returncode != 0:
+        raise SubstrateError(f"overlay: tar {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace')[-200:]}")
+    return proc.stdout
 
 
 def _move_layer(src: Path, dest: Path) -> None:
