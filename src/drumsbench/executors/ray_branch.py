@@ -375,12 +375,10 @@ class BranchCluster:
                 except Exception as e:
                     left = [f"close failed: {type(e).__name__}"]
                 self.leftovers += [f"{node.label}: {x}" for x in left]
-            for n in self.nodes:
+            actors = [n.actor for n in self.nodes] + ([self._hub] if self._hub is not None else [])
+            for actor in actors:  # every node's, the live and the lost, and the canary hub
                 with contextlib.suppress(Exception):
-                    ray.kill(n.actor, no_restart=True)
-            if self._hub is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(self._hub, no_restart=True)
+                    ray.kill(actor, no_restart=True)
             self._refs.clear()
         finally:
             self._disconnect()
