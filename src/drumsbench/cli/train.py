@@ -61,6 +61,8 @@ def train(
     final_eval_episodes: Annotated[int, typer.Option(help="Eval episodes per eval task at the end.")] = 3,
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 0.05,
     concurrency: o.Concurrency = None,
+    executor: Annotated[str, typer.Option(help="local (in process) or ray (--concurrency per node).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
     step_timeout: o.StepTimeout = "1s",  # a frozen step waits this long
     out: o.Out = o.RUNS,
     json_path: o.Json = None,
@@ -93,10 +95,13 @@ def train(
             pass
         if faults not in [m.value for m in FaultMode]:
             raise UsageError(f"--faults: {faults!r} is not one of {', '.join(m.value for m in FaultMode)}")
+        from drumsbench.executors.ray import executor_options
+
         step = parse_duration(step_timeout, "--step-timeout")
         flags = {"episode_timeout_s": "--step-timeout"}  # the others' flags are --field-name
         try:
             extra: dict[str, object] = {} if concurrency is None else {"concurrency": concurrency}
+            extra.update(executor_options(executor, ray_address))  # one-line errors for both flags
             cfg = TrainConfig(tasks=tasks, substrate=substrate, treatments=parse_treatments(treatments),
                               seeds=_seeds(seeds, seed_list, seed), fault_mode=FaultMode(faults),
                               fault_scale=fault_scale, holdout_every=holdout_every,

@@ -422,6 +422,7 @@ class RayExecutor:
     on_control: Callable[[bool, str], None] | None = None
     on_event: Callable[[str], None] | None = None
     object_store_bytes: int = ray_env.OBJECT_STORE_BYTES
+    runner_cls: type[NodeRunner] = NodeRunner  # the actor's body (``train`` runs its own subclass)
     name: str = field(default="ray", init=False)
     interrupted: bool = field(default=False, init=False)
     nodes: list[_Node] = field(default_factory=list, init=False)
@@ -448,10 +449,13 @@ class RayExecutor:
         finally:
             disconnect()
 
-    def _start_nodes(self, ray: Any, spec: RemoteJob) -> list[_Node]:
+    def start_nodes(self, ray: Any, spec: RemoteJob) -> list[_Node]:
+        """One ``runner_cls`` actor per alive node (or the session's first ``node_limit``), set up, its
+        positive control reported; with two nodes or more, the cross-node control. ``UsageError``
+        when no node can run attempts."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        actor_cls = ray.remote(NodeRunner)
+        actor_cls = ray.remote(self.runner_cls)
         alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
         sess = _SESSION.get()
         if sess is not None and sess.node_limit is not None:
@@ -516,7 +520,7 @@ class RayExecutor:
 
         t0 = time.monotonic()
         spec = RemoteJob.of(job, substrate)
-        self.nodes = self._start_nodes(ray, spec)
+        self.nodes = self.start_nodes(ray, spec)
         self.setup_s = time.monotonic() - t0
         sess = _SESSION.get()
         if sess is not None:
@@ -607,7 +611,7 @@ class RayExecutor:
         finally:
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
-            self._close(ray, job, substrate)
+            self.close_nodes(ray, job.run_id, substrate)
             if tick is not None:
                 tick()
 
@@ -619,7 +623,7 @@ class RayExecutor:
             ray.wait(stops, num_returns=len(stops), timeout=10)
         flights.clear()  # in-flight attempts were cut short by the operator: not recorded
 
-    def _close(self, ray: Any, job: Job, substrate: Substrate) -> None:
+    def close_nodes(self, ray: Any, run_id: str, substrate: Substrate) -> None:
         """Every live node destroys its sandboxes; then what is left is looked for once per host."""
         live = [n for n in self.nodes if not n.lost]
         closing = [n.actor.close.remote() for n in live]
@@ -629,7 +633,7 @@ class RayExecutor:
         if any(n.lost and n.host == here for n in self.nodes):
             # A lost node on this host could not clean up; every live node has closed, so what
             # remains of this run here is the lost node's.
-            removed = type(substrate).gc(Path(substrate.state_dir), {job.run_id})
+            removed = type(substrate).gc(Path(substrate.state_dir), {run_id})
             if removed:
                 self._event(f"removed what the lost node(s) left on {here}: {'; '.join(removed[:5])}")
         one_per_host = {n.host: n for n in live}

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -50,7 +50,10 @@ from drumsbench.train.action_space import GOLDEN_SLOT, SABOTAGE_SLOTS, SLOTS, Ac
 from drumsbench.train.fault_model import FaultMode, FaultModel
 from drumsbench.train.grpo import Sample
 from drumsbench.train.integrity import ForgeableCodingEnv
-from drumsbench.train.policy_net import NetPolicy, Snapshot
+from drumsbench.train.policy_net import Decision, NetPolicy, Snapshot
+
+if TYPE_CHECKING:
+    from drumsbench.train.ray_runner import RayRunner
 from drumsbench.train.treatments import Treatment, group_advantages
 
 RUN_KIND = "train"
@@ -96,7 +99,9 @@ class TrainConfig(BaseModel):
     lr: float = Field(0.05, gt=0)
     clip: float = Field(0.2, gt=0, lt=1)
     epochs: int = Field(4, ge=1, le=100)
-    concurrency: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=64)
+    concurrency: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=64)  # per node with Ray
+    executor: Literal["local", "ray"] = "local"  # ray: attempts on a Ray cluster's nodes (train.ray_runner)
+    ray_address: str | None = None  # None: a local single-node Ray of the run's own
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(step_timeout_s=1.0, episode_timeout_s=30.0,
                                                                          max_steps=50))
     price: HostPrice = DEFAULT_PRICE
@@ -111,6 +116,9 @@ class TrainConfig(BaseModel):
             raise UsageError("--integrity: give on, off or on,off")
         if not self.start or len(set(self.start)) != len(self.start):
             raise UsageError("--start: give scratch, fork or scratch,fork")
+        if self.executor == "ray" and "fork" in self.start:
+            raise UsageError("--start fork: not with --executor ray (a group's parent and its forks share one "
+                             "host); give --start scratch")
         return self
 
     def arms(self) -> list[Arm]:
@@ -294,7 +302,13 @@ def _policy_artifact(snap: Snapshot) -> dict[str, Any]:
             "mass_test": float(p[SLOTS.index("test")])}
 
 
-def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: int,
+class Acting(Protocol):
+    """What the update needs of the policy that acted in an attempt."""
+
+    decisions: list[Decision]
+
+
+def train_one(runner: _Runner | RayRunner, split: Split, cfg: TrainConfig, arm: Arm, seed: int,
               progress: Progress, tick: Callable[[Progress], None]) -> None:
     """One arm (treatment, integrity), one seed: evaluate, train, evaluate; everything in the ledger.
     Evaluation always runs on the honest environment (integrity on), without faults."""
@@ -334,7 +348,7 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: i
             tick(progress)
             rng = random.Random(f"{seed}:tasks:{it}")
             chosen = rng.sample(split.train, min(cfg.groups, len(split.train)))
-            members: dict[tuple[int, int], tuple[AttemptRecord, NetPolicy]] = {}
+            members: dict[tuple[int, int], tuple[AttemptRecord, Acting]] = {}
             parents = (dict(zip([t.id for t in chosen], runner.pool.map(
                 lambda t: runner.prepare(t, not arm.integrity), chosen), strict=True)) if arm.fork else None)
             pending = [(g, m, 0) for g in range(len(chosen)) for m in range(cfg.group_size)]
@@ -351,7 +365,8 @@ def train_one(runner: _Runner, split: Split, cfg: TrainConfig, arm: Arm, seed: i
                         args["prefix"] = cfg.prefix()
                     items.append((task, args, fault,
                                   _meta(arm, seed, "train", it, g, m, r, cfg.concurrency)))
-                results = runner.batch(items, forgeable=not arm.integrity, parents=parents)
+                results: Sequence[tuple[AttemptRecord, Acting]] = runner.batch(items, forgeable=not arm.integrity,
+                                                                                parents=parents)
                 progress.attempts += len(results)
                 nxt = []
                 for (g, m, r), (rec, pol) in zip(pending, results, strict=True):
@@ -417,7 +432,13 @@ def run_train(cfg: TrainConfig, substrate: Substrate, ledger: Ledger, run_id: st
     ledger.put_artifact(run_id, "train-faults", "model", {
         "mode": cfg.fault_mode.value, "describe": model.describe(),
         "step_rates": {s: model.step_rate(i) for i, s in enumerate(SLOTS)}})
-    runner = _Runner(substrate, suite, cfg, ledger, run_id)
+    runner: _Runner | RayRunner
+    if cfg.executor == "ray":
+        from drumsbench.train.ray_runner import RayRunner
+
+        runner = RayRunner(substrate, suite, cfg, ledger, run_id)
+    else:
+        runner = _Runner(substrate, suite, cfg, ledger, run_id)
     progress = Progress(total=len(cfg.arms()) * len(cfg.seeds) * cfg.iterations)
     t0 = time.monotonic()
     from drumsbench.train.grpo import torch_scratch
