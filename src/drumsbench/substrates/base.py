@@ -316,10 +316,10 @@ class HostFolders(ABC):
 
 
 class HostLaunching(ABC):
-    """Capability of a sandbox whose processes are host processes: an environment may build its own
-    isolation around it (the desktop's namespaces) by running a *harness-made* launcher with the
-    harness's privileges. ``uid`` is the host user the sandbox's own commands run as (None: the
-    harness's)."""
+    """Capability of a sandbox whose processes are host processes (in namespaces or not): an
+    environment may build its own isolation around it (the desktop's namespaces) by running a
+    *harness-made* launcher with the harness's privileges. ``uid`` is the host user the sandbox's
+    own commands run as (None: the harness's, or root of the sandbox's own view)."""
 
     RUN_VAR: ClassVar[str] = "DRUMSBENCH_RUN"  # labels of every process a sandbox starts
     SANDBOX_VAR: ClassVar[str] = "DRUMSBENCH_SANDBOX"
@@ -334,6 +334,43 @@ class HostLaunching(ABC):
                       output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
         """Run the launcher as the harness (root), in the sandbox's cgroup, labelled, bounded, killed on
         timeout and by ``end_processes``/``destroy``; never a policy's command line as such."""
+
+
+@dataclass(frozen=True)
+class LaunchView:
+    """How an environment starts its own long-lived process tree inside a sandbox's confinement
+    (``ViewLaunching.launch_view``; valid until the sandbox's next reset).
+
+    - ``prefix``: argv that runs the command appended to it as root in new pid, ipc, uts and
+      network namespaces (only ``lo``) and a private mount namespace showing the sandbox's file view
+      (its folders at ``inside_root``; nothing outside them writable, except where ``prefix`` is the
+      ``process`` substrate's, which confines nothing), with ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN``
+      inside those namespaces for the command's own set-up (binds, host name). The command must drop
+      both from its bounding set before it starts anything else (``drop_admin``).
+    - ``host_root``: the sandbox's root folder as the harness reaches it from the host (as root).
+    - ``inside_root``: the same folder as the launched processes see it.
+    - ``confine``: argv prefix that gives a command entered into those namespaces (``nsenter``) the
+      privileges of the sandbox's own commands (empty: the caller drops them, e.g. to a uid).
+    - ``drop_admin``: whether the launched command must drop ``CAP_SYS_ADMIN``/``CAP_NET_ADMIN``.
+    """
+
+    prefix: tuple[str, ...]
+    host_root: Path
+    inside_root: str
+    confine: tuple[str, ...] = ()
+    drop_admin: bool = False
+
+
+class ViewLaunching(ABC):
+    """Capability of a sandbox in which an environment may start a long-lived process tree of its own
+    (the desktop's X server and LibreOffice) with the sandbox's confinement: same file view, no
+    network. Processes started through it must carry the sandbox's labels
+    (``HostLaunching.RUN_VAR``/``SANDBOX_VAR``): the sandbox's reset, ``end_processes`` and
+    ``destroy`` (and ``drumsbench gc`` after a crash) kill them."""
+
+    @abstractmethod
+    def launch_view(self) -> LaunchView:
+        """Where and how to launch now; ``SubstrateError`` for a destroyed sandbox."""
 
 
 class Snapshotting(ABC):

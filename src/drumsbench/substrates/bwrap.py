@@ -39,6 +39,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -48,11 +49,14 @@ from drumsbench.substrates.base import (
     Capabilities,
     ExecRequest,
     ExecResult,
+    HostLaunching,
     Isolation,
+    LaunchView,
     ResetStrategy,
     Sandbox,
     SandboxPaths,
     Substrate,
+    ViewLaunching,
 )
 from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, mount_limited, unmount_below
 from drumsbench.substrates.process import (
@@ -79,6 +83,16 @@ SANDBOX_CAPS = (
     "net_bind_service",
     "net_raw",
     "audit_write",
+)
+
+# What a command entered into a sandbox's namespaces as root runs through to get the privileges of the
+# sandbox's own commands: that capability set, nothing inheritable, no new privileges. Shared with ``overlay``.
+SETPRIV_CONFINE = (
+    "/usr/bin/setpriv",
+    "--bounding-set=-all," + ",".join(f"+{c}" for c in SANDBOX_CAPS),
+    "--inh-caps=-all",
+    "--no-new-privs",
+    "--",
 )
 
 # /proc entries a sandbox may read but never write (as docker does). Shared with ``overlay``.
@@ -137,14 +151,33 @@ def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
     return argv
 
 
-class BwrapSandbox(HostFolderSandbox):
-    """Host folder ``host_root`` is ``/sandbox`` inside; ``/tmp`` inside is ``/sandbox/tmp``."""
+class BwrapSandbox(HostFolderSandbox, HostLaunching, ViewLaunching):
+    """Host folder ``host_root`` is ``/sandbox`` inside; ``/tmp`` inside is ``/sandbox/tmp``.
+
+    ``launch_view``: a long-lived ``bwrap`` with the view every command gets (without
+    ``--die-with-parent``: the launched tree is labelled, and ends with the sandbox's reset or
+    destroy, or ``gc``), plus ``CAP_SYS_ADMIN``/``CAP_NET_ADMIN`` inside its own namespaces for the
+    launched command's set-up; ``exec_launcher`` runs ``nsenter`` on the host as root, in the
+    sandbox's cgroup, labelled."""
 
     def __init__(
         self, run_id: str, sid: str, host_root: Path, hide: Sequence[Path], cgroup: FreezerCgroup | None = None
     ):
         super().__init__("bwrap", run_id, sid, host_root, SandboxPaths.under(IN_ROOT), cgroup=cgroup)
         self._prefix = bwrap_prefix(host_root, hide)
+
+    def launch_view(self) -> LaunchView:
+        if self._destroyed:
+            raise SubstrateError(f"sandbox {self.id} is destroyed")
+        prefix = [a for a in self._prefix if a != "--die-with-parent"]
+        prefix += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_NET_ADMIN", "--chdir", self.paths.work, "--"]
+        return LaunchView(tuple(prefix), self.host_root, IN_ROOT, SETPRIV_CONFINE, drop_admin=True)
+
+    def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
+        """A harness-made launcher (``nsenter`` into a launched tree) as root on the host: in the
+        sandbox's cgroup, labelled, bounded, killed on timeout and by ``end_processes``/``destroy``."""
+        cwd = options.pop("cwd", None) or self.paths.work
+        return self._run_as(ExecRequest(list(argv), cwd=cwd, **options), uid=None, launcher=True)
 
     # -- mapping -------------------------------------------------------------------------------
     def _rel(self, path: str) -> str:

@@ -44,10 +44,12 @@ from drumsbench.substrates.base import (
     HostFolders,
     HostLaunching,
     Isolation,
+    LaunchView,
     ResetStrategy,
     SandboxLimits,
     SandboxPaths,
     Substrate,
+    ViewLaunching,
 )
 from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
 from drumsbench.substrates.hostproc import (
@@ -266,9 +268,12 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
     def _run(self, req: ExecRequest) -> ExecResult:
         return self._run_as(req, self.uid)
 
-    def _run_as(self, req: ExecRequest, uid: int | None) -> ExecResult:
+    def _run_as(self, req: ExecRequest, uid: int | None, launcher: bool = False) -> ExecResult:
+        """Run ``req`` as ``uid``: through ``_argv`` (the substrate's confinement), or with
+        ``launcher`` as the host command it is (a harness-made launcher: ``HostLaunching``)."""
         env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
-        host_argv, host_cwd, host_env = self._argv(req.argv, req.cwd, env)
+        host_argv, host_cwd, host_env = (list(req.argv), str(self.host_path(req.cwd)), env) if launcher \
+            else self._argv(req.argv, req.cwd, env)
         if not self.host_root.is_dir():
             raise SubstrateError(f"sandbox {self.id}: its folder {self.host_root} is gone")
         if host_cwd is not None and not os.path.isdir(host_cwd):
@@ -372,8 +377,17 @@ def remove_owned_by(uid: int, places: Sequence[str] = SHARED_PLACES) -> list[str
     return removed
 
 
-class ProcessSandbox(HostFolderSandbox, HostLaunching):
+class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching):
     """In-sandbox paths are the host paths."""
+
+    def launch_view(self) -> LaunchView:
+        """``unshare`` on the host: new namespaces, the host's file system (``process`` confines no
+        file: its commands see the host as they are). Shell commands drop to the sandbox's uid."""
+        if self._destroyed:
+            raise SubstrateError(f"sandbox {self.id} is destroyed")
+        prefix = ("unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
+                  "--propagation", "private", "--")
+        return LaunchView(prefix, self.host_root, str(self.host_root))
 
     def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
         """Run a *harness-made* launcher as root (the harness's uid), not as the sandbox's uid.
@@ -385,7 +399,7 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching):
         bounded, killed on timeout and by ``end_processes``/``destroy``. ``options``: those of
         ``exec``."""
         cwd = options.pop("cwd", None) or self.paths.work
-        return self._run_as(ExecRequest(list(argv), cwd=cwd, **options), uid=None)
+        return self._run_as(ExecRequest(list(argv), cwd=cwd, **options), uid=None, launcher=True)
 
 
 class FreezableProcessSandbox(CgroupFreezable, ProcessSandbox):

@@ -83,7 +83,7 @@ from drumsbench.envs.desktop.instance import (
     screen_problem,
 )
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
-from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox
+from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox, ViewLaunching
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OUTPUT_LIMIT = 16 * 1024
@@ -119,7 +119,9 @@ class ArtifactSink:
 
 
 class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
-    requires = (HostFolders, HostLaunching)  # the X server and LibreOffice start around the sandbox
+    # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay); containers and VMs
+    # are refused up front until an image carries them
+    requires = (ViewLaunching, HostLaunching)
     kind = "desktop"
 
     def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
@@ -340,10 +342,15 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         threading.Thread(target=watch, name=f"watch-restored-{inst.holder_pid}", daemon=True).start()
 
     def _host_path(self, path: str) -> Path:
-        if not isinstance(self.box, HostFolders):
-            raise SubstrateError(f"desktop: substrate {self.box.substrate} has no host folders; the desktop runs on "
-                                 "a substrate whose sandboxes are host folders (process)")
-        return self.box.host_path(path)
+        """Where the harness reaches the sandbox's ``path``; ``SubstrateError`` once it is destroyed."""
+        box = self.box
+        if isinstance(box, HostFolders):
+            return box.host_path(path)
+        if not isinstance(box, ViewLaunching):
+            raise SubstrateError(f"desktop: substrate {box.substrate} has no launch view; the desktop runs on "
+                                 "process, bwrap and overlay")
+        view = box.launch_view()
+        return Path(view.host_root) / Path(path).relative_to(box.paths.root)
 
     def _check_box(self, inst: DesktopInstance) -> None:
         """The sandbox may be destroyed behind our back (Ctrl-C destroys live sandboxes from another

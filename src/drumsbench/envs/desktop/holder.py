@@ -34,6 +34,8 @@ import sys
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP = 24
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 MS_BIND = 4096
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -78,7 +80,14 @@ def main() -> int:
         socket.sethostname(cfg["hostname"])
         loopback_up()
         for src, dst in cfg["binds"]:
+            if not os.path.isdir(dst):  # a view without it (overlay's rootfs has no /var/lib/xkb)
+                os.makedirs(dst, mode=0o1777, exist_ok=True)
             bind(src, dst)
+        if cfg.get("drop_admin"):
+            # the launcher gave these for the set-up above only: nothing started below keeps them
+            for cap in (CAP_SYS_ADMIN, CAP_NET_ADMIN):
+                if _libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"cannot drop capability {cap}")
     except OSError as e:
         sys.stderr.write(f"holder setup failed: {e}\n")
         return 4

@@ -55,7 +55,7 @@ from drumsbench.envs.desktop.settle import (
     settle_quiet,
 )
 from drumsbench.envs.desktop.settle import frames_differ as frames_differ  # re-exported (env.py)
-from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostFolders, HostLaunching, Sandbox
+from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostLaunching, Sandbox, ViewLaunching
 
 RUN_VAR, SANDBOX_VAR = HostLaunching.RUN_VAR, HostLaunching.SANDBOX_VAR
 
@@ -156,21 +156,24 @@ def screen_problem(rgb: np.ndarray) -> str | None:
 
 
 class DesktopInstance:
-    """A running desktop for one sandbox (a host-folder sandbox: the ``process`` substrate)."""
+    """A running desktop for one sandbox that lets an environment launch its own processes with its
+    confinement (``ViewLaunching``: process, bwrap, overlay) and run launchers on the host
+    (``HostLaunching``: the ``nsenter`` of every client)."""
 
     def __init__(self, box: Sandbox, settings: Settings | None = None) -> None:
-        if not isinstance(box, HostFolders) or not isinstance(box, HostLaunching):
-            # Other substrates run commands in their own namespaces or containers, where the holder
-            # (started on the host) and its pid are out of reach: refuse rather than half-work.
-            raise SubstrateError(f"the desktop environment needs sandboxes with host folders and a host "
-                                 f"launcher (the process substrate); {box.substrate} is not supported yet "
-                                 "(docs/desktop.md)")
-        host_path = box.host_path
+        if not isinstance(box, ViewLaunching) or not isinstance(box, HostLaunching):
+            # Containers and VMs run their commands behind an engine or a hypervisor: no host
+            # launcher reaches them. The CLI refuses them up front (DesktopEnv.requires).
+            raise SubstrateError(f"the desktop environment needs sandboxes that are ViewLaunching and "
+                                 f"HostLaunching (process, bwrap, overlay); {box.substrate} is not "
+                                 "supported yet (docs/desktop.md)")
         self.box = box
         self.settings = settings or Settings()
-        self.work = Path(host_path(box.paths.work))
-        self.home = Path(host_path(box.paths.home))
-        self.tmp = Path(host_path(box.paths.tmp))
+        self.view = box.launch_view()
+        self.host_root = Path(self.view.host_root)
+        self.work = self.host_path(box.paths.work)
+        self.home = self.host_path(box.paths.home)
+        self.tmp = self.host_path(box.paths.tmp)
         self.x_dir = self.tmp / ".X11-unix"
         self.profile = self.home / PROFILE_NAME
         self.app_exit_file = self.tmp / ".drumsbench-app-exit"
@@ -178,7 +181,9 @@ class DesktopInstance:
         self.holder_pid: int | None = None
         self.t_launch = 0.0
         self.display = DISPLAY
-        self.inside_root: str | None = None  # a restored continuation: the parent's root, where its folders show
+        # where the instance's processes see the sandbox's root folder, when not at its host path:
+        # a bwrap or overlay view (/sandbox), or a restored continuation (the parent's root)
+        self.inside_root: str | None = None if self.view.inside_root == str(self.host_root) else self.view.inside_root
         self.restored = False
         self._x11_claimed = False
         self._host_left: set[str] = set()  # host paths of sockets seen in the instance's network namespace
@@ -186,8 +191,18 @@ class DesktopInstance:
         self.last_settle: SettleReport | None = None  # how the last ``settle`` ended
         self._host_pids: dict[int, int] = {}  # pid inside the instance -> host pid (``asleep``)
         if self.settings.checkpointable:
+            if self.inside_root is not None:
+                raise SubstrateError(f"desktop: a checkpointable instance needs host folders seen at their host "
+                                     f"paths (the process substrate), not {box.substrate}'s view")
             self.display = _free_display()
             self.x_dir = Path("/tmp/.X11-unix")
+
+    def host_path(self, path: str) -> Path:
+        """Where the harness reaches the sandbox's path ``path`` from the host."""
+        root = self.box.paths.root.rstrip("/")
+        if path != root and not path.startswith(root + "/"):
+            raise SubstrateError(f"desktop: {path!r} is outside sandbox {self.box.id} ({root})")
+        return Path(os.path.normpath(self.host_root / os.path.relpath(path, root)))
 
     @classmethod
     def adopt_restored(cls, box: Sandbox, settings: Settings, pid: int, display: int,
@@ -212,7 +227,7 @@ class DesktopInstance:
         path = str(path)
         if self.inside_root is None:
             return path
-        root = str(self.box.host_root)
+        root = str(self.host_root)
         return self.inside_root + path[len(root):] if path.startswith(root) else path
 
     @property
@@ -247,28 +262,30 @@ class DesktopInstance:
         sandbox's and go with it, never left in the host's /tmp) and its xkb folder as Xvfb's
         keymap cache. A sandbox whose own folder lies below the host's /tmp cannot have /tmp
         replaced (its paths would vanish inside): then only ``/tmp/.X11-unix`` is bound."""
-        xkb = [str(self.tmp / "xkb"), "/var/lib/xkb"]
-        if Path("/tmp") in self.work.resolve().parents:
-            return [[str(self.x_dir), "/tmp/.X11-unix"], xkb]
-        return [[str(self.tmp), "/tmp"], xkb]
+        xkb = [self.inside(self.tmp / "xkb"), "/var/lib/xkb"]
+        work = Path(self.inside(self.work)) if self.inside_root is not None else self.work.resolve()
+        if Path("/tmp") in work.parents:
+            return [[self.inside(self.x_dir), "/tmp/.X11-unix"], xkb]
+        return [[self.inside(self.tmp), "/tmp"], xkb]
 
     def launch(self, document: str) -> None:
-        """Start the namespaces, Xvfb, openbox and soffice on ``document`` (a host path in work)."""
+        """Start the namespaces, Xvfb, openbox and soffice on ``document`` (a host path in work),
+        through the sandbox's launch view: the instance's processes see the sandbox as its commands do."""
         s = self.settings
         box = self.box
         env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(self.home),
-            "TMPDIR": str(self.tmp),
+            "HOME": self.inside(self.home),
+            "TMPDIR": self.inside(self.tmp),
             "LANG": "C.UTF-8",
             "SAL_USE_VCLPLUGIN": "gen",
-            "XDG_CONFIG_HOME": str(self.home / ".config"),
-            "XDG_CACHE_HOME": str(self.home / ".cache"),
-            "XDG_RUNTIME_DIR": str(self.tmp),
+            "XDG_CONFIG_HOME": self.inside(self.home / ".config"),
+            "XDG_CACHE_HOME": self.inside(self.home / ".cache"),
+            "XDG_RUNTIME_DIR": self.inside(self.tmp),
         }
         app = [
-            SOFFICE, f"-env:UserInstallation={self.profile.as_uri()}", "--norestore", "--nologo",
-            f"--accept={self.uno_connection()};urp;StarOffice.ComponentContext", document,
+            SOFFICE, f"-env:UserInstallation={self.profile_inside.as_uri()}", "--norestore", "--nologo",
+            f"--accept={self.uno_connection()};urp;StarOffice.ComponentContext", self.inside(document),
         ]
         ckpt = s.checkpointable
         cfg = {
@@ -279,22 +296,23 @@ class DesktopInstance:
             "env": env,
             "app": app,
             "wm_first": s.wm_first,
-            "app_exit_file": str(self.app_exit_file),
+            "app_exit_file": self.inside(self.app_exit_file),
+            "drop_admin": self.view.drop_admin,
         }
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
-        ns = ["--fork", "--pid", "--ipc", "--uts", "--net"]
-        if not ckpt:
-            ns += ["--mount", "--mount-proc", "--propagation", "private"]
-        argv = ["unshare", *ns, "--",
-                "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
-                python, "-I", str(HOLDER), json.dumps(cfg)]
+        # checkpointable: no mount namespace of its own (CRIU), the process substrate only (__init__)
+        prefix = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--"] if ckpt else list(self.view.prefix)
+        # in a view the holder's file may be out of sight (overlay): its source is passed instead
+        holder = [str(HOLDER)] if self.inside_root is None else ["-c", HOLDER.read_text()]
+        argv = [*prefix, "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
+                python, "-I", *holder, json.dumps(cfg)]
         self.t_launch = time.monotonic()
         try:
             proc = subprocess.Popen(argv, env={"PATH": env["PATH"], "LANG": "C.UTF-8"}, cwd=str(self.work),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     start_new_session=True)
         except OSError as e:
-            raise SubstrateError(f"desktop: cannot start unshare: {e}") from e
+            raise SubstrateError(f"desktop: cannot start {prefix[0]}: {e}") from e
         self.proc = proc
         threading.Thread(target=self._reap, args=(proc,), name=f"reap-desktop-{proc.pid}", daemon=True).start()
         self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 5.0)
@@ -341,15 +359,25 @@ class DesktopInstance:
             _HOST_X11.release()
 
     def _find_holder(self, parent: int, deadline: float) -> int:
+        """The holder: the first process below the launcher (``unshare``, or ``bwrap`` and its init)
+        that carries the sandbox's label."""
+        label = f"{SANDBOX_VAR}={self.box.id}".encode()
         while time.monotonic() < deadline:
-            child = next((pid for pid, _comm in _children(parent)), None)
-            if child is not None:
-                return child
+            level = [parent]
+            while level:
+                below = [pid for p in level for pid, _comm in _children(p)]
+                for pid in below:
+                    try:
+                        if label in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                            return pid
+                    except OSError:
+                        continue
+                level = below
             if self.proc is not None and self.proc.poll() is not None:
                 break
             time.sleep(0.005)
         code = self.proc.poll() if self.proc is not None else None
-        raise SubstrateError(f"desktop: the namespace holder did not start (unshare exit {code})")
+        raise SubstrateError(f"desktop: the namespace holder did not start ({self.view.prefix[0]} exit {code})")
 
     def app_exit(self) -> int | None:
         """LibreOffice's exit status once it has exited (0: closed by the user), else None."""
@@ -512,13 +540,20 @@ class DesktopInstance:
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
         uid = self.box.uid if as_sandbox_user else None
         user = [f"--setuid={uid}", f"--setgid={uid}"] if uid is not None else []
+        confine: list[str] = []
+        if as_sandbox_user and uid is None and self.view.confine:
+            # no uid of its own (bwrap, overlay): the privileges of the sandbox's commands, in a pid
+            # namespace of its own below the instance's (it cannot name Xvfb, LibreOffice or the
+            # holder; what it leaves running dies with it, as a bwrap command's background does)
+            confine = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--", *self.view.confine]
         # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
         # the host's /tmp): host paths of the sandbox are given as the instance sees them
         argv = [self.inside(a) for a in argv]
         # the working folder is set by `env -C` once inside the namespaces: nsenter's --wd=PATH opens PATH
         # before it enters them, i.e. on the host's side, which for a restored continuation is the
         # parent's live work folder (its relative writes would land in the parent)
-        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, "--", "env", "-C", self.inside(self.work), *argv]
+        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, "--", *confine, "env", "-C", self.inside(self.work),
+               *argv]
         env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
                "DRUMSBENCH_UNO": self.uno_connection()}
         # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root

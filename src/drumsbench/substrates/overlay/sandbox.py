@@ -54,10 +54,13 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -68,14 +71,17 @@ from drumsbench.substrates.base import (
     ExecRequest,
     ExecResult,
     Forking,
+    HostLaunching,
     Isolation,
+    LaunchView,
     PortableSnapshots,
     ResetStrategy,
     SandboxPaths,
     Snapshotting,
     Substrate,
+    ViewLaunching,
 )
-from drumsbench.substrates.bwrap import SANDBOX_CAPS
+from drumsbench.substrates.bwrap import SETPRIV_CONFINE
 from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
 from drumsbench.substrates.hostproc import (
     CgroupFreezable,
@@ -92,13 +98,10 @@ from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
 IN_ROOT = "/sandbox"
 SKELETON = "layers/_skeleton"
-_SETPRIV = [
-    "/usr/bin/setpriv",
-    "--bounding-set=-all," + ",".join(f"+{c}" for c in SANDBOX_CAPS),
-    "--inh-caps=-all",
-    "--no-new-privs",
-    "--",
-]
+_SETPRIV = list(SETPRIV_CONFINE)
+ENTER_VIEW = Path(__file__).with_name("enter_view.py")
+_UNSHARE = ("unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
+            "--propagation", "private", "--")
 _KILL_WAIT_S = 10.0
 
 
@@ -106,7 +109,14 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "overlay" / run_id
 
 
-class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
+class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaunching):
+    """``launch_view``: ``enter_view.py`` (the sandbox's mount namespace, copied, with the host's
+    ``/usr`` and a few ``/etc`` files read-only over its own) and then ``unshare`` (new pid, ipc,
+    uts, net and mount namespaces): an environment's own processes outside the holder's pid
+    namespace, labelled, writing into the sandbox's upper layer. Once a sandbox has launched, its
+    reset, snapshot, ``end_processes`` and destroy also kill every process carrying its label.
+    ``exec_launcher`` runs ``nsenter`` on the host as root, in the sandbox's cgroup, labelled."""
+
     cgroup: FreezerCgroup | None
 
     def __init__(
@@ -126,6 +136,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
         self.groups = ProcessGroups()
         self._lock = threading.RLock()
         self._destroyed = False
+        self._launched = False  # launch_view was used: labelled processes live outside the holder
         self.cgroup = cgroup
         try:
             self._dir.mkdir(parents=True)
@@ -200,7 +211,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
             if not gone:
                 raise SubstrateError(f"overlay: sandbox {self.id} holder {self._pid} does not die")
         self.groups.kill()
-        if sweep:
+        if sweep or self._launched:
             kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
 
     def _alive(self) -> bool:
@@ -259,6 +270,8 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
             except OSError:
                 return
         self.groups.kill()
+        if self._launched:
+            kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
         for _ in range(3):  # what forked while a pass ran
             victims = []
             for entry in os.listdir("/proc"):
@@ -271,6 +284,32 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting):
             if not victims:
                 return
             kill_pids(victims)
+
+    @property
+    def uid(self) -> int | None:
+        """None: the sandbox's commands run as root of its own view (``HostLaunching``)."""
+        return None
+
+    def launch_view(self) -> LaunchView:
+        with self._lock:
+            if self._destroyed or not self._alive():
+                raise SubstrateError(f"sandbox {self.id} is destroyed or its holder is gone")
+            self._launched = True
+            python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+            prefix = (python, "-I", "-S", str(ENTER_VIEW), str(self._pid), "--", *_UNSHARE)
+            return LaunchView(prefix, Path(f"/proc/{self._pid}/root{IN_ROOT}"), IN_ROOT, SETPRIV_CONFINE,
+                              drop_admin=True)
+
+    def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
+        """A harness-made launcher (``nsenter`` into a launched tree) as root on the host: in the
+        sandbox's cgroup, labelled, bounded, killed on timeout and by ``end_processes``/``destroy``."""
+        options.pop("cwd", None)  # a host command: the launcher enters its working folder inside
+        req = ExecRequest(list(argv), cwd=self.paths.work, **options)
+        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        host_argv = list(argv)
+        if self.cgroup is not None:
+            host_argv = self.cgroup.wrap(host_argv)
+        return self.groups.run(host_argv, req, cwd=None, env=env, forget_all=True)
 
     def probe(self, timeout: float = 5.0) -> str | None:
         return host_probe(self.id, self._destroyed, self.cgroup, lambda: None if self._alive()
