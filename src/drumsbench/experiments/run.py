@@ -111,16 +111,28 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
     when the environment of suite ``tasks`` needs what its sandboxes cannot do (checked before any
     sandbox is made, never turned into invalid attempts)."""
     cls = registry.get(name)
+    if tasks is not None:  # first: what the environment needs does not depend on this host
+        kind = suites.KINDS.load(suites.suite_kind(tasks))
+        env_class = kind.environment_class()
+        unmet = env_class.unmet(cls.sandbox_class)
+        if unmet:
+            fit = [n for n in registry.BUILTINS if _fits(env_class, n)]
+            raise UsageError(f"--substrate {name}: the {kind.name} environment needs sandboxes that are "
+                             f"{' and '.join(unmet)}; {name}'s are not (choose {', '.join(fit) or 'a plugin'})")
     missing = cls.missing()
     if missing:
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
-    if tasks is not None:
-        kind = suites.KINDS.load(suites.suite_kind(tasks))
-        unmet = kind.environment_class().unmet(cls.sandbox_class)
-        if unmet:
-            raise UsageError(f"--substrate {name}: the {kind.name} environment needs sandboxes that are "
-                             f"{' and '.join(unmet)}; {name}'s are not (the process substrate's are)")
     return cls(run_id, state.state_dir())
+
+
+def _fits(env_class: type[Environment], name: str) -> bool:
+    """Do built-in substrate ``name``'s sandboxes have what ``env_class`` needs (False when its module
+    cannot be loaded here)?"""
+    try:
+        sandbox_class = registry.get(name).sandbox_class
+    except Exception:  # an optional dependency missing: not a fit here
+        return False
+    return sandbox_class is not None and not env_class.unmet(sandbox_class)
 
 
 class Progress:

@@ -388,7 +388,12 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         while time.monotonic() < deadline:
             self._check_box(inst)
             if not inst.alive():
-                raise SubstrateError("desktop: the instance exited during start-up (Xvfb or the namespaces failed)")
+                try:
+                    said = inst.launch_log.read_text(errors="replace").strip()[-300:]
+                except OSError:
+                    said = ""
+                raise SubstrateError("desktop: the instance exited during start-up (Xvfb or the namespaces failed)"
+                                     + (f": {said}" if said else ""))
             try:
                 band, title = inst.region(left, top, width, height,
                                           min(s.grab_timeout_s, max(0.2, deadline - time.monotonic())))

@@ -177,6 +177,7 @@ class DesktopInstance:
         self.x_dir = self.tmp / ".X11-unix"
         self.profile = self.home / PROFILE_NAME
         self.app_exit_file = self.tmp / ".drumsbench-app-exit"
+        self.launch_log = self.tmp / ".drumsbench-launch.err"
         self.proc: subprocess.Popen | None = None
         self.holder_pid: int | None = None
         self.t_launch = 0.0
@@ -307,10 +308,14 @@ class DesktopInstance:
         argv = [*prefix, "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
                 python, "-I", *holder, json.dumps(cfg)]
         self.t_launch = time.monotonic()
+        # the launcher's and the holder's complaints, for the error when the start fails (in the
+        # sandbox's own tmp: emptied by its reset, gone with it)
+        self.launch_log.unlink(missing_ok=True)
         try:
-            proc = subprocess.Popen(argv, env={"PATH": env["PATH"], "LANG": "C.UTF-8"}, cwd=str(self.work),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    start_new_session=True)
+            with open(self.launch_log, "wb") as err:
+                proc = subprocess.Popen(argv, env={"PATH": env["PATH"], "LANG": "C.UTF-8"}, cwd=str(self.work),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                        start_new_session=True)
         except OSError as e:
             raise SubstrateError(f"desktop: cannot start {prefix[0]}: {e}") from e
         self.proc = proc
@@ -377,7 +382,12 @@ class DesktopInstance:
                 break
             time.sleep(0.005)
         code = self.proc.poll() if self.proc is not None else None
-        raise SubstrateError(f"desktop: the namespace holder did not start ({self.view.prefix[0]} exit {code})")
+        try:
+            said = self.launch_log.read_text(errors="replace").strip()[-300:]
+        except OSError:
+            said = ""
+        raise SubstrateError(f"desktop: the namespace holder did not start ({self.view.prefix[0]} exit {code})"
+                             + (f": {said}" if said else ""))
 
     def app_exit(self) -> int | None:
         """LibreOffice's exit status once it has exited (0: closed by the user), else None."""
