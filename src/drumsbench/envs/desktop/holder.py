@@ -10,7 +10,7 @@ the harness's virtualenv). It
    brings the loopback up (UNO listens on 127.0.0.1 inside),
 3. bind-mounts the sandbox's private folders over the shared ones (``/tmp/.X11-unix``,
    ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide,
-4. starts ``Xvfb -noreset -nolock`` and waits until it answers the X handshake, then ``openbox``
+4. starts ``Xvfb -r -noreset -nolock`` (no key autorepeat) and waits until it answers the X handshake, then ``openbox``
    whose ``--startup`` command starts the application once the window manager manages windows,
 5. waits, reaping children, until Xvfb dies or it gets SIGTERM; then it exits, and the kernel
    kills every other process of the namespace.
@@ -106,8 +106,10 @@ def main() -> int:
     # Only root reaches the X server: no abstract socket (``-nolisten local``: it has no file mode and
     # the policy's shell shares this network namespace) and the path socket made 0700 below, so a
     # policy's shell action (the sandbox's uid) cannot blank, freeze or drive the screen itself.
-    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-noreset", "-nolock", "-nolisten", "tcp", "-nolisten", "local",
-                             "-screen", "0", cfg["screen"], *cfg.get("xvfb_args", [])],
+    # ``-r``: no key autorepeat (under load xdotool's release may come more than the 660 ms repeat
+    # delay after its press: typed text then got a doubled letter, "counnt")
+    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-r", "-noreset", "-nolock", "-nolisten", "tcp",
+                             "-nolisten", "local", "-screen", "0", cfg["screen"], *cfg.get("xvfb_args", [])],
                             env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     deadline = time.monotonic() + float(cfg.get("x_timeout", 10.0))
     sock = f"/tmp/.X11-unix/X{display}"

@@ -308,16 +308,29 @@ class DesktopInstance:
         argv = [*prefix, "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
                 python, "-I", *holder, json.dumps(cfg)]
         self.t_launch = time.monotonic()
+        # bwrap's recursive read-only binds race with mounts others make and remove meanwhile (a
+        # docker container's under /var): a launcher that fails before the holder runs is retried
+        tries = 3 if self.inside_root is not None else 1
+        for left in range(tries - 1, -1, -1):
+            try:
+                self._launch_once(argv, env["PATH"], prefix[0])
+                return
+            except SubstrateError:
+                if left == 0 or self.proc is None or self.proc.poll() is None:
+                    raise
+                self.proc = None
+
+    def _launch_once(self, argv: list[str], path: str, launcher: str) -> None:
         # the launcher's and the holder's complaints, for the error when the start fails (in the
         # sandbox's own tmp: emptied by its reset, gone with it)
         self.launch_log.unlink(missing_ok=True)
         try:
             with open(self.launch_log, "wb") as err:
-                proc = subprocess.Popen(argv, env={"PATH": env["PATH"], "LANG": "C.UTF-8"}, cwd=str(self.work),
+                proc = subprocess.Popen(argv, env={"PATH": path, "LANG": "C.UTF-8"}, cwd=str(self.work),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                         start_new_session=True)
         except OSError as e:
-            raise SubstrateError(f"desktop: cannot start {prefix[0]}: {e}") from e
+            raise SubstrateError(f"desktop: cannot start {launcher}: {e}") from e
         self.proc = proc
         threading.Thread(target=self._reap, args=(proc,), name=f"reap-desktop-{proc.pid}", daemon=True).start()
         self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 5.0)
@@ -556,6 +569,8 @@ class DesktopInstance:
             # namespace of its own below the instance's (it cannot name Xvfb, LibreOffice or the
             # holder; what it leaves running dies with it, as a bwrap command's background does)
             confine = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--", *self.view.confine]
+            if self._own_user_ns():
+                ns = ["-U", *ns]  # bwrap's: namespaces made below it must be owned by it (else EINVAL)
         # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
         # the host's /tmp): host paths of the sandbox are given as the instance sees them
         argv = [self.inside(a) for a in argv]
@@ -569,6 +584,13 @@ class DesktopInstance:
         # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root
         return self.box.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, stdin=stdin,
                                       output_limit=output_limit)
+
+    def _own_user_ns(self) -> bool:
+        """Does the instance live in a user namespace other than the harness's (bwrap's)?"""
+        try:
+            return os.readlink(f"/proc/{self.holder_pid}/ns/user") != os.readlink("/proc/self/ns/user")
+        except OSError:
+            return False
 
     def xdotool(self, args: list[str], timeout: float) -> ExecResult:
         return self.exec_inside(["xdotool", *args], timeout)

@@ -1,0 +1,147 @@
+"""The desktop environment on the ``bwrap`` and ``overlay`` substrates (docs/desktop.md, "Where it runs").
+
+Through the real environment and rollout: the oracle succeeds and the null policy fails on a Writer
+and a Calc task; the gates hold (a black screen and a frozen one are ``bad_observation``, a planted
+stale lock is ``dirty_reset``); a policy's shell action keeps the sandbox's confinement (no
+network, nothing writable outside the sandbox's folders, the instance's X server and LibreOffice out
+of its reach); and nothing is left afterwards (processes, mounts, sockets in the host's /tmp,
+sandbox folders). The refusal of docker, podman and vm is tested through the CLI (test_cli.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.envs.desktop import instance
+from drumsbench.envs.desktop.env import DesktopEnv
+from drumsbench.envs.desktop.task import load_suite
+from drumsbench.policies.scripted import Null, Oracle, Policy
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
+from drumsbench.substrates import registry
+from drumsbench.substrates.base import Substrate
+
+from conftest import require
+
+CFG = RolloutConfig(step_timeout_s=20, episode_timeout_s=120)
+
+
+def host_tmp_sockets() -> set[str]:
+    """X and LibreOffice sockets in the host's /tmp (an instance must make none there)."""
+    found = {str(p) for p in Path("/tmp").glob("OSL_PIPE_*")}
+    x11 = Path("/tmp/.X11-unix")
+    if x11.is_dir():
+        found |= {str(p) for p in x11.iterdir()}
+    return found
+
+
+def labelled(marker: str) -> list[str]:
+    """Live processes (not zombies) whose environment mentions ``marker`` (the test's state folder)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z" and marker.encode() in environ:
+            found.append(f"{entry} {stat[stat.index('(') + 1:stat.rindex(')')]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def desktop_ready():
+    require(instance.missing())
+    from drumsbench.envs.desktop.profile import template_profile
+
+    template_profile()
+
+
+@pytest.fixture(params=["bwrap", "overlay"])
+def slot(request, desktop_ready, state_dir, run_id, tmp_path):
+    cls = registry.get(request.param)
+    require(cls.missing())
+    before = host_tmp_sockets()
+    sub: Substrate = cls(run_id, state_dir)
+    s = Slot(sub, DesktopEnv(artifact_dir=tmp_path / "report"))
+    yield s
+    s.destroy()
+    assert isinstance(s.env, DesktopEnv)
+    s.env.stop()
+    sub.close()
+    assert labelled(str(state_dir)) == []
+    assert sub.leftovers() == []
+    assert [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(state_dir) in line] == []
+    assert not any((state_dir / request.param).glob("*/*")), "a sandbox folder is left"
+    assert host_tmp_sockets() - before == set()
+
+
+def attempt(slot: Slot, task_id: str, policy: Policy, *, seq: int = 0, fault: InvalidCause | None = None):
+    task = next(t for t in load_suite("desktop") if t.id == task_id)
+    return run_attempt(slot, task, policy, CFG, CanaryRegistry(), run_id=slot.substrate.run_id, seq=seq,
+                       seed=0, fault=fault)
+
+
+@pytest.mark.parametrize("task_id", ["writer-fix-typo", "calc-bold-header"])
+def test_oracle_succeeds_and_null_fails(slot, task_id):
+    oracle = attempt(slot, task_id, Oracle(), seq=0)
+    assert oracle.outcome is Outcome.SUCCESS, oracle.detail
+    null = attempt(slot, task_id, Null(), seq=1)
+    assert null.outcome is Outcome.FAILED, null.detail
+    shots = slot.env.artifact_dir / "screenshots" / slot.substrate.run_id / task_id
+    assert {p.name for p in shots.glob("*.png")} == {"start.png", "middle.png", "end.png"}
+
+
+def test_black_and_frozen_screens_and_a_stale_lock_are_invalid(slot):
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    black = attempt(slot, "writer-fix-typo", Oracle(), fault=InvalidCause.BAD_OBSERVATION)
+    assert (black.outcome, black.cause) == (Outcome.INVALID, InvalidCause.BAD_OBSERVATION), black.detail
+    assert "black screen" in black.detail
+    env.observation_fault = "frozen"  # SIGSTOP the instance's X server
+    frozen = attempt(slot, "writer-fix-typo", Oracle(), seq=1, fault=InvalidCause.BAD_OBSERVATION)
+    assert (frozen.outcome, frozen.cause) == (Outcome.INVALID, InvalidCause.BAD_OBSERVATION), frozen.detail
+    assert "frozen" in frozen.detail
+    env.plant_stale_lock = True
+    stale = attempt(slot, "writer-fix-typo", Oracle(), seq=2)
+    assert (stale.outcome, stale.cause) == (Outcome.INVALID, InvalidCause.DIRTY_RESET), stale.detail
+
+
+def test_a_shell_action_keeps_the_sandboxs_confinement(slot):
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+    box = slot.substrate.create()
+    try:
+        env.attach(box)
+        env.reset(task)
+        inst = env.instance
+
+        def shell(command: str):
+            return inst.exec_inside(["/bin/sh", "-c", command], timeout=20, all_namespaces=True,
+                                    as_sandbox_user=True)
+
+        res = shell("cat /proc/net/dev | tail -n +3 | cut -d: -f1; cat /proc/[0-9]*/comm | grep -c -e Xvfb -e soffice; "
+                    "touch /sandbox/work/mine && echo wrote-work; touch /usr/drumsbench-x 2>/dev/null || echo no-usr; "
+                    "touch /etc/fonts/drumsbench-x 2>/dev/null || echo no-etc; touch /etc/drumsbench-x; "
+                    "mount -t tmpfs x /mnt 2>/dev/null || echo no-mount")
+        lines = res.stdout.decode().split()
+        assert lines[0] == "lo", res.stdout  # the only network interface
+        assert lines[1] == "0"  # its own pid namespace: Xvfb and LibreOffice are not there to see
+        assert lines[2:] == ["wrote-work", "no-usr", "no-etc", "no-mount"], res.stdout
+        assert (inst.work / "mine").exists()  # written into the sandbox, seen from the host
+        # /etc is read-only (bwrap) or the sandbox's own (overlay): never the host's
+        assert not any(Path(p).exists() for p in ("/usr/drumsbench-x", "/etc/fonts/drumsbench-x", "/etc/drumsbench-x"))
+        xvfb = inst.xvfb_pid()
+        assert xvfb is not None
+        shell("kill -9 -1; pkill -9 Xvfb; pkill -9 soffice.bin")  # cannot name them
+        assert inst.alive() and inst.app_running(), "a shell action reached the instance's processes"
+    finally:
+        env.stop()
+        box.destroy()
