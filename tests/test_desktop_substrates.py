@@ -18,6 +18,7 @@ import pytest
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.desktop import instance
 from drumsbench.envs.desktop.env import DesktopEnv
+from drumsbench.envs.desktop.instance import Settings
 from drumsbench.envs.desktop.task import load_suite
 from drumsbench.policies.scripted import Null, Oracle, Policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
@@ -69,7 +70,8 @@ def slot(request, desktop_ready, state_dir, run_id, tmp_path):
     require(cls.missing())
     before = host_tmp_sockets()
     sub: Substrate = cls(run_id, state_dir)
-    s = Slot(sub, DesktopEnv(artifact_dir=tmp_path / "report"))
+    # a start may take long on a loaded host: these tests judge outcomes, not start times
+    s = Slot(sub, DesktopEnv(Settings(start_timeout_s=90), artifact_dir=tmp_path / "report"))
     yield s
     s.destroy()
     assert isinstance(s.env, DesktopEnv)
