@@ -333,7 +333,8 @@ class DesktopInstance:
             raise SubstrateError(f"desktop: cannot start {launcher}: {e}") from e
         self.proc = proc
         threading.Thread(target=self._reap, args=(proc,), name=f"reap-desktop-{proc.pid}", daemon=True).start()
-        self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 5.0)
+        # bwrap sets up dozens of mounts first: under heavy load that took more than 5 s
+        self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 20.0)
 
     def _reap(self, proc: subprocess.Popen) -> None:
         proc.wait()
