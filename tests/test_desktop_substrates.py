@@ -10,10 +10,10 @@ sandbox folders). The refusal of docker, podman and vm is tested through the CLI
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from test_desktop import desktop_processes
 
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.desktop import instance
@@ -40,22 +40,6 @@ def host_tmp_sockets() -> set[str]:
     return found
 
 
-def labelled(marker: str) -> list[str]:
-    """Live processes (not zombies) whose environment mentions ``marker`` (the test's state folder)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if stat.rsplit(")", 1)[1].split()[0] != "Z" and marker.encode() in environ:
-            found.append(f"{entry} {stat[stat.index('(') + 1:stat.rindex(')')]}")
-    return found
-
-
 @pytest.fixture(scope="module")
 def desktop_ready():
     require(instance.missing())
@@ -77,7 +61,7 @@ def slot(request, desktop_ready, state_dir, run_id, tmp_path):
     assert isinstance(s.env, DesktopEnv)
     s.env.stop()
     sub.close()
-    assert labelled(str(state_dir)) == []
+    assert desktop_processes(str(state_dir)) == []
     assert sub.leftovers() == []
     assert [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(state_dir) in line] == []
     assert not any((state_dir / request.param).glob("*/*")), "a sandbox folder is left"
