@@ -214,6 +214,42 @@ def test_vm_kill_makes_its_attempt_invalid_with_an_infrastructure_cause(tmp_path
     assert invalid and set(invalid) <= {x.value for x in INFRA_CAUSES}, in_flight
 
 
+def _daemons() -> dict[str, list[int]]:
+    """Pids of dockerd and of the containerd it manages (not the containers' shims)."""
+    import subprocess
+
+    found: dict[str, list[int]] = {"dockerd": [], "containerd": []}
+    for name in found:
+        out = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True, timeout=30).stdout
+        found[name] = [int(p) for p in out.split()]
+    return found
+
+
+def test_dockerd_killed_and_restarted_mid_run_is_classified_and_docker_answers_again(tmp_path, env):
+    """`daemon_kill` (opt-in): SIGKILL of dockerd mid-run, the same command line started again. Every
+    attempt hit ends invalid with an infrastructure cause (or succeeded before the kill), the checks
+    pass, docker answers after, and one dockerd with one containerd is left, started as before."""
+    import subprocess
+
+    require(registry.get("docker").missing())
+    before = _daemons()
+    argv = Path(f"/proc/{before['dockerd'][0]}/cmdline").read_bytes()
+    out = tmp_path / "chaos"
+    _, events, summary = chaos(out, env, "--substrate", "docker", "--events", "daemon_kill", "--duration", "20s",
+                               "--every", "8s")
+    assert summary.passed, summary
+    hit = [e for e in events if e.target.startswith("dockerd pid")]
+    assert hit and all("answered again" in e.followed for e in hit), [(e.target, e.followed) for e in hit]
+    assert subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
+    after = _daemons()
+    assert len(after["dockerd"]) == 1 and len(after["containerd"]) <= max(1, len(before["containerd"])), after
+    assert Path(f"/proc/{after['dockerd'][0]}/cmdline").read_bytes() == argv
+    db = sqlite3.connect(out / "ledger.sqlite")
+    causes = {r[0] for r in db.execute("SELECT cause FROM attempts WHERE cause IS NOT NULL")}
+    assert causes <= {c.value for c in INFRA_CAUSES}, causes
+    assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome = 'success'").fetchone()[0] > 0
+
+
 def test_machine_wide_events_must_be_named_and_fit_the_substrate(tmp_path, env):
     from drumsbench.experiments.chaos import applicable
 

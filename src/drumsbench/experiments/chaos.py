@@ -449,15 +449,19 @@ class Chaos:
         return f"conmon pid {conmon} of container {cid[:12]}", "conmon killed"
 
     def _kill_dockerd(self) -> tuple[str, str]:
-        """SIGKILL of dockerd, then the same command line started again (detached, its log appended to
-        ``DOCKERD_LOG``) and waited for until ``docker info`` answers."""
+        """SIGKILL of dockerd, then the same command line started again with the same environment and
+        working folder (detached, its log appended to ``DOCKERD_LOG``: not the chaos run's, whose
+        temp folders go away) and waited for until ``docker info`` answers."""
         pids = [int(p) for p in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True,
                                                timeout=30).stdout.split()]
         if not pids:
             return "none", "no dockerd was running"
         pid = pids[0]
-        try:
+        try:  # its command line, environment and working folder: it is started again exactly so
             argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+            environ = dict(item.decode(errors="replace").partition("=")[::2]
+                           for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in item)
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             return f"dockerd pid {pid}", "gone before it could be read"
         with contextlib.suppress(ProcessLookupError):
@@ -468,7 +472,7 @@ class Chaos:
         DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
         with DOCKERD_LOG.open("ab") as log:
             subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+                             start_new_session=True, env=environ, cwd=cwd if os.path.isdir(cwd) else "/")
         while time.monotonic() - t0 < DOCKERD_WAIT_S:
             if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0:
                 return (f"dockerd pid {pid}", f"killed; `{' '.join(argv)}` answered again after "

@@ -141,6 +141,7 @@ class DockerSandbox(C.ContainerSandbox):
     def __init__(self, sub: DockerSubstrate, cid: str, sid: str) -> None:
         super().__init__(sub, cid, sid)
         self._api = sub.client.api
+        self._unremoved = sub.unremoved
 
     # -- exec -----------------------------------------------------------------------------------
     def _gone(self, e: BaseException, what: str) -> SubstrateError:
@@ -305,6 +306,8 @@ class DockerSandbox(C.ContainerSandbox):
             except docker.errors.NotFound:
                 pass
             except _api_errors() as e:
+                # e.g. dockerd down (killed, restarting): the substrate tries again when it closes
+                self._unremoved[self.container_id] = self.id
                 raise self._gone(e, f"cannot remove the container ({first})") from e
 
     # -- gate-side evidence ----------------------------------------------------------------------
@@ -447,6 +450,9 @@ class DockerSubstrate(C.ContainerSubstrate):
         self.client = _client()
         self._quota: tuple[str | None] | None = None  # (why the storage takes no size,) once asked
         self._disk: tuple[str, str] | None = None
+        # container id -> sandbox id of this instance's containers whose removal failed (``close``
+        # removes them: a daemon that was down may answer again by then)
+        self.unremoved: dict[str, str] = {}
 
     def disk_quota(self) -> str | None:
         """None when dockerd's storage takes a per-container size, else why not (asked once)."""
@@ -598,7 +604,23 @@ class DockerSubstrate(C.ContainerSubstrate):
         # a disk-bound tmpfs goes with its container; one left without containers is a leftover itself
         return left or [f"mount {p}" for p in mounts_of_source(C.disk_source(self.run_id))]
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 60.0) -> None:
+        """Remove the containers whose ``destroy`` failed (waiting up to ``wait_s`` for a daemon that
+        does not answer), then close the client. What still cannot be removed stays for ``gc``."""
+        deadline = time.monotonic() + wait_s
+        while self.unremoved and time.monotonic() < deadline:
+            for cid, sid in list(self.unremoved.items()):
+                for point in mounts_of_source(C.disk_source(self.run_id, sid)):
+                    unmount(point)
+                try:
+                    self.client.api.remove_container(cid, force=True)
+                except docker.errors.NotFound:
+                    pass
+                except _api_errors():
+                    continue
+                del self.unremoved[cid]
+            if self.unremoved:
+                time.sleep(1.0)
         with contextlib.suppress(Exception):
             self.client.close()
 
