@@ -66,7 +66,7 @@ def loopback_cluster(extra_nodes: int = 1, health: dict[str, int] | None = None)
         nodes = [c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={f"node_{i}": 1},
                             object_store_memory=80 * MiB) for i in range(2, 2 + extra_nodes)]
         ray.init(address=c.address, _node_ip_address=ray_env.LOOPBACK, logging_level="WARNING")
-        c.wait_for_nodes()
+        c.wait_for_nodes(timeout=120)  # a loaded machine registers nodes slowly
         yield c, env, nodes
     finally:
         ray.shutdown()
