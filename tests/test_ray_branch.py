@@ -182,3 +182,19 @@ def test_bad_flags_are_one_line_and_record_no_run(tmp_path):
         ray_problems(BranchConfig(k=5, ks=[1, 5], executor="ray"), OverlaySubstrate)
     ledger = tmp_path / "runs" / "ledger.sqlite"
     assert not ledger.exists() or not Ledger(ledger).db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+
+def test_branch_cli_joins_the_cluster(cluster3, tmp_path):
+    """``drumsbench branch --executor ray --ray-address`` as a user runs it (the token file comes from
+    the environment ``ray_env.apply`` set here): continuations on two nodes, the transfer row shown."""
+    c, _ = cluster3
+    proc = cli("branch", "--executor", "ray", "--ray-address", c.address, "--substrate", "overlay",
+               "--methods", "snapshot", "--k", "2", "--continuations", "2", "--policy", "oracle",
+               "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "b.json"), "--no-progress",
+               env={"DRUMSBENCH_STATE": str(tmp_path / "state")}, check=True)
+    data = json.loads((tmp_path / "b.json").read_text())
+    (m,) = data["methods"]
+    assert data["executor"] == "ray" and m["valid"] == 2 and m["faithful_all"]["faithful"] == 2
+    assert len({n["label"] for n in m["nodes"] if n["continuations"]}) == 2
+    assert "transfer to each node (ms, apart from creation)" in proc.stdout
+    assert not list((tmp_path / "state" / "overlay").glob("*/*"))
