@@ -190,6 +190,51 @@ def test_replay_of_a_recorded_episode_succeeds(slot, tmp_path):
     assert attempt(slot, "calc-sum-formula", prefix, seq=2).outcome is Outcome.FAILED
 
 
+# A policy's shell action that asks LibreOffice (UNO, no authentication) to run a command: as root,
+# that would be a sandbox escape (and a way to kill Xvfb: an escape into invalid). It writes a marker
+# named by its argument; a marker owned by root proves LibreOffice ran it.
+UNO_EXEC = ("import os, sys, uno\n"
+            "ctx = uno.getComponentContext()\n"
+            "r = ctx.ServiceManager.createInstanceWithContext('com.sun.star.bridge.UnoUrlResolver', ctx)\n"
+            "remote = r.resolve('uno:socket,host=127.0.0.1,port=2002;urp;StarOffice.ComponentContext')\n"
+            "sse = remote.ServiceManager.createInstanceWithContext('com.sun.star.system.SystemShellExecute', remote)\n"
+            "sse.execute('/usr/bin/touch', os.path.abspath(sys.argv[1]), 1)\n"
+            "print('UNO REACHED')\n")
+
+
+def test_a_shell_action_cannot_reach_libreoffice_or_the_x_server(slot):
+    """The shell action runs without the instance's network (LibreOffice's UNO listener) and with the
+    instance's sockets covered. Positive control: the same program entered into the instance's network
+    namespace as the same uid (how shell actions ran before) makes LibreOffice run a command as root."""
+    import shlex
+
+    task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+    slot.provision()
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    env.reset(task)
+    inst = env.instance
+    work = Path(inst.work)
+    probe = (f"python3 -c {shlex.quote(UNO_EXEC)} blocked; ls -A /tmp/.X11-unix; "
+             "for s in /tmp/OSL_PIPE_*; do [ -S \"$s\" ] && echo \"socket $s\"; done; echo end")
+    obs = env.step(Action.of(ActionSpec("shell", {"command": probe}), env.generation), 30)
+    result = obs.content["result"]
+    assert "UNO REACHED" not in result["stdout"] and "NoConnectException" in result["stderr"], result
+    assert result["stdout"].strip() == "end", result  # no X socket, no LibreOffice pipe in its view
+    time.sleep(1.0)
+    assert not (work / "blocked").exists()
+    # positive control: the instance's network namespace, the same uid
+    uid = slot.sandbox.uid if slot.sandbox is not None else None
+    assert uid is not None
+    old = ["nsenter", "-t", str(inst.holder_pid), "-m", "-n", "-u", "-i", "-p", f"--setuid={uid}", f"--setgid={uid}",
+           "--", "env", "-C", inst.inside(work), "python3", "-c", UNO_EXEC, "reached"]
+    res = inst.box.exec_launcher(old, timeout=30, cwd=inst.box.paths.work, env={"HOME": inst.inside(inst.home)},
+                                 stdin=None, output_limit=65536)
+    assert b"UNO REACHED" in res.stdout, res
+    wait_for(lambda: (work / "reached").exists(), 10, "LibreOffice's command")
+    assert (work / "reached").stat().st_uid == 0  # run by LibreOffice as root: what the change closes
+
+
 def test_closing_libreoffice_is_the_policys_doing_not_an_infrastructure_fault(slot):
     # An empty (black) desktop after the policy quit LibreOffice is a valid observation, and the
     # verifier says "not done" (failed, reward 0) instead of "could not run" (invalid).

@@ -2,9 +2,9 @@
 
 Through the real environment and rollout: the oracle succeeds and the null policy fails on a Writer
 and a Calc task; the gates hold (a black screen and a frozen one are ``bad_observation``, a planted
-stale lock is ``dirty_reset``); a policy's shell action keeps the sandbox's confinement (no
-network, nothing writable outside the sandbox's folders, the instance's X server and LibreOffice out
-of its reach); and nothing is left afterwards (processes, mounts, sockets in the host's /tmp,
+stale lock is ``dirty_reset``); a policy's shell action is not offered there (it would keep the
+view's CAP_DAC_OVERRIDE and reach the instance's sockets) and asking for one is the policy's failure,
+never an invalid attempt; and nothing is left afterwards (processes, mounts, sockets in the host's /tmp,
 sandbox folders). The refusal of docker, podman and vm is tested through the CLI (test_cli.py).
 """
 
@@ -98,35 +98,29 @@ def test_black_and_frozen_screens_and_a_stale_lock_are_invalid(slot):
     assert (stale.outcome, stale.cause) == (Outcome.INVALID, InvalidCause.DIRTY_RESET), stale.detail
 
 
-def test_a_shell_action_keeps_the_sandboxs_confinement(slot):
+def test_a_shell_action_is_not_offered_and_asking_for_one_is_the_policys_doing(slot):
+    """No uid of its own on these substrates: a shell action would keep CAP_DAC_OVERRIDE as the view's
+    root and reach the instance's X and LibreOffice sockets (through the sandbox's other paths too),
+    so it is not offered. Asking for one gives the policy an error, never an invalid attempt."""
+    from drumsbench.envs.base import ActionSpec
+    from drumsbench.policies import replay
+
     env = slot.env
     assert isinstance(env, DesktopEnv)
     task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+    asks = replay.Replay([ActionSpec("shell", {"command": "pkill -9 Xvfb; touch /sandbox/work/mine"}),
+                          ActionSpec("wait", {"seconds": 0.5})])
+    rec = attempt(slot, task.id, asks)
+    assert rec.outcome is Outcome.FAILED and rec.cause is None, (rec.outcome, rec.cause, rec.detail)
     box = slot.substrate.create()
     try:
         env.attach(box)
         env.reset(task)
         inst = env.instance
-
-        def shell(command: str):
-            return inst.exec_inside(["/bin/sh", "-c", command], timeout=20, all_namespaces=True,
-                                    as_sandbox_user=True)
-
-        res = shell("cat /proc/net/dev | tail -n +3 | cut -d: -f1; cat /proc/[0-9]*/comm | grep -c -e Xvfb -e soffice; "
-                    "touch /sandbox/work/mine && echo wrote-work; touch /usr/drumsbench-x 2>/dev/null || echo no-usr; "
-                    "touch /etc/fonts/drumsbench-x 2>/dev/null || echo no-etc; touch /etc/drumsbench-x; "
-                    "mount -t tmpfs x /mnt 2>/dev/null || echo no-mount")
-        lines = res.stdout.decode().split()
-        assert lines[0] == "lo", res.stdout  # the only network interface
-        assert lines[1] == "0"  # its own pid namespace: Xvfb and LibreOffice are not there to see
-        assert lines[2:] == ["wrote-work", "no-usr", "no-etc", "no-mount"], res.stdout
-        assert (inst.work / "mine").exists()  # written into the sandbox, seen from the host
-        # /etc is read-only (bwrap) or the sandbox's own (overlay): never the host's
-        assert not any(Path(p).exists() for p in ("/usr/drumsbench-x", "/etc/fonts/drumsbench-x", "/etc/drumsbench-x"))
-        xvfb = inst.xvfb_pid()
-        assert xvfb is not None
-        shell("kill -9 -1; pkill -9 Xvfb; pkill -9 soffice.bin")  # cannot name them
-        assert inst.alive() and inst.app_running(), "a shell action reached the instance's processes"
+        assert "shell actions are not offered" in str(inst.shell_unavailable())
+        with pytest.raises(Exception, match="shell actions are not offered"):  # never reached by a policy
+            inst.exec_inside(["/bin/sh", "-c", "true"], timeout=20, all_namespaces=True, as_sandbox_user=True)
+        assert not (inst.work / "mine").exists() and inst.alive() and inst.app_running()
     finally:
         env.stop()
         box.destroy()

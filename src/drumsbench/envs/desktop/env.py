@@ -575,6 +575,9 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
             if action.kind == "wait":
                 return self._wait(p, deadline)
             if action.kind == "shell":
+                why = inst.shell_unavailable()
+                if why is not None:  # the policy asked for what this substrate does not offer: its error
+                    return self._look(deadline, extra={"error": why})
                 res = inst.exec_inside(["/bin/sh", "-c", str(p.get("command", ""))], timeout=timeout,
                                        all_namespaces=True, output_limit=OUTPUT_LIMIT, as_sandbox_user=True)
                 result = {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),

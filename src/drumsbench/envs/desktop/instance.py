@@ -563,15 +563,20 @@ class DesktopInstance:
             raise SubstrateError("desktop: the instance is not running")
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
         uid = self.box.uid if as_sandbox_user else None
-        user = [f"--setuid={uid}", f"--setgid={uid}"] if uid is not None else []
+        user: list[str] = []
         confine: list[str] = []
-        if as_sandbox_user and uid is None and self.view.confine:
-            # no uid of its own (bwrap, overlay): the privileges of the sandbox's commands, in a pid
-            # namespace of its own below the instance's (it cannot name Xvfb, LibreOffice or the
-            # holder; what it leaves running dies with it, as a bwrap command's background does)
-            confine = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--", *self.view.confine]
-            if self._own_user_ns():
-                ns = ["-U", *ns]  # bwrap's: namespaces made below it must be owned by it (else EINVAL)
+        if as_sandbox_user:
+            # A policy's shell action: never in the instance's network namespace (LibreOffice's UNO
+            # listener there takes any local client and runs commands as root for it), and in a
+            # mount namespace of its own where the instance's sockets (X, LibreOffice's pipes) are
+            # covered, set up as root before the privileges drop (it cannot uncover them).
+            ns = [n for n in ns if n != "-n"]
+            if uid is not None:
+                drop = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+                confine = ["unshare", "--net", "--mount", "--propagation", "private", "--",
+                           "/bin/sh", "-c", HIDE_SOCKETS, "hide", *drop]
+            else:  # the environment does not offer it (``shell_unavailable``): never reached by a policy
+                raise SubstrateError(f"desktop: {self.shell_unavailable()}")
         # a restored continuation sees this sandbox's folder at the parent's path (and nothing of
         # the host's /tmp): host paths of the sandbox are given as the instance sees them
         argv = [self.inside(a) for a in argv]
@@ -580,21 +585,36 @@ class DesktopInstance:
         # parent's live work folder (its relative writes would land in the parent)
         cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, "--", *confine, "env", "-C", self.inside(self.work),
                *argv]
-        env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp),
-               "DRUMSBENCH_UNO": self.uno_connection()}
+        env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp)}
+        if not as_sandbox_user:
+            env["DRUMSBENCH_UNO"] = self.uno_connection()
         # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root
         return self.box.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, stdin=stdin,
                                       output_limit=output_limit)
 
-    def _own_user_ns(self) -> bool:
-        """Does the instance live in a user namespace other than the harness's (bwrap's)?"""
-        try:
-            return os.readlink(f"/proc/{self.holder_pid}/ns/user") != os.readlink("/proc/self/ns/user")
-        except OSError:
-            return False
+    def shell_unavailable(self) -> str | None:
+        """Why a policy's shell action is not offered in this instance (None: it is). It needs the
+        sandbox's own uid (process): on bwrap and overlay the sandbox's root keeps CAP_DAC_OVERRIDE,
+        and the instance's X and LibreOffice sockets are reachable through other paths of the same
+        folder, so a shell action there could drive or blank the screen or reach LibreOffice."""
+        if self.box.uid is None:
+            return (f"shell actions are not offered on {self.box.substrate}: a shell action needs a uid of its "
+                    "own to be kept from the instance's X server and LibreOffice (use process)")
+        return None
 
     def xdotool(self, args: list[str], timeout: float) -> ExecResult:
         return self.exec_inside(["xdotool", *args], timeout)
+
+
+# Run as root in a policy shell action's own mount namespace before its privileges drop: covers the
+# instance's X sockets (an empty tmpfs over /tmp/.X11-unix) and LibreOffice's pipes (/dev/null bound
+# over each /tmp/OSL_PIPE_* socket); fails closed (exit 126) when a cover cannot be put, then runs "$@".
+HIDE_SOCKETS = (
+    'if [ -d /tmp/.X11-unix ]; then mount -t tmpfs -o size=4k,mode=755 drumsbench-hidden /tmp/.X11-unix '
+    '|| { echo "desktop: cannot hide the X sockets" >&2; exit 126; }; fi; '
+    'for s in /tmp/OSL_PIPE_*; do if [ -S "$s" ]; then mount --bind /dev/null "$s" '
+    '|| { echo "desktop: cannot hide $s" >&2; exit 126; }; fi; done; exec "$@"'
+)
 
 
 def single_office_pipe(uid: int, user_installation: str) -> str:
