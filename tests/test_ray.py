@@ -345,3 +345,27 @@ def test_host_hours_are_hosts_times_hours(tmp_path):
     assert (r.hosts["a"].attempts, r.hosts["b"].attempts) == (20, 10)
     assert r.hosts["a"].valid_per_host_hour.value == pytest.approx(20)
     assert "2 host(s)" in r.conditions
+
+
+def test_ray_window_counts_live_sandboxes_and_setup_is_not_work(cluster, tmp_path, state):
+    """A window on Ray: the executor's ``on_ready`` starts the work after the nodes' set-up (the
+    window still has its full length of work), and the live-sandbox count comes from the nodes."""
+    from drumsbench.measure import artifacts
+    from drumsbench.measure.artifacts import SegmentArtifact
+
+    ledger = open_ledger(tmp_path / "runs")
+    run_id = new_run_id()
+    cfg = RunConfig(tasks=MINI, policy="oracle", executor="ray", concurrency=1, duration_s=4.0, window="w1",
+                    rollout=RolloutConfig(think_time_s=0.05))
+    ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+    execute(ledger, run_id, cfg, resume=False)
+    seg = artifacts.load(ledger, run_id, SegmentArtifact)["w1"]
+    live = seg.resources["live_sandboxes"]
+    assert live["max"] is not None and live["max"] >= 1, live  # it read 0 before: the job's own count
+    # the nodes' controls (and the cross-node one) ran during set-up, before the work started
+    (last_control,) = ledger.db.execute("SELECT MAX(t) FROM controls WHERE run_id = ? AND detail LIKE ?",
+                                         (run_id, "%cross-node%")).fetchone()
+    assert last_control is not None and seg.work_started >= last_control
+    assert seg.ended - seg.work_started >= cfg.duration_s - 0.5, "the set-up ate into the window's work"
+    starts = [r.t_start for r in _records(ledger, run_id)]
+    assert starts and min(starts) >= seg.work_started - 0.5, "an attempt started before the nodes were ready"

@@ -313,6 +313,11 @@ class NodeRunner:
     def ping(self) -> str:
         return self.node_id
 
+    def live(self) -> int:
+        """Sandboxes this node's slots hold now (between attempts too, as in process)."""
+        with self._lock:
+            return len(self._live)
+
     # -- the cross-node positive control: A plants, B must find A's canary, A must stay clean -----
     def xcontrol_source(self) -> str:
         """Sandbox A on this node, with a canary from the cluster's registry; returns the token
@@ -414,7 +419,11 @@ class RayExecutor:
     the end); ``"auto"`` or ``HOST:PORT`` joins a running cluster. When this process is already
     connected to Ray (``ray.is_initialized()``, e.g. tests), that connection is used as is.
     ``on_control(fired, detail)`` receives each node's isolation positive control;
-    ``on_event(line)`` receives one line per notable event (node lost, leftovers).
+    ``on_event(line)`` receives one line per notable event (node lost, leftovers);
+    ``on_ready(setup_s)`` is called once the nodes are connected and set up, before the first
+    attempt (``setup_s``: the seconds that took; set-up is not work: the caller moves its deadline).
+    ``live_sandboxes()``: the sandboxes the nodes held at their last report (polled about once a
+    second while attempts run).
     """
 
     concurrency: int
@@ -423,11 +432,16 @@ class RayExecutor:
     on_event: Callable[[str], None] | None = None
     object_store_bytes: int = ray_env.OBJECT_STORE_BYTES
     runner_cls: type[NodeRunner] = NodeRunner  # the actor's body (``train`` runs its own subclass)
+    on_ready: Callable[[float], None] | None = None
     name: str = field(default="ray", init=False)
     interrupted: bool = field(default=False, init=False)
     nodes: list[_Node] = field(default_factory=list, init=False)
     setup_s: float = field(default=0.0, init=False)
     _hub: Any = field(default=None, init=False)
+    _live: dict[str, int] = field(default_factory=dict, init=False)  # node id -> sandboxes at its last report
+
+    def live_sandboxes(self) -> int:
+        return sum(self._live.values())
 
     # -- connection ----------------------------------------------------------------------------
     def _connect(self) -> tuple[Any, Callable[[], None]]:
@@ -467,7 +481,7 @@ class RayExecutor:
         nodes = []
         for i, node_id in enumerate(alive):
             actor = actor_cls.options(
-                num_cpus=0, max_concurrency=self.concurrency + 2, max_restarts=0, max_task_retries=0,
+                num_cpus=0, max_concurrency=self.concurrency + 3, max_restarts=0, max_task_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(spec, i, self.concurrency, node_id, self._hub)
             nodes.append(_Node(i, node_id, actor))
@@ -524,13 +538,33 @@ class RayExecutor:
         self.setup_s = time.monotonic() - t0
         sess = _SESSION.get()
         if sess is not None:
-            if job.deadline is not None:  # a window's length is work after the nodes' set-up
+            if job.deadline is not None and self.on_ready is None:  # a window's length is work after set-up
                 job.deadline += self.setup_s
             sess.ready_at.append(time.time())
             sess.nodes_used.append([n.node_id for n in self.nodes])
+        if self.on_ready is not None:
+            self.on_ready(self.setup_s)
         policy_name = job.make_policy().name
         flights: dict[Any, _Flight] = {}
         stop_requested = threading.Event()
+        polls: dict[Any, _Node] = {}  # live-sandbox reports asked for, not yet answered
+        next_poll = [0.0]
+
+        def poll_live() -> None:
+            now = time.monotonic()
+            if now < next_poll[0]:
+                return
+            next_poll[0] = now + 1.0
+            if polls:
+                done = ray.wait(list(polls), num_returns=len(polls), timeout=0)[0]
+                for ref in done:
+                    node = polls.pop(ref)
+                    with contextlib.suppress(Exception):
+                        self._live[node.node_id] = int(ray.get(ref))
+            asked = {n.node_id for n in polls.values()}
+            for node in self.nodes:
+                if not node.lost and node.node_id not in asked:
+                    polls[node.actor.live.remote()] = node
 
         def submit(node: _Node, k: int) -> None:
             if stop_requested.is_set() or node.lost:
@@ -554,6 +588,7 @@ class RayExecutor:
 
         def lose(node: _Node, err: BaseException) -> None:
             node.lost = True
+            self._live.pop(node.node_id, None)
             node.lost_reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
             mine = [ref for ref, f in flights.items() if f.node is node]
             for ref in mine:
@@ -584,6 +619,7 @@ class RayExecutor:
                     ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
                 if tick is not None:
                     tick()
+                poll_live()
                 for ref in ready:
                     f = flights.pop(ref, None)
                     if f is None:  # recorded already: its node was lost
@@ -611,6 +647,10 @@ class RayExecutor:
         finally:
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
+            if polls:  # the last live-sandbox reports: answered or dropped before the actors go
+                with contextlib.suppress(Exception):
+                    ray.wait(list(polls), num_returns=len(polls), timeout=2)
+                polls.clear()
             self.close_nodes(ray, job.run_id, substrate)
             if tick is not None:
                 tick()
@@ -625,6 +665,7 @@ class RayExecutor:
 
     def close_nodes(self, ray: Any, run_id: str, substrate: Substrate) -> None:
         """Every live node destroys its sandboxes; then what is left is looked for once per host."""
+        self._live.clear()
         live = [n for n in self.nodes if not n.lost]
         closing = [n.actor.close.remote() for n in live]
         if closing:

@@ -198,11 +198,21 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
                   first_seq=first_seq, max_seq=max_seq, deadline=deadline,
                   meta={"window": cfg.window})
         executor: LocalExecutor | RayExecutor
+        ready: list[float] = []  # when the executor was connected and set up (Ray)
+
+        def on_ready(setup_s: float) -> None:
+            """Set-up is not work: the deadline moves by it, and work starts now."""
+            if job.deadline is not None:
+                job.deadline += setup_s
+            ready.append(time.time())
+
+        live: Callable[[], int] = lambda: len(job._live)  # noqa: E731
         if cfg.executor == "ray":
             from drumsbench.executors.ray import RayExecutor
 
-            executor = RayExecutor(cfg.concurrency, cfg.ray_address, on_control=lambda fired, detail:
-                                   ledger.record_control(run_id, cfg.window, "isolation", fired, detail))
+            executor = RayExecutor(cfg.concurrency, cfg.ray_address, on_ready=on_ready, on_control=lambda fired,
+                                   detail: ledger.record_control(run_id, cfg.window, "isolation", fired, detail))
+            live = executor.live_sandboxes  # the sandboxes live in the nodes' actors
         else:
             executor = LocalExecutor(cfg.concurrency)
 
@@ -220,7 +230,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
             progress.add(rec)
 
         tick = (lambda: on_progress(progress)) if on_progress else None
-        sampler = ResourceSampler(lambda: len(job._live), duration_left).start() if windowed else None
+        sampler = ResourceSampler(live, duration_left).start() if windowed else None
         watcher = (LeakSampler(cfg.substrate, duration_left, run_id=run_id).start()
                    if cfg.watch and not windowed else None)
         try:
@@ -238,7 +248,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         if sampler is not None:
             artifacts.put(ledger, run_id, cfg.window, artifacts.SegmentArtifact(
                 concurrency=cfg.concurrency, planned_s=duration_left, max_attempts=attempts_left,
-                work_started=work_started, ended=time.time(), interrupted=executor.interrupted,
+                work_started=ready[0] if ready else work_started, ended=time.time(), interrupted=executor.interrupted,
                 config=cfg.model_dump(mode="json", exclude={"price"}), resources=sampler.stop()))
         else:
             ledger.set_status(run_id, status)
