@@ -10,6 +10,7 @@ This module does not import Ray.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -88,6 +89,7 @@ def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
         if key in os.environ:
             put(key, None)
 
+    _remove_returned()
     own: Path | None = None
     token_path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     tmpdir = os.environ.get("RAY_TMPDIR")
@@ -157,6 +159,20 @@ def reap(tmpdir: str, grace_s: float = 10.0) -> list[int]:
     return left
 
 
+# Folders of this process's own Ray environments already removed (``remove``): Ray may write into a
+# past session's folder after its shutdown (seen: a folder removed at the end of one test module
+# came back while the next module started its own Ray in the same process). Each later ``apply`` and
+# ``remove``, and the exit of this process, removes any of them that came back.
+_REMOVED: list[Path] = []
+_AT_EXIT = False
+
+
+def _remove_returned() -> None:
+    for old in _REMOVED:
+        if old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def remove(folder: Path, tmpdir: str) -> list[int]:
     """Remove one Ray's own folder for good; returns the pids of its processes that had to be stopped.
 
@@ -165,6 +181,7 @@ def remove(folder: Path, tmpdir: str) -> list[int]:
     ``RAY_TMPDIR=tmpdir`` is stopped first (``reap``), and the removal is repeated if the folder
     came back meanwhile.
     """
+    global _AT_EXIT
     stopped: list[int] = []
     for _ in range(3):
         stopped += reap(tmpdir)
@@ -172,6 +189,12 @@ def remove(folder: Path, tmpdir: str) -> list[int]:
         time.sleep(0.2)
         if not folder.exists():
             break
+    if folder not in _REMOVED:
+        _REMOVED.append(folder)
+    _remove_returned()
+    if not _AT_EXIT:  # registered after Ray's own exit handler, so it runs after it
+        atexit.register(_remove_returned)
+        _AT_EXIT = True
     return stopped
 
 
