@@ -43,13 +43,17 @@ def _ray_folders() -> set[Path]:
     return {p for d in {tempfile.gettempdir(), "/tmp"} for p in Path(d).glob("dray-*")}
 
 
+def _assert_no_new_ray_folder(before: set[Path]) -> None:
+    left = _ray_folders() - before
+    assert not left, f"Ray temp folder(s) left behind: {sorted(map(str, left))}"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_ray_folder_left():
     """Every test module removes the Ray temp folders it made (a CI run once left one in /tmp)."""
     before = _ray_folders()
     yield
-    left = _ray_folders() - before
-    assert not left, f"Ray temp folder(s) left behind: {sorted(map(str, left))}"
+    _assert_no_new_ray_folder(before)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,5 +62,4 @@ def no_ray_folder_left_at_the_end():
     before = _ray_folders()
     yield
     time.sleep(1.0)
-    left = _ray_folders() - before
-    assert not left, f"Ray temp folder(s) left behind: {sorted(map(str, left))}"
+    _assert_no_new_ray_folder(before)

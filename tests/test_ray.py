@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,30 @@ def _run(out: Path, cfg: RunConfig, on_progress=None) -> tuple[Ledger, str, str]
     return ledger, run_id, status
 
 
+def _run_losing_node(c, node, out: Path, cfg: RunConfig, due: Callable[[Ledger], bool]) -> tuple[Ledger, str, float]:
+    """Run ``cfg`` on the cluster ``c`` and SIGKILL ``node`` (as when its machine dies) at the first
+    progress tick where ``due(ledger)`` holds; the run must complete. Returns (ledger, run id, when
+    the node was removed)."""
+    ledger = open_ledger(out)
+    run_id = new_run_id()
+    removed: list[float] = []
+
+    def kill_when_due(_progress) -> None:
+        if not removed and due(ledger):
+            c.remove_node(node, allow_graceful=False)
+            removed.append(time.time())
+
+    ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
+    try:
+        status, _ = execute(ledger, run_id, cfg, resume=False, on_progress=kill_when_due)
+    finally:
+        if not removed:
+            c.remove_node(node)
+    assert removed, "the node was never removed"
+    assert status == "complete"
+    return ledger, run_id, removed[0]
+
+
 def _records(ledger: Ledger, run_id: str) -> list[AttemptRecord]:
     cols = ("seq", "task", "outcome", "cause", "reward", "host", "executor", "worker", "extra", "detail",
             "t_start", "t_end")
@@ -201,31 +226,14 @@ def test_lost_node_turns_its_in_flight_attempts_invalid(cluster, tmp_path, state
     node3 = c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={"node_3": 1},
                        object_store_memory=80 * MiB)
     node3_id = node3.node_id
-    removed: list[float] = []
-    ledger_box: list[Ledger] = []
 
-    def kill_when_busy(_progress) -> None:
-        if removed or not ledger_box:
-            return
-        db = ledger_box[0].db
-        done = db.execute("SELECT COUNT(*) FROM attempts WHERE extra LIKE ?", (f"%{node3_id}%",)).fetchone()[0]
-        if done >= 2:
-            c.remove_node(node3, allow_graceful=False)  # SIGKILL, as when the machine dies
-            removed.append(time.time())
+    def busy(ledger: Ledger) -> bool:
+        return ledger.db.execute("SELECT COUNT(*) FROM attempts WHERE extra LIKE ?",
+                                 (f"%{node3_id}%",)).fetchone()[0] >= 2
 
-    ledger = open_ledger(tmp_path / "runs")
-    ledger_box.append(ledger)
-    run_id = new_run_id()
     cfg = RunConfig(tasks=MINI, policy="oracle", executor="ray", concurrency=2, max_attempts=36, duration_s=600,
                     rollout=RolloutConfig(think_time_s=0.1))
-    ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
-    try:
-        status, _ = execute(ledger, run_id, cfg, resume=False, on_progress=kill_when_busy)
-    finally:
-        if not removed:
-            c.remove_node(node3)
-    assert removed, "node 3 was never removed"
-    assert status == "complete"
+    ledger, run_id, removed = _run_losing_node(c, node3, tmp_path / "runs", cfg, busy)
 
     recs = _records(ledger, run_id)
     assert sorted(r.seq for r in recs) == list(range(36)), "an attempt is missing or recorded twice"
@@ -238,9 +246,9 @@ def test_lost_node_turns_its_in_flight_attempts_invalid(cluster, tmp_path, state
         assert "lost mid-attempt" in r.detail
     assert all(r.outcome is Outcome.SUCCESS for r in recs if not r.extra.get("lost_node")), \
         [(r.seq, r.detail) for r in recs if r.outcome is not Outcome.SUCCESS]
-    assert len(on3) - len(lost) >= 2 and all(r.t_end <= removed[0] + 1 for r in on3 if r not in lost)
+    assert len(on3) - len(lost) >= 2 and all(r.t_end <= removed + 1 for r in on3 if r not in lost)
     # work handed to node 3 as it died is among `lost`; everything completed after must be elsewhere
-    after = [r for r in recs if r.t_start > removed[0] and not r.extra.get("lost_node")]
+    after = [r for r in recs if r.t_start > removed and not r.extra.get("lost_node")]
     # the run goes on without the lost node (which of the others took the remaining work is timing)
     assert after and node3_id not in {r.extra["node"] for r in after}
     report = build(ledger, run_id)

@@ -11,19 +11,17 @@ a suite of two of the built-in desktop tasks, one Writer and one Calc.
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 from test_desktop import desktop_processes
-from test_ray import _descendants, _records, _run, loopback_cluster
+from test_ray import _descendants, _records, _run, _run_losing_node, loopback_cluster
 
-from drumsbench.core.machine import commit, machine_info
 from drumsbench.core.outcome import Outcome
 from drumsbench.envs.coding.task import suite_dir
 from drumsbench.envs.desktop import instance
 from drumsbench.executors import ray_env
-from drumsbench.experiments.run import RunConfig, execute, new_run_id, open_ledger
+from drumsbench.experiments.run import RunConfig
 from drumsbench.measure.summary import build
 from drumsbench.rollout.attempt import RolloutConfig
 
@@ -116,35 +114,23 @@ def test_desktop_node_lost_mid_attempt(cluster, suite, tmp_path, state):
     node3 = c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={"node_3": 1},
                        object_store_memory=80 * MiB)
     raylet = node3.all_processes["raylet"][0].process.pid
-    removed: list[float] = []
     seen: list[str] = []
 
-    def kill_when_its_desktop_runs(_progress) -> None:
-        if removed:
-            return
+    def its_desktop_runs(_ledger) -> bool:
         comms = []
         for pid in _descendants(raylet) - {raylet}:
             try:
                 comms.append(Path(f"/proc/{pid}/comm").read_text().strip())
             except OSError:
                 continue
-        if "soffice.bin" in comms:
-            seen.extend(c for c in comms if c in DESKTOP_COMMS)
-            c.remove_node(node3, allow_graceful=False)  # SIGKILL of the node's processes, as when it dies
-            removed.append(time.time())
+        if "soffice.bin" not in comms:
+            return False
+        seen.extend(name for name in comms if name in DESKTOP_COMMS)
+        return True
 
-    ledger = open_ledger(tmp_path / "runs")
-    run_id = new_run_id()
     cfg = RunConfig(tasks=suite, policy="oracle", executor="ray", concurrency=1, max_attempts=4, duration_s=600,
                     rollout=ROLLOUT)
-    ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
-    try:
-        status, _ = execute(ledger, run_id, cfg, resume=False, on_progress=kill_when_its_desktop_runs)
-    finally:
-        if not removed:
-            c.remove_node(node3)
-    assert removed, "node 3 never ran a desktop instance"
-    assert status == "complete"
+    ledger, run_id, _ = _run_losing_node(c, node3, tmp_path / "runs", cfg, its_desktop_runs)
     recs = _records(ledger, run_id)
     assert sorted(r.seq for r in recs) == [0, 1, 2, 3], "an attempt is missing or recorded twice"
     lost = [r for r in recs if r.extra.get("lost_node")]

@@ -563,7 +563,6 @@ class DesktopInstance:
             raise SubstrateError("desktop: the instance is not running")
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
         uid = self.box.uid if as_sandbox_user else None
-        user: list[str] = []
         confine: list[str] = []
         if as_sandbox_user:
             # A policy's shell action: never in the instance's network namespace (LibreOffice's UNO
@@ -583,7 +582,7 @@ class DesktopInstance:
         # the working folder is set by `env -C` once inside the namespaces: nsenter's --wd=PATH opens PATH
         # before it enters them, i.e. on the host's side, which for a restored continuation is the
         # parent's live work folder (its relative writes would land in the parent)
-        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, *user, "--", *confine, "env", "-C", self.inside(self.work),
+        cmd = ["nsenter", "-t", str(self.holder_pid), *ns, "--", *confine, "env", "-C", self.inside(self.work),
                *argv]
         env = {"DISPLAY": f":{self.display}", "HOME": self.inside(self.home), "TMPDIR": self.inside(self.tmp)}
         if not as_sandbox_user:

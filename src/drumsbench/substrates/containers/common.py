@@ -127,6 +127,25 @@ def bound_layer(layer: Path, size_mb: int, source: str) -> None:
         os.close(fd)
 
 
+def bound_container_layer(engine: str, cid: str, upper: Path, work: Path, size_mb: int, source: str) -> Path:
+    """``bound_layer`` over the folder holding a created container's ``upper`` and ``work`` layers;
+    returns that folder."""
+    if upper.parent != work.parent:
+        raise SubstrateError(f"{engine}: upper {upper} and work {work} of {cid[:12]} are not in one folder")
+    bound_layer(upper.parent, size_mb, source)
+    return upper.parent
+
+
+def unbind_disk(run_id: str, sid: str = "") -> None:
+    """Detach the disk-bound tmpfs of sandbox ``sid`` of ``run_id`` (all of the run's without
+    ``sid``): freed when the engine unmounts the container's rootfs, which then removes the original
+    layer folder underneath."""
+    from drumsbench.substrates.hostproc import mounts_of_source, unmount
+
+    for point in mounts_of_source(disk_source(run_id, sid)):
+        unmount(point)
+
+
 def storage_quota(engine: str, driver: str, backing: str) -> str | None:
     """None when ``driver`` on ``backing`` takes a per-container size, else why not (one line)."""
     if driver.startswith("overlay") and backing.lower() in QUOTA_BACKING:

@@ -41,7 +41,7 @@ from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail
-from drumsbench.substrates.hostproc import mounts_of_source, unmount
+from drumsbench.substrates.hostproc import mounts_of_source
 
 try:  # the SDK is optional: missing() says how to get it
     import docker
@@ -289,10 +289,7 @@ class DockerSandbox(C.ContainerSandbox):
         if self._destroyed:
             return
         self._destroyed = True
-        # the disk bound's tmpfs: detached now, freed when the engine unmounts the container's rootfs;
-        # the engine then removes the original layer folder underneath
-        for point in mounts_of_source(C.disk_source(self.run_id, self.id)):
-            unmount(point)
+        C.unbind_disk(self.run_id, self.id)  # the disk bound's tmpfs first
         try:
             self._api.remove_container(self.container_id, force=True)
         except docker.errors.NotFound:
@@ -553,8 +550,7 @@ class DockerSubstrate(C.ContainerSubstrate):
             self._bound_disk(cid, sid)
             api.start(cid)
         except errors as e:
-            for point in mounts_of_source(C.disk_source(self.run_id, sid)):
-                unmount(point)
+            C.unbind_disk(self.run_id, sid)
             with contextlib.suppress(*_api_errors()):
                 api.remove_container(cid, force=True)
             if isinstance(e, SubstrateError):
@@ -583,9 +579,7 @@ class DockerSubstrate(C.ContainerSubstrate):
             upper, work = Path(data["UpperDir"]), Path(data["WorkDir"])
         except errors as e:
             raise SubstrateError(f"docker: cannot find the layer folder of {cid[:12]}: {e}") from e
-        if upper.parent != work.parent:
-            raise SubstrateError(f"docker: upper {upper} and work {work} of {cid[:12]} are not in one folder")
-        C.bound_layer(upper.parent, self.limits.disk_mb, C.disk_source(self.run_id, sid))
+        C.bound_container_layer("docker", cid, upper, work, self.limits.disk_mb, C.disk_source(self.run_id, sid))
 
     def _containers(self, label: str) -> list[dict[str, Any]]:
         return self.client.api.containers(all=True, filters={"label": label})
@@ -610,8 +604,7 @@ class DockerSubstrate(C.ContainerSubstrate):
         deadline = time.monotonic() + wait_s
         while self.unremoved and time.monotonic() < deadline:
             for cid, sid in list(self.unremoved.items()):
-                for point in mounts_of_source(C.disk_source(self.run_id, sid)):
-                    unmount(point)
+                C.unbind_disk(self.run_id, sid)
                 try:
                     self.client.api.remove_container(cid, force=True)
                 except docker.errors.NotFound:
@@ -643,8 +636,7 @@ class DockerSubstrate(C.ContainerSubstrate):
 
         removed: list[str] = []
         for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go, one line each)
-            for point in mounts_of_source(C.disk_source(run)):
-                unmount(point)
+            C.unbind_disk(run)
         try:
             C.gc_containers("docker", found, dead_runs, remove, builds, removed)
         except _api_errors():

@@ -38,7 +38,7 @@ from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded
-from drumsbench.substrates.hostproc import mounts_of_source, unmount
+from drumsbench.substrates.hostproc import mounts_of_source
 
 PODMAN_ERROR = 125  # podman's own failure (also a command's possible exit code: checked)
 # podman exec's exit code when it cannot create the exec session (a paused or stopped container)
@@ -294,10 +294,7 @@ class PodmanSandbox(C.ContainerSandbox):
         if self._destroyed:
             return
         self._destroyed = True
-        # the disk bound's tmpfs: detached now, freed when podman unmounts the container's rootfs;
-        # podman then removes the original layer folder underneath
-        for point in mounts_of_source(C.disk_source(self.run_id, self.id)):
-            unmount(point)
+        C.unbind_disk(self.run_id, self.id)  # the disk bound's tmpfs first
         proc = podman(["rm", "--force", "--time", "0", self.container_id], check=False)
         if proc.returncode != 0 and b"no such container" not in proc.stderr.lower():
             # A frozen container that podman would not remove: unpause it, then remove.
@@ -366,10 +363,14 @@ class PodmanSubstrate(C.ContainerSubstrate):
                 "podman: not installed: apt-get install podman (or run scripts/setup.sh)"
             )
         self.exe = exe
+        self._quota: tuple[str | None] | None = None  # (why the storage takes no size,) once asked
 
     def disk_quota(self) -> str | None:
-        """None when podman's private overlay storage takes a per-container size, else why not."""
-        return C.storage_quota("podman", "overlay", C.fs_type(config_dir()))
+        """None when podman's private overlay storage takes a per-container size, else why not
+        (asked once: every create needs it)."""
+        if self._quota is None:
+            self._quota = (C.storage_quota("podman", "overlay", C.fs_type(config_dir())),)
+        return self._quota[0]
 
     def disk_mode(self) -> tuple[str, str]:
         """("quota" | "tmpfs" | "none", the mechanism's text): podman's own quota where its storage
@@ -455,8 +456,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
                 raise SubstrateError(f"podman: the disk bound of {cid[:12]} is not in effect (its layer folder "
                                      "is on the storage's file system after start)")
         except BaseException:
-            for point in mounts_of_source(C.disk_source(self.run_id, sid)):
-                unmount(point)
+            C.unbind_disk(self.run_id, sid)
             podman(["rm", "--force", "--time", "0", cid], check=False)
             raise
         return PodmanSandbox(self, cid, sid)
@@ -472,10 +472,8 @@ class PodmanSubstrate(C.ContainerSubstrate):
         if proc.returncode != 0 or len(parts) != 2:
             raise SubstrateError(f"podman: cannot find the layer folder of {cid[:12]}: {C.decode_tail(proc.stderr)}")
         upper, work = Path(parts[0]), Path(parts[1])
-        if upper.parent != work.parent:
-            raise SubstrateError(f"podman: upper {upper} and work {work} of {cid[:12]} are not in one folder")
-        C.bound_layer(upper.parent, self.limits.disk_mb, C.disk_source(self.run_id, sid))
-        return upper.parent
+        return C.bound_container_layer("podman", cid, upper, work, self.limits.disk_mb,
+                                       C.disk_source(self.run_id, sid))
 
     def raw_floor(self) -> list[str] | None:
         """`podman run --rm` through the CLI, with the same private configuration."""
@@ -518,8 +516,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
                     if names.startswith(C.BUILD_PREFIX)]
 
         for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go)
-            for point in mounts_of_source(C.disk_source(run)):
-                unmount(point)
+            C.unbind_disk(run)
         return C.gc_containers("podman", json.loads(proc.stdout or b"[]") or [], dead_runs,
                                lambda cid: podman(["rm", "--force", "--time", "0", cid], check=False), builds, [])
 
