@@ -227,7 +227,11 @@ class _Episode:
         inject.before_stage_verifier(env)
         t0 = time.monotonic()
         try:
-            env.stage_verifier(self.task)
+            try:
+                env.stage_verifier(self.task)
+            except SubstrateError as e:
+                self._own_disk_full(e)
+                raise
             inject.after_stage_verifier(env)
             done = env.run_verifier(self.task, self.cfg.verify_timeout_s or self.task.verify_timeout)  # gate 5
             reason = ""
@@ -244,6 +248,18 @@ class _Episode:
         inject.after_verify(env, self.token, self.canaries)
         gates.check_isolation(env, self.token, self.canaries)  # gate 6
         return Verdict.success() if done else Verdict.failed(reason)
+
+    def _own_disk_full(self, e: SubstrateError) -> None:
+        """``PolicyFault`` (sandbox destroyed) when staging the verifier failed on a full disk that is
+        the sandbox's own enforced bound: the policy's writes filled it, never the harness's few
+        files. Where the bound is not enforced the full disk is the host's, an infrastructure fault."""
+        if "no space left on device" not in str(e).lower():
+            return
+        mechanism = self.slot.substrate.limit_mechanisms().get("disk_mb", "")
+        if mechanism.startswith(("not enforced", "off")):
+            return
+        raise PolicyFault(f"the sandbox's disk bound was full when the verifier was staged (its own writes "
+                          f"filled it): {str(e)[:200]}", destroy=True)
 
     def failed(self, reason: str) -> Verdict:
         """The policy ended the attempt; gate 6 still applies (a contaminated attempt is invalid)."""

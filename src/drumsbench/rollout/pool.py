@@ -377,6 +377,9 @@ class PooledSubstrate(Substrate):
     def raw_floor(self) -> list[str] | None:
         return self.inner.raw_floor()
 
+    def limit_mechanisms(self) -> dict[str, str]:
+        return self.inner.limit_mechanisms()
+
     def leftovers(self) -> list[str]:
         return self.inner.leftovers()
 
