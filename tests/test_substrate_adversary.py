@@ -75,6 +75,25 @@ def _pids_with_cmdline(needle: bytes) -> list[int]:
     return found
 
 
+def _started(needle: bytes, timeout: float = 5.0) -> list[int]:
+    """The processes whose command line starts with ``needle``, waited for: a background command
+    is found only once it has executed its final program. Before that its command line is its
+    parent's (``nohup\0sleep\0...``) or, within ``execve``, reads empty."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for e in os.listdir("/proc"):
+            if e.isdigit():
+                try:
+                    if Path(f"/proc/{e}/cmdline").read_bytes().startswith(needle):
+                        found.append(int(e))
+                except OSError:
+                    pass
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.02)
+
+
 def _wait_gone(needle: bytes, timeout: float = 3.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while (left := _pids_with_cmdline(needle)) and time.monotonic() < deadline:
@@ -145,7 +164,7 @@ def test_a_sandbox_cannot_read_or_signal_another_sandbox(proc_sub: ProcessSubstr
         # nor signal a's processes
         marker = f"{secrets.randbelow(10**6) + 10**6}.{secrets.randbelow(1000)}"
         a.exec(f"sleep {marker} > /dev/null 2>&1 &", timeout=10)
-        victims = _pids_with_cmdline(f"sleep\0{marker}".encode())
+        victims = _started(f"sleep\0{marker}".encode())
         assert victims
         res = b.exec(f"kill -KILL {victims[0]}; kill -STOP {victims[0]}", timeout=10)
         assert res.exit_code != 0
@@ -245,10 +264,7 @@ def test_end_processes_kills_what_left_its_session(sub: Substrate) -> None:
         assert res.stdout == b"started\n"
         needle = f"sleep\0{marker}".encode()
         if sub.name != "bwrap":
-            deadline = time.monotonic() + 3
-            while not _pids_with_cmdline(needle) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert _pids_with_cmdline(needle), "the background sleep did not start"
+            assert _started(needle), "the background sleep did not start"
         box.write_file(f"{box.paths.work}/kept", b"kept")
         box.end_processes()
         assert _wait_gone(needle) == []
