@@ -18,8 +18,14 @@ cluster's (``executors.ray.CanaryHub``), as for ``run``.
 Continuations are handed out round-robin by sequence number; each node makes its share one at a
 time (the nodes at once): fork (creation time), ``Environment.capture()`` compared with the
 prepared capture (faithfulness, on the node), then the continuation runs to the end there and its
-``AttemptRecord`` comes back; the driver alone writes the ledger. A node that dies is reported (an
-error line of the method) and not used again.
+``AttemptRecord`` comes back; the driver alone writes the ledger. A node that stops answering
+(``RayActorError``) is lost for the rest of the run, as in ``run --executor ray``: its in-flight
+continuation is recorded by the driver as ``invalid/substrate_failure`` (``extra["lost_node"]``;
+never dropped, never retried under the same sequence number), the continuations it had not begun
+go to the live nodes, and an error line of the method names the node. When no node is left, the
+ones not begun are not made (an error line says how many). A lost node on the driver's host
+cannot clean up: at close the driver removes what its substrate left (``Substrate.gc`` of the
+node's run id).
 
 Ray is imported only inside the functions here; ``executors.ray.connect`` applies the loopback
 settings of ``ray_env`` before Ray starts or is joined.
@@ -38,7 +44,7 @@ from typing import Any
 
 from drumsbench.branching.methods import METHODS, ForkMethod, Shippable, fork_parallel, timed_fork
 from drumsbench.core.errors import UsageError
-from drumsbench.core.records import AttemptRecord
+from drumsbench.core.records import AttemptRecord, InvalidCause, Outcome
 from drumsbench.envs.base import Environment, Task
 from drumsbench.executors.ray import CanaryHub, ClusterCanaries, connect
 from drumsbench.policies.scripted import Policy
@@ -63,6 +69,7 @@ class BranchSpec:
     substrate_cls: type[Substrate]
     driver_host: str
     driver_state_dir: str
+    env_kind: str = ""  # the suite's environment kind, for the records the driver writes itself
 
     def state_dir(self) -> Path:
         """The driver's state folder on the driver's host; the node's own elsewhere."""
@@ -72,6 +79,23 @@ class BranchSpec:
 
         return host_state.state_dir()
 
+    def node_run_id(self, label: str) -> str:
+        """The run id of a node's substrate (nodes on one host share its state folder)."""
+        return f"{self.run_id}-{label}"
+
+    def lost(self, seq: int, method: str, window: str, node_id: str, label: str, host: str, reason: str,
+             t_submit: float) -> AttemptRecord:
+        """The driver's record of continuation ``seq`` whose node was lost while it ran: invalid,
+        the infrastructure's (the node stopped answering; nothing the policy does reaches Ray)."""
+        return AttemptRecord(
+            run_id=self.run_id, seq=seq, task=self.task.id, substrate=self.substrate_cls.name, env=self.env_kind,
+            policy=self.policy.name, executor="ray", host=host, window=window, outcome=Outcome.INVALID,
+            cause=InvalidCause.SUBSTRATE_FAILURE, reward=None,
+            detail=f"ray node {label} ({node_id[:8]}) on {host} lost mid-continuation: {reason}"[:500],
+            t_start=t_submit, t_end=time.time(),
+            extra={"fork_method": method, "k": self.k, "parent": self.parent, "node": node_id, "node_label": label,
+                   "lost_node": True})
+
 
 @dataclass
 class Continued:
@@ -79,7 +103,7 @@ class Continued:
 
     seq: int
     node_id: str
-    creation_s: float | None  # None: the fork failed (``error``)
+    creation_s: float | None  # None: the fork failed (``error``) or the node was lost (``record`` invalid)
     faithful: dict[str, bool]
     record: AttemptRecord | None
     error: str | None = None
@@ -99,7 +123,7 @@ class BranchRunner:
             self.canaries = CanaryRegistry()
         self.substrate: Substrate | None = None
         self.methods: dict[str, ForkMethod] = {}
-        self.run_id = f"{spec.run_id}-{label}"  # the node's substrate's own (nodes on one host share its state)
+        self.run_id = spec.node_run_id(label)
         self._registered = False
 
     def setup(self) -> dict[str, Any]:
@@ -312,32 +336,50 @@ class BranchCluster:
     def continuations(self, name: str, seqs: list[int], generation: int, window: str,
                       on_result: Callable[[Continued], None]) -> list[str]:
         """Hand out ``seqs`` round-robin over the nodes that installed ``name``, one at a time per node
-        (nodes at once); each result goes to ``on_result`` on this thread. Returns error lines."""
+        (nodes at once); each result goes to ``on_result`` on this thread. A node lost meanwhile: its
+        in-flight continuation comes back as a ``Continued`` with the driver's invalid record
+        (``BranchSpec.lost``), its queue goes to the live nodes. Returns error lines."""
         from ray.exceptions import RayActorError
 
         ray = self._ray
         nodes = self.live()
         queues = {n.node_id: [s for i, s in enumerate(seqs) if nodes[i % len(nodes)] is n] for n in nodes}
         errors: list[str] = []
-        flights: dict[Any, tuple[Node, int]] = {}
+        flights: dict[Any, tuple[Node, int, float]] = {}
 
         def submit(node: Node) -> None:
             q = queues[node.node_id]
             if q and node.lost is None:
                 seq = q.pop(0)
-                flights[node.actor.continuation.remote(name, seq, generation, window)] = (node, seq)
+                flights[node.actor.continuation.remote(name, seq, generation, window)] = (node, seq, time.time())
 
         for n in nodes:
             submit(n)
         while flights:
             done, _ = ray.wait(list(flights), num_returns=1)
             for ref in done:
-                node, seq = flights.pop(ref)
+                node, seq, t_submit = flights.pop(ref)
                 try:
-                    on_result(ray.get(ref))
+                    result = ray.get(ref)
                 except RayActorError as e:
-                    errors.append(self._lose(node, e) + f" (continuation {seq} and its node's later ones not made)")
+                    line = self._lose(node, e)
+                    with contextlib.suppress(Exception):
+                        ray.kill(node.actor, no_restart=True)
+                    on_result(Continued(seq, node.node_id, None, {}, self.spec.lost(
+                        seq, name, window, node.node_id, node.label, node.host, node.lost or "", t_submit)))
+                    left, queues[node.node_id] = queues[node.node_id], []
+                    heirs = [n for n in nodes if n.lost is None]
+                    for i, s in enumerate(left):
+                        if heirs:
+                            queues[heirs[i % len(heirs)].node_id].append(s)
+                    errors.append(line + f" (continuation {seq} recorded invalid/substrate_failure; "
+                                  + (f"{len(left)} not begun went to {len(heirs)} live node(s))" if heirs else
+                                     f"no live node left: {len(left)} not made)"))
+                    for heir in heirs:
+                        if not any(f[0] is heir for f in flights.values()):
+                            submit(heir)
                     continue
+                on_result(result)
                 submit(node)
         return errors
 
@@ -375,6 +417,16 @@ class BranchCluster:
                 except Exception as e:
                     left = [f"close failed: {type(e).__name__}"]
                 self.leftovers += [f"{node.label}: {x}" for x in left]
+            here = socket.gethostname()
+            for node in self.nodes:
+                if node.lost is not None and node.host == here:
+                    # a lost node could not clean up; its substrate's run id is its own
+                    with contextlib.suppress(Exception):
+                        removed = self.spec.substrate_cls.gc(Path(self.spec.state_dir()),
+                                                             {self.spec.node_run_id(node.label)})
+                        if removed:
+                            self.events(f"ray: removed what lost node {node.label} left on {here}: "
+                                        f"{'; '.join(removed[:5])}")
             actors = [n.actor for n in self.nodes] + ([self._hub] if self._hub is not None else [])
             for actor in actors:  # every node's, the live and the lost, and the canary hub
                 with contextlib.suppress(Exception):

@@ -288,7 +288,7 @@ def _on_ray(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: str
     spec = BranchSpec(run_id=run_id, task=task, make_env=suite.make_env, policy=_continuation_policy(cfg),
                       rollout=cfg.rollout, seed=cfg.seed, k=cfg.k, prepared=dict(prepared), parent=box.id,
                       substrate_cls=type(substrate), driver_host=socket.gethostname(),
-                      driver_state_dir=str(substrate.state_dir))
+                      driver_state_dir=str(substrate.state_dir), env_kind=suite.kind)
     results: list[MethodResult] = []
     say("ray: starting one branch actor per node")
     with BranchCluster(cfg.ray_address, spec, say) as cluster:
@@ -319,6 +319,10 @@ def _on_ray(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: str
 
             def record(c: Continued, out: _Sequential = out, by_node: dict[str, list[Continued]] = by_node,
                        start: float = start) -> None:
+                if c.record is not None and c.creation_s is None:  # its node was lost: the driver's record
+                    ledger.record(c.record, seg)
+                    out.count(c.record, time.monotonic() - start)
+                    return
                 if c.record is None or c.creation_s is None:
                     out.errors.append(c.error or f"continuation {c.seq}: no record")
                     return
