@@ -43,9 +43,9 @@ FAST_HEALTH = ray_env.health_check_config(fast=True)
 
 # -- the cluster ---------------------------------------------------------------------------------
 @contextlib.contextmanager
-def loopback_cluster(extra_nodes: int = 1, health: dict[str, int] | None = None):
+def loopback_cluster(extra_nodes: int = 1, health: dict[str, int] | None = None, store_mib: int = 80):
     """A real ``cluster_utils.Cluster`` on 127.0.0.1: head (1 CPU) + ``extra_nodes`` nodes ``node_2``...
-    (1 CPU each), object stores of 80 MiB, lost nodes marked dead in about a second (or by ``health``,
+    (1 CPU each), object stores of ``store_mib``, lost nodes marked dead in about a second (or by ``health``,
     Ray's health-check settings); this process connected as the driver. Yields (cluster, env, the
     extra nodes); nothing of it is left after, even when the head does not start."""
     require(ray_missing())
@@ -58,14 +58,14 @@ def loopback_cluster(extra_nodes: int = 1, health: dict[str, int] | None = None)
         ray_env.reload_auth()
     try:
         c = Cluster(initialize_head=True, head_node_args={
-            "node_ip_address": ray_env.LOOPBACK, "num_cpus": 1, "object_store_memory": 80 * MiB,
+            "node_ip_address": ray_env.LOOPBACK, "num_cpus": 1, "object_store_memory": store_mib * MiB,
             "include_dashboard": False, "_system_config": FAST_HEALTH if health is None else health})
     except BaseException:
         env.restore()  # stops what the head started and removes its folder
         raise
     try:
         nodes = [c.add_node(node_ip_address=ray_env.LOOPBACK, num_cpus=1, resources={f"node_{i}": 1},
-                            object_store_memory=80 * MiB) for i in range(2, 2 + extra_nodes)]
+                            object_store_memory=store_mib * MiB) for i in range(2, 2 + extra_nodes)]
         ray.init(address=c.address, _node_ip_address=ray_env.LOOPBACK, logging_level="WARNING")
         c.wait_for_nodes(timeout=120)  # a loaded machine registers nodes slowly
         yield c, env, nodes

@@ -10,6 +10,12 @@ instance (Xvfb, openbox, LibreOffice) with CRIU.
   URLs and open files all name the same paths) and private folders over ``/tmp/.X11-unix`` and
   ``/var/lib/xkb``. The harness reaches X through ``/proc/<pid>/root/tmp/.X11-unix`` and runs its
   clients with nsenter into the restored namespaces.
+- Shipping (``Shippable``, ``branch --executor ray``): ``prepare_to_ship`` checkpoints without
+  restoring ahead; ``pack`` is a tar of the images, the frozen copy and what a restore needs
+  besides (the parent's path and display, the actions so far, the instance's settings);
+  ``unpack`` writes it into a folder of the node's own process substrate (its sandbox folders,
+  removed with them) and fills the pool there. The parent's path must exist on the node as a
+  mount point: on another host ``unpack`` creates it (empty).
 - Clean-up: the restored holder is pid 1 of its pid namespace; the continuation's sandbox kills its
   process group on destroy (the restored processes keep the parent's sandbox label, which CRIU
   restores with their memory, and the run label, so ``drumsbench gc`` finds them). The images and
@@ -19,23 +25,28 @@ instance (Xvfb, openbox, LibreOffice) with CRIU.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
+import subprocess
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from drumsbench.branching.methods import ForkMethod
+from drumsbench.branching.methods import ForkMethod, Shippable
 from drumsbench.core import criu
 from drumsbench.core import criu_binary as criu_install
 from drumsbench.core.errors import UsageError
-from drumsbench.envs.base import Environment
+from drumsbench.envs.base import ActionSpec, Environment
 from drumsbench.envs.desktop import restore
 from drumsbench.rollout.attempt import Slot
-from drumsbench.substrates.process import ProcessSandbox
+from drumsbench.substrates.process import ProcessSandbox, ProcessSubstrate, sandbox_root
+
+_TAR = ["tar", "--format=posix", "--xattrs", "--numeric-owner"]
+_META = "meta.json"
 
 
-class CriuFork(ForkMethod):
+class CriuFork(ForkMethod, Shippable):
     """Continuations restored from one checkpoint; ``POOL`` of them are restored ahead of demand
     (``prepare`` fills the pool, a background thread refills it after each ``fork``), so a
     ``fork`` that finds one ready only hands it over. ``timings`` has where each continuation's
@@ -55,6 +66,13 @@ class CriuFork(ForkMethod):
             env.settings = dataclasses.replace(env.settings, checkpointable=True)
 
     def prepare(self, parent: Slot) -> None:
+        self._checkpoint(parent)
+        self._start_pool()
+
+    def prepare_to_ship(self, parent: Slot) -> None:
+        self._checkpoint(parent)  # the continuations are restored on the nodes, none here
+
+    def _checkpoint(self, parent: Slot) -> None:
         from drumsbench.envs.desktop.env import DesktopEnv
 
         missing = criu_install.missing()
@@ -78,6 +96,49 @@ class CriuFork(ForkMethod):
         self.checkpoint_phases: dict[str, float] = {}
         self.checkpoint_s = criu.checkpoint(inst.holder_pid, self.images, {str(root): str(self.frozen)},
                                             phases=self.checkpoint_phases)
+        self._init_pool()
+
+    def pack(self) -> bytes:
+        assert self.folder is not None, "pack after prepare_to_ship"
+        meta = {"parent_root": self.parent_root, "display": self.display,
+                "history": [[a.kind, a.payload] for a in self.history],
+                "settings": dataclasses.asdict(self.settings), "checkpoint_s": self.checkpoint_s}
+        (self.folder / _META).write_text(json.dumps(meta))
+        proc = subprocess.run([*_TAR, "-C", str(self.folder), "-c", _META, "images", "frozen"],
+                              capture_output=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"criu: cannot pack {self.folder}: {proc.stderr.decode(errors='replace')[-300:]}")
+        return proc.stdout
+
+    def unpack(self, data: bytes) -> None:
+        from drumsbench.envs.desktop.instance import Settings
+        from drumsbench.envs.desktop.task import DesktopTask
+
+        missing = criu_install.missing()
+        if missing:
+            raise UsageError(f"--methods {self.name}: {missing}")
+        if not isinstance(self.substrate, ProcessSubstrate) or not isinstance(self.task, DesktopTask):
+            raise UsageError(f"--methods {self.name}: only the desktop on the process substrate restores a checkpoint")
+        self.folder = sandbox_root(self.substrate.state_dir, self.substrate.run_id) / f"criu-{uuid.uuid4().hex[:8]}"
+        self.folder.mkdir(parents=True)
+        proc = subprocess.run([*_TAR, "-C", str(self.folder), "-x", "--same-permissions"], input=data,
+                              capture_output=True, timeout=600)
+        if proc.returncode != 0:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise RuntimeError(f"criu: cannot unpack into {self.folder}: {proc.stderr.decode(errors='replace')[-300:]}")
+        meta = json.loads((self.folder / _META).read_text())
+        self.images, self.frozen = self.folder / "images", self.folder / "frozen"
+        self.parent_root, self.display = str(meta["parent_root"]), int(meta["display"])
+        self.parent_task = self.task
+        self.history = [ActionSpec(kind, payload) for kind, payload in meta["history"]]
+        self.settings = Settings(**meta["settings"])
+        self.checkpoint_s, self.checkpoint_phases = float(meta["checkpoint_s"]), {}
+        Path(self.parent_root).mkdir(parents=True, exist_ok=True)  # the restore's mount point
+        self._init_pool()
+        self._start_pool()
+
+    def _init_pool(self) -> None:
+        """The pool's state, empty (``close`` needs it once a checkpoint folder exists)."""
         self.timings: list[dict[str, float]] = []
         self.fill_errors: list[str] = []
         self._pool: list[tuple[Slot, dict[str, float]]] = []  # restored ahead, with their timings
@@ -85,6 +146,10 @@ class CriuFork(ForkMethod):
         self._closing = False
         self._cond = threading.Condition()
         self._filler: threading.Thread | None = None
+
+    def _start_pool(self) -> None:
+        """Restore ``POOL`` continuations ahead of demand (a background thread) and wait for them."""
+        assert self.folder is not None
         if self.POOL > 0:
             self._filler = threading.Thread(target=self._fill, name=f"criu-pool-{self.folder.name}", daemon=True)
             self._filler.start()

@@ -64,9 +64,15 @@ class ForkMethod(ABC):
 
 
 class Shippable(ABC):
-    """Capability of a fork method: its prepared state as bytes. ``pack`` after ``prepare`` (where
-    the parent is); ``unpack`` instead of ``prepare`` on a method built for another substrate
+    """Capability of a fork method: its prepared state as bytes. ``pack`` after ``prepare_to_ship``
+    (where the parent is); ``unpack`` instead of ``prepare`` on a method built for another substrate
     instance, after which ``fork`` makes continuations there. ``close`` frees what ``unpack`` made."""
+
+    def prepare_to_ship(self, parent: Slot) -> None:
+        """``prepare`` for a method whose continuations are made elsewhere (default: ``prepare``;
+        a method that readies continuations ahead of demand at ``prepare`` skips that here)."""
+        assert isinstance(self, ForkMethod)
+        self.prepare(parent)
 
     @abstractmethod
     def pack(self) -> bytes: ...

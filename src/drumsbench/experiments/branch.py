@@ -302,7 +302,7 @@ def _on_ray(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: str
             if not isinstance(method, Shippable):
                 raise UsageError(f"--methods {name}: cannot ship its prepared state to Ray nodes yet")
             t0 = time.monotonic()
-            method.prepare(parent)
+            method.prepare_to_ship(parent)
             t1 = time.monotonic()
             try:
                 data = method.pack()
