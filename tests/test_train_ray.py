@@ -10,6 +10,7 @@ seed and the attempt's key alone), so the valid flag and cause come back as they
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -80,6 +81,71 @@ def test_train_on_ray_carries_valid_and_cause_as_in_process(tmp_path):
     assert report.isolation_control_fired
     cost = {c.treatment: c for c in report.costs}
     assert cost["exclude"].invalid_in_loss == 0 < cost["zero"].invalid_in_loss
+
+
+def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
+    """``node_3``'s raylet is SIGKILLed while one of its attempts runs (a sandbox command of the run
+    under it): each of its in-flight attempts is recorded once, invalid/substrate_failure with
+    ``lost_node`` and no decisions; the batch finishes on the other nodes and the run completes with
+    every planned attempt recorded."""
+    import threading
+    from pathlib import Path
+
+    from test_ray import _descendants
+    from test_ray_desktop import HEALTH
+
+    from drumsbench.substrates.process import RUN_VAR
+
+    cfg = TrainConfig(treatments=[Treatment.EXCLUDE], seeds=[3], fault_scale=0.0, only=FAULTY, holdout_every=0,
+                      iterations=1, groups=2, group_size=3, eval_every=1, eval_episodes=1, final_eval_episodes=1,
+                      concurrency=1, executor="ray")
+    with loopback_cluster(2, HEALTH) as (c, _env, extra):
+        node3 = extra[1]
+        raylet = node3.all_processes["raylet"][0].process.pid
+        label = f"{RUN_VAR}=tlost".encode()
+        stop = threading.Event()
+        killed: list[float] = []
+
+        def kill_node3_mid_attempt() -> None:
+            while not stop.is_set():
+                for pid in _descendants(raylet) - {raylet}:
+                    try:
+                        if label in Path(f"/proc/{pid}/environ").read_bytes():
+                            c.remove_node(node3, allow_graceful=False)
+                            killed.append(time.time())
+                            return
+                    except OSError:
+                        continue
+                stop.wait(0.005)
+
+        killer = threading.Thread(target=kill_node3_mid_attempt, daemon=True)
+        killer.start()
+        try:
+            ledger = _train(cfg, tmp_path, "tlost")
+        finally:
+            stop.set()
+            killer.join(30)
+            if not killed:
+                c.remove_node(node3)
+    assert killed, "node_3 never ran an attempt"
+    cols = ("seq", "outcome", "cause", "reward", "extra", "detail")
+    recs = [dict(zip(cols, row, strict=True)) for row in ledger.attempts("tlost", cols)]
+    seqs = [r["seq"] for r in recs]
+    assert len(seqs) == len(set(seqs)), "an attempt was recorded twice"
+    lost = [r for r in recs if json.loads(r["extra"]).get("lost_node")]
+    assert lost, [(r["seq"], r["outcome"], r["detail"]) for r in recs]
+    for r in lost:
+        extra = json.loads(r["extra"])
+        assert extra["node"] == node3.node_id and not extra.get("actions"), extra
+        assert (r["outcome"], r["cause"], r["reward"]) == ("invalid", "substrate_failure", None)
+        assert "lost mid-attempt" in r["detail"]
+    assert all(r["cause"] is None for r in recs if r not in lost), "an invalid attempt besides the lost node's"
+    # every planned attempt is there: 1 iteration x 2 groups x 3 members, plus the evaluations
+    report = build_report(ledger, "tlost")
+    assert report.isolation_control_fired
+    assert sum(1 for r in recs if json.loads(r["extra"])["train"]["phase"] == "train") == 6
+    after = [json.loads(r["extra"]).get("node") for r in recs if r["seq"] > max(x["seq"] for x in lost)]
+    assert after and node3.node_id not in after, "the lost node was used again"
 
 
 @pytest.mark.parametrize(("args", "flag"), [
