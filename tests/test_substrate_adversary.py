@@ -261,7 +261,7 @@ def test_end_processes_kills_what_left_its_session(sub: Substrate) -> None:
         marker = f"{secrets.randbelow(10**6) + 10**6}.{secrets.randbelow(1000)}"
         # bwrap's background processes die with their command anyway; process and overlay keep them
         res = box.exec(f"env -i setsid nohup sleep {marker} > /dev/null 2>&1 & echo started", timeout=10)
-        assert res.stdout == b"started\n"
+        assert res.stdout == b"started\n", res
         needle = f"sleep\0{marker}".encode()
         if sub.name != "bwrap":
             assert _started(needle), "the background sleep did not start"
@@ -269,7 +269,8 @@ def test_end_processes_kills_what_left_its_session(sub: Substrate) -> None:
         box.end_processes()
         assert _wait_gone(needle) == []
         assert box.read_file(f"{box.paths.work}/kept") == b"kept"
-        assert box.exec("echo usable", timeout=10).stdout == b"usable\n"
+        usable = box.exec("echo usable", timeout=10)
+        assert usable.stdout == b"usable\n", usable
     finally:
         box.destroy()
 

@@ -181,7 +181,11 @@ def run_bounded(
                 timed_out = exited_at is None
                 break
             if exited_at is not None and now - exited_at > _DRAIN_GRACE_S:
-                break  # a background child still holds the output open: do not wait for it
+                # a background child still holds the output open: do not wait for it, but keep what
+                # is already in the pipes (a harness thread descheduled past the grace under load
+                # must not drop output the command wrote before it exited)
+                _drain_ready(sel, keepers)
+                break
             wait = deadline - now if exited_at is None else min(deadline - now, _DRAIN_GRACE_S)
             for key, _ in sel.select(wait):
                 if key.data == "exit":
@@ -220,6 +224,21 @@ def run_bounded(
         timed_out=timed_out,
         duration_s=time.monotonic() - t0,
     )
+
+
+def _drain_ready(sel: selectors.BaseSelector, keepers: dict[str, HeadTail], max_chunks: int = 256) -> None:
+    """Read what the output pipes hold now, without waiting (at most ``max_chunks`` reads: a child
+    that keeps writing cannot hold the harness here)."""
+    for _ in range(max_chunks):
+        ready = [key for key, _ in sel.select(0) if key.data in keepers]
+        if not ready:
+            return
+        for key in ready:
+            chunk = os.read(key.fd, 1 << 16)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            keepers[key.data].add(chunk)
 
 
 def _pidfd_ready(pidfd: int, timeout: float) -> bool:
