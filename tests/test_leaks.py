@@ -184,7 +184,10 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
     # the files too (a staircase can leave too few independent samples to judge in one window)
     assert any("tmp_entries" in {s.key for s in v.leaks.leaking} for v in (step, w) if v.leaks), \
         [v.leaks.detail for v in (step, w) if v.leaks]
-    assert leaky.leaks_passed is False and "fds" in leaky.leaks_note
+    assert leaky.leaks_passed is False and leaky.leaks_note.startswith("leak check FAILED in soak-N2 (fds")
+    # the step window's failure is named, as not counted (a step window's minutes are warm-up)
+    assert "failed in step windows (warm-up, not counted): N2 (fds" in leaky.leaks_note, leaky.leaks_note
+    assert clean.leaks_note.startswith("leak check passed in every soak (1 of 2 windows counted)"), clean.leaks_note
     assert step.leaks.left["tmp_entries"] + w.leaks.left["tmp_entries"] == len(kept)
     # the soak that leaks is not confirmed, for that reason alone; a step window shows its leak check
     # without counting it (its minutes are warm-up); the clean soak is confirmed with the check passed

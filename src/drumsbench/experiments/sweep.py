@@ -324,15 +324,25 @@ def build(ledger: Ledger, run_id: str, prices: list[PriceFile] | None = None) ->
 
 
 def leak_summary(windows: list[WindowVerdict]) -> tuple[bool | None, str]:
-    """Whether every window with a judged leak check passed it, and one line saying so."""
+    """The sweep's leak verdict and one line saying so: from the soaks' leak checks, the ones that
+    count (a step window's minutes are mostly warm-up: its check is shown, not counted; on docker
+    dockerd's memory grows for its first minutes after a start); from every judged window when the
+    sweep ran no soak. Step windows whose check failed are named as not counted."""
     judged = [v for v in windows if v.leaks is not None and v.leaks.passed is not None]
-    failed = [v for v in judged if v.leaks is not None and not v.leaks.passed]
+    counted = [v for v in judged if v.kind == "soak"] or judged
+
+    def named(vs: list[WindowVerdict]) -> str:
+        return "; ".join(f"{v.label} ({', '.join(s.key for s in v.leaks.leaking)})" for v in vs if v.leaks is not None)
+
+    failed = [v for v in counted if v.leaks is not None and not v.leaks.passed]
+    warmup = [v for v in judged if v not in counted and v.leaks is not None and not v.leaks.passed]
+    aside = f"; failed in step windows (warm-up, not counted): {named(warmup)}" if warmup else ""
     if failed:
-        return False, "leak check FAILED in " + "; ".join(
-            f"{v.label} ({', '.join(s.key for s in v.leaks.leaking)})" for v in failed if v.leaks is not None)
+        return False, "leak check FAILED in " + named(failed) + aside
     if not judged:
         return None, "leak check: no window had enough samples to judge" if windows else "no window ran"
-    return True, f"leak check passed in every judged window ({len(judged)} of {len(windows)})"
+    which = "every soak" if counted is not judged else "every judged window"
+    return True, f"leak check passed in {which} ({len(counted)} of {len(windows)} windows counted)" + aside
 
 
 def publish(ledger: Ledger, run_id: str, r: SweepReport) -> None:
