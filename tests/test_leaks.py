@@ -213,6 +213,7 @@ def test_a_deliberate_leak_fails_the_leak_check_and_a_clean_sweep_passes(host, m
 
     page = write_html(ledger, ["leaky"], host / "leaky.html").read_text()
     assert 'data-key="leaky/leaks/soak-N2/passed"' in page and "FAIL: fds" in page and "Leak check:" in page
+    assert 'data-key="leaky/sweep/leaks_passed">LEAKING</b> (leak check FAILED in soak-N2 (fds' in page
 
 
 def test_the_sampler_reads_dockerd_memory_on_docker(tmp_path):

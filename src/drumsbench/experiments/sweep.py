@@ -367,7 +367,8 @@ def publish(ledger: Ledger, run_id: str, r: SweepReport) -> None:
         n_max=r.n_max, soak=r.soak.label if r.soak else None,
         invalid_threshold=r.criteria["invalid_threshold"],
         valid_per_host_hour=r.steady_state.valid_per_host_hour if r.n_max is not None else None,
-        stopped=r.climb_stopped, soak_held=r.soak_held, note=r.steady_state.note))
+        stopped=r.climb_stopped, soak_held=r.soak_held, note=r.steady_state.note, leaks_passed=r.leaks_passed,
+        leaks_note=r.leaks_note))
     publish_prices(ledger, run_id, r.prices, basis=r.steady_state.note)
 
 

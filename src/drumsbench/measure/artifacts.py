@@ -187,6 +187,8 @@ class SweepSummaryArtifact(Artifact):
     stopped: str | None
     soak_held: bool | None
     note: str
+    leaks_passed: bool | None = None  # the sweep's leak verdict (``experiments.sweep.leak_summary``)
+    leaks_note: str = ""
 
 
 class PriceArtifact(Artifact):

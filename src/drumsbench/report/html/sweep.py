@@ -112,7 +112,10 @@ def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
             n_max = "none (no window confirmed)" if sw.n_max is None else str(sw.n_max)
             notes.append(f'<li>{escape(rd.label)}: N_max = <b data-key="{escape(rd.label)}/sweep/n_max">'
                          f'{escape(n_max)}</b>' + (f"; {escape(sw.stopped)}" if sw.stopped else "")
-                         + f"; {escape(sw.note)}</li>")
+                         + f"; {escape(sw.note)}"
+                         + (f'; leaks: <b data-key="{escape(rd.label)}/sweep/leaks_passed">'
+                            f'{ {None: "not judged", True: "none seen", False: "LEAKING"}[sw.leaks_passed]}</b> '
+                            f"({escape(sw.leaks_note)})" if sw.leaks_note else "") + "</li>")
     return plot_row(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") + \
         '<p class="note">Throughput is claimed only from confirmed windows; bursts are reported as bursts.</p>' + \
         table(head, rows, "num small", row_cls, left={0, 1, 2, 8, 9, 10}) + cluster_table(runs) + leaks_table(runs)
