@@ -15,17 +15,27 @@ them, from the ledger alone:
   autocorrelation r of the residuals (n_eff = n (1 - r) / (1 + r) when r > 0; Santer et al. 2000):
   samples taken seconds apart are not independent, and the plain t-interval would be too narrow.
   With n_eff < 4 there is no interval (the quantity is "not judged").
+- **Steps** (a second rule, for staircases): the changes between consecutive samples, counted as
+  rises and falls. A quantity that only steps up (a file or an fd per attempt) has residuals so
+  autocorrelated that the interval above cannot be had from a short window, yet it is the plainest
+  leak there is. A quantity that rose at least ``MIN_RISES`` times and never fell over the span is
+  accumulating (were rises and falls equally likely, 6 rises and no fall would have a chance of
+  2^-6 < 2.5%). A sign test on rises against falls is not used: a sawtooth (many small rises, a few
+  large falls: fds opened one by one, closed in batches) rejects it with no trend at all.
 - **Check**: a quantity *leaks* when its interval's low end is above zero and above its tolerance
-  (``Quantity.tolerance_per_h``); a window fails its leak check when any quantity leaks, and a
-  soak that fails it is not confirmed (``measure.windows``: the check ``leaks``): a fleet that
-  accumulates cannot hold its throughput for days, however good its first hour. A step window
-  shows its leak check without counting it (its minutes are mostly warm-up), and a soak with too
-  few independent samples is "not judged" and keeps its other checks' verdict.
+  (``Quantity.tolerance_per_h``), or when it only rose (``MIN_RISES`` times or more, no fall) and
+  its rise over the span (last minus first sample, per hour) is above its tolerance; a window fails its
+  leak check when any quantity leaks, and a soak that fails it is not confirmed
+  (``measure.windows``: the check ``leaks``): a fleet that accumulates cannot hold its throughput
+  for days, however good its first hour. A step window shows its leak check without counting it
+  (its minutes are mostly warm-up), and a soak with too few independent samples is "not judged"
+  and keeps its other checks' verdict.
 - **Left**: each quantity after the window's teardown minus before the window (for information).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -39,7 +49,9 @@ CONFIDENCE = 0.95
 RAMP_FRACTION = 0.1
 MIN_EFFECTIVE = 4.0
 METHOD = ("least squares slope per hour; 95% Student-t interval with n reduced for the lag-1 autocorrelation "
-          "of the residuals; a quantity leaks when the interval's low end > max(0, tolerance)")
+          "of the residuals; a quantity leaks when the interval's low end > max(0, tolerance), or when it "
+          "rose at least 6 times and never fell over the span and its rise per hour > max(0, tolerance)")
+MIN_RISES = 6
 
 
 class Quantity(BaseModel, frozen=True):
@@ -76,6 +88,8 @@ class LeakSlope(BaseModel):
     n_effective: float | None
     tolerance_per_h: float
     leaks: bool | None  # None: not judged (too few independent samples, or not measured)
+    rises: int | None = None  # sample-to-sample changes up / down over the span (the staircase rule)
+    falls: int | None = None
 
     def fmt(self, spec: str = ".3g") -> str:
         """``slope [low, high]``; ``short``: ``slope ±half`` (the t-interval is symmetric)."""
@@ -139,6 +153,11 @@ def slope_interval(t_h: Sequence[float], y: Sequence[float],
     return b, b - half, b + half, n_eff
 
 
+def steps(y: Sequence[float]) -> tuple[int, int]:
+    """(rises, falls): the changes between consecutive values of ``y`` (equal values: no change)."""
+    return (sum(1 for a, b in itertools.pairwise(y) if b > a), sum(1 for a, b in itertools.pairwise(y) if b < a))
+
+
 def ramp_end(work_started: float, planned_s: float | None, t_ends: Sequence[float], concurrency: int) -> float:
     """When the window's ramp-up is over: the later of RAMP_FRACTION of the planned length and the
     end of its N-th attempt (every slot has been through one)."""
@@ -163,12 +182,17 @@ def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, spa
         y = [v for _, v in pts]
         b, lo, hi, n_eff = slope_interval(t_h, y)
         leaks = None if lo is None else bool(lo > max(0.0, q.tolerance_per_h))
+        rises, falls = steps(y)
+        span_h = (t_h[-1] - t_h[0]) if len(t_h) >= 2 else 0.0
+        if rises >= MIN_RISES and falls == 0 and span_h > 0 and (y[-1] - y[0]) / span_h > max(0.0, q.tolerance_per_h):
+            leaks = True  # a staircase: its steps say what its autocorrelated residuals cannot
         label = q.label
         if q.key == "mounts" and samples.mounts_of_run is None:
             label = HOST_MOUNTS_LABEL  # counted by a sampler that did not know the run: the whole table
         slopes.append(LeakSlope(key=q.key, label=label, unit=q.unit, samples=len(y),
                                 first=y[0] if y else None, last=y[-1] if y else None, per_hour=b, low=lo, high=hi,
-                                n_effective=n_eff, tolerance_per_h=q.tolerance_per_h, leaks=leaks))
+                                n_effective=n_eff, tolerance_per_h=q.tolerance_per_h, leaks=leaks,
+                                rises=rises, falls=falls))
     judged = [s for s in slopes if s.leaks is not None]
     bad = [s for s in judged if s.leaks]
     if not judged:
@@ -176,6 +200,8 @@ def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, spa
     elif bad:
         passed = False
         detail = "LEAKS: " + "; ".join(f"{s.label} {s.fmt()} {s.unit}/h > tolerance {s.tolerance_per_h:g}"
+                                       + (f" (rose {s.rises} times, never fell)"
+                                          if (s.rises or 0) >= MIN_RISES and s.falls == 0 else "")
                                        for s in bad)
     else:
         passed = True
