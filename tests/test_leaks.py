@@ -85,6 +85,23 @@ def test_a_staircase_leaks_by_its_steps_and_a_sawtooth_does_not():
     assert "open fds" not in verdict.detail
 
 
+def test_a_count_must_leak_a_whole_unit_over_the_span():
+    """A 10-s window whose zombie count flickers between 0 and 1 near its end (not yet reaped): the
+    slope's low end is far above 1/h, yet it comes to half a zombie over the span (the clean sweep's
+    step window failed on this in a CI rehearsal); one more zombie every second is a leak."""
+    from drumsbench.measure.leaks import judge
+
+    flicker = [0.0] * 28 + [1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1]
+    rows: list[list[float | None]] = [[1000.0 + i * 0.25, v, float(i // 4)] for i, v in enumerate(flicker)]
+    art = artifacts.LeakSamplesArtifact(substrate="process", interval_s=0.25, columns=["t", "zombies", "processes"],
+                                        rows=rows, before={}, after={})
+    verdict = judge(art, 1000.0, span_to=1010.0, span_from=1000.0)
+    by = {sl.key: sl for sl in verdict.slopes}
+    assert by["zombies"].low is not None and by["zombies"].low > 100, "the slope alone would call it a leak"
+    assert by["zombies"].leaks is False
+    assert by["processes"].leaks is True and verdict.passed is False and "zombies" not in verdict.detail
+
+
 # -- the sampler ------------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,9 @@ them, from the ledger alone:
   2^-6 < 2.5%). A sign test on rises against falls is not used: a sawtooth (many small rises, a few
   large falls: fds opened one by one, closed in batches) rejects it with no trend at all.
 - **Check**: a quantity *leaks* when its interval's low end is above zero and above its tolerance
-  (``Quantity.tolerance_per_h``), or when it only rose (``MIN_RISES`` times or more, no fall) and
+  (``Quantity.tolerance_per_h``) and, for a count, comes to at least one whole unit over the span
+  (``Quantity.counted``: on a 10-s window a zombie not yet reaped at the end gave a low end of +43
+  zombies/h, 0.1 of a zombie), or when it only rose (``MIN_RISES`` times or more, no fall) and
   its rise over the span (last minus first sample, per hour) is above its tolerance; a window fails its
   leak check when any quantity leaks, and a soak that fails it is not confirmed
   (``measure.windows``: the check ``leaks``): a fleet that accumulates cannot hold its throughput
@@ -59,6 +61,9 @@ class Quantity(BaseModel, frozen=True):
     label: str
     unit: str
     tolerance_per_h: float  # a slope below this is not called a leak, however sure
+    # a count: a leak must come to at least one whole unit over the fitted span (a 10-s window whose
+    # zombie count averaged half a zombie more at its end than at its start has not leaked a zombie)
+    counted: bool = True
 
 
 QUANTITIES: tuple[Quantity, ...] = (
@@ -68,8 +73,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(key="mounts", label="mounts of the run (harness's mountinfo)", unit="mounts", tolerance_per_h=5),
     Quantity(key="tmp_entries", label="entries in the host's /tmp", unit="entries", tolerance_per_h=5),
     Quantity(key="shm_entries", label="entries in /dev/shm", unit="entries", tolerance_per_h=5),
-    Quantity(key="store_mib", label="sandbox store disk use", unit="MiB", tolerance_per_h=20),
-    Quantity(key="daemon_mib", label="dockerd / podman conmon RSS", unit="MiB", tolerance_per_h=20),
+    Quantity(key="store_mib", counted=False, label="sandbox store disk use", unit="MiB", tolerance_per_h=20),
+    Quantity(key="daemon_mib", counted=False, label="dockerd / podman conmon RSS", unit="MiB", tolerance_per_h=20),
 )
 BY_KEY = {q.key: q for q in QUANTITIES}
 HOST_MOUNTS_LABEL = "mounts (the host's whole table, other users' included)"
@@ -181,9 +186,10 @@ def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, spa
         t_h = [(t - span_from) / 3600 for t, _ in pts]
         y = [v for _, v in pts]
         b, lo, hi, n_eff = slope_interval(t_h, y)
-        leaks = None if lo is None else bool(lo > max(0.0, q.tolerance_per_h))
         rises, falls = steps(y)
         span_h = (t_h[-1] - t_h[0]) if len(t_h) >= 2 else 0.0
+        leaks = None if lo is None else bool(lo > max(0.0, q.tolerance_per_h)
+                                             and (not q.counted or lo * span_h >= 1.0))
         if rises >= MIN_RISES and falls == 0 and span_h > 0 and (y[-1] - y[0]) / span_h > max(0.0, q.tolerance_per_h):
             leaks = True  # a staircase: its steps say what its autocorrelated residuals cannot
         label = q.label
