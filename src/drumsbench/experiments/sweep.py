@@ -329,7 +329,8 @@ def leak_summary(windows: list[WindowVerdict]) -> tuple[bool | None, str]:
     dockerd's memory grows for its first minutes after a start); from every judged window when the
     sweep ran no soak. Step windows whose check failed are named as not counted."""
     judged = [v for v in windows if v.leaks is not None and v.leaks.passed is not None]
-    counted = [v for v in judged if v.kind == "soak"] or judged
+    soaks = [v for v in judged if v.kind == "soak"]
+    counted = soaks or judged
 
     def named(vs: list[WindowVerdict]) -> str:
         return "; ".join(f"{v.label} ({', '.join(s.key for s in v.leaks.leaking)})" for v in vs if v.leaks is not None)
@@ -341,7 +342,7 @@ def leak_summary(windows: list[WindowVerdict]) -> tuple[bool | None, str]:
         return False, "leak check FAILED in " + named(failed) + aside
     if not judged:
         return None, "leak check: no window had enough samples to judge" if windows else "no window ran"
-    which = "every soak" if counted is not judged else "every judged window"
+    which = "every soak" if soaks else "every judged window"
     return True, f"leak check passed in {which} ({len(counted)} of {len(windows)} windows counted)" + aside
 
 

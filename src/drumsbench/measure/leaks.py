@@ -158,6 +158,11 @@ def slope_interval(t_h: Sequence[float], y: Sequence[float],
     return b, b - half, b + half, n_eff
 
 
+def verdict_word(passed: bool | None) -> str:
+    """The one word a report shows for a leak verdict (terminal and HTML alike)."""
+    return {None: "not judged", True: "none seen", False: "LEAKING"}[passed]
+
+
 def steps(y: Sequence[float]) -> tuple[int, int]:
     """(rises, falls): the changes between consecutive values of ``y`` (equal values: no change)."""
     return (sum(1 for a, b in itertools.pairwise(y) if b > a), sum(1 for a, b in itertools.pairwise(y) if b < a))

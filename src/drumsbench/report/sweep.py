@@ -8,7 +8,7 @@ from rich.text import Text
 
 from drumsbench.measure.cluster import ClusterSummary, ClusterSweepReport
 from drumsbench.measure.cost import Attribution, HostFigure
-from drumsbench.measure.leaks import METHOD, QUANTITIES
+from drumsbench.measure.leaks import METHOD, QUANTITIES, verdict_word
 from drumsbench.measure.reports import ProjectionReport, SweepReport
 from drumsbench.measure.stats import Estimate
 from drumsbench.measure.windows import WindowVerdict
@@ -195,7 +195,7 @@ def render(r: SweepReport) -> Group:
     soak = "not run" if r.soak is None else ("held" if r.soak_held else "did NOT hold")
     summary.add_row("soak", soak, s.note)
     if r.leaks_note:
-        summary.add_row("leaks", {None: "not judged", True: "none seen", False: "LEAKING"}[r.leaks_passed],
+        summary.add_row("leaks", verdict_word(r.leaks_passed),
                         r.leaks_note)
     if r.n_max is None:
         summary.add_row("valid rollouts per host-hour", "none", "no confirmed window: no steady state is claimed")

@@ -8,7 +8,7 @@ from html import escape
 import numpy as np
 
 from drumsbench.measure.cluster import NODE_ALONE, coordination_tax
-from drumsbench.measure.leaks import METHOD, QUANTITIES
+from drumsbench.measure.leaks import METHOD, QUANTITIES, verdict_word
 from drumsbench.report import svg
 from drumsbench.report.html.cells import (
     Keyed,
@@ -114,7 +114,7 @@ def sec_sweep(runs: Sequence[RunData], pal: Palette) -> str | None:
                          f'{escape(n_max)}</b>' + (f"; {escape(sw.stopped)}" if sw.stopped else "")
                          + f"; {escape(sw.note)}"
                          + (f'; leaks: <b data-key="{escape(rd.label)}/sweep/leaks_passed">'
-                            f'{ {None: "not judged", True: "none seen", False: "LEAKING"}[sw.leaks_passed]}</b> '
+                            f"{verdict_word(sw.leaks_passed)}</b> "
                             f"({escape(sw.leaks_note)})" if sw.leaks_note else "") + "</li>")
     return plot_row(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") + \
         '<p class="note">Throughput is claimed only from confirmed windows; bursts are reported as bursts.</p>' + \
