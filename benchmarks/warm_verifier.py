@@ -1,18 +1,20 @@
-"""Cold and warm coding verifier side by side, on the process substrate, in one run.
+"""The coding verifiers (kept, warm, cold) side by side, on the process substrate, in one run.
 
     .venv/bin/python benchmarks/warm_verifier.py [--attempts 40] [--sweep] [--json out.json]
 
-Attempts: ``--attempts`` oracle attempts per verifier, cold and warm interleaved (one slot each,
-in-place reset, the built-in coding tasks in turn), so both see the same load. Printed per verifier:
-the attempt's wall time (reset to verdict), the verify phase (stage + run) and the runner alone
-(``run_verifier``: one ``python3`` exec and the tests), each as p50 with its 95% interval
-(order statistics), and the warm/cold ratio of the p50s. Every attempt must succeed (the oracle).
-Beside them, the warm runner's start and imports alone (one ``python3 -I -c "import ..."`` in the
-sandbox per round): the part of the runner a verifier process kept from reset would not pay.
+Attempts: ``--attempts`` oracle attempts per verifier, the three interleaved in rotating order
+(one slot each, in-place reset, the built-in coding tasks in turn), so all see the same load.
+Printed per verifier: the attempt's wall time (reset to verdict), the verify phase (stage + run)
+and the runner alone (``run_verifier``: the kept server's answer, or one ``python3`` exec and the
+tests), each as p50 with its 95% interval (order statistics), and each one's ratio to cold.
+Every attempt must succeed (the oracle) and the kept verifier must have decided every kept
+attempt (no fallback). Beside them, a runner's start and imports alone (one ``python3 -I -c
+"import ..."`` in the sandbox per round): what the kept server does once per sandbox.
 
-``--sweep``: also ``drumsbench sweep --substrate process --concurrency 2 --window 1m --soak none``
-per verifier (``DRUMSBENCH_VERIFIER``), ``--sweep-pairs`` pairs in ABBA order (warm, cold, cold,
-warm, ...), and their valid rollouts per host-hour side by side with the ratio of the means.
+``--sweep``: also ``drumsbench sweep --substrate process --concurrency C --window 1m --soak none``
+(``--sweep-concurrency``, default ``1,2,4``) for two verifiers (``--sweep-verifiers``, default kept
+and cold; ``DRUMSBENCH_VERIFIER``), ``--sweep-pairs`` pairs in ABBA order, and their valid rollouts
+per host-hour at each sweep's N_max side by side with the ratio of the means.
 
 The machine's load average is printed with the figures: on a shared 2-core host they move with it;
 compare the ratios.
@@ -70,6 +72,7 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
     tasks = load_suite("coding")
     run = "wv-" + uuid.uuid4().hex[:6]
     slots = {mode: Slot(ProcessSubstrate(f"{run}-{mode}", state), TimedEnv(mode)) for mode in VERIFIERS}
+    notes: dict[str, list[str]] = {m: [] for m in VERIFIERS}
     wall: dict[str, list[float]] = {m: [] for m in VERIFIERS}
     verify: dict[str, list[float]] = {m: [] for m in VERIFIERS}
     bad: list[str] = []
@@ -79,12 +82,13 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
     try:
         for i in range(n):
             task = tasks[i % len(tasks)]
-            order = VERIFIERS if i % 2 == 0 else tuple(reversed(VERIFIERS))
+            order = VERIFIERS[i % 3:] + VERIFIERS[:i % 3]
             for mode in order:
                 rec = run_attempt(slots[mode], task, make_policy("oracle"), RolloutConfig(), canaries,
                                   run_id=run, seq=i, seed=0)
                 if rec.outcome is not Outcome.SUCCESS:
                     bad.append(f"{mode} {task.id}: {rec.outcome} {rec.detail}")
+                notes[mode].append(str(rec.extra.get("verifier")))
                 wall[mode].append(rec.t_end - rec.t_start)
                 verify[mode].append(rec.verify_s)
             box = slots["warm"].sandbox
@@ -105,30 +109,34 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
         out[mode] = {"attempt_p50": quantile(wall[mode], 0.5).model_dump(),
                      "verify_phase_p50": quantile(verify[mode], 0.5).model_dump(),
                      "runner_p50": quantile(env.runner_s, 0.5).model_dump(),
-                     "fallbacks": len(env.fallbacks)}
+                     "fallbacks": len(env.fallbacks),
+                     "decided_by": {v: notes[mode].count(v) for v in sorted(set(notes[mode]))}}
+    if out["kept"]["decided_by"] != {"kept": n}:
+        bad.append(f"kept attempts decided by {out['kept']['decided_by']}, not all by the kept server")
     out["prepare_p50"] = quantile(prepare, 0.5).model_dump()
-    for key in ("attempt_p50", "verify_phase_p50", "runner_p50"):
-        out[f"ratio_{key}"] = out["warm"][key]["value"] / out["cold"][key]["value"]
+    for mode in ("kept", "warm"):
+        for key in ("attempt_p50", "verify_phase_p50", "runner_p50"):
+            out[f"ratio_{mode}_cold_{key}"] = out[mode][key]["value"] / out["cold"][key]["value"]
     return out
 
 
-def sweeps(state: Path, pairs: int) -> list[dict[str, Any]]:
-    """``pairs`` pairs of sweeps, in the order warm, cold, then cold, warm, ... (ABBA), so that a load
-    that rises or falls through the run does not favour one verifier."""
+def sweeps(state: Path, pairs: int, modes: tuple[str, str], concurrency: str) -> list[dict[str, Any]]:
+    """``pairs`` pairs of sweeps, in the order A, B, then B, A, ... (ABBA), so that a load that rises
+    or falls through the run does not favour one verifier."""
     out: list[dict[str, Any]] = []
     for i in range(pairs):
-        for mode in VERIFIERS if i % 2 == 0 else tuple(reversed(VERIFIERS)):
-            out.append({"verifier": mode, **_sweep(state, mode)})
+        for mode in modes if i % 2 == 0 else tuple(reversed(modes)):
+            out.append({"verifier": mode, **_sweep(state, mode, concurrency)})
     return out
 
 
-def _sweep(state: Path, mode: str) -> dict[str, Any]:
+def _sweep(state: Path, mode: str, concurrency: str) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix=f"sweep-{mode}-", dir=state))
     report = folder / "sweep.json"
     load0 = os.getloadavg()
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "drumsbench", "sweep", "--substrate", "process",
-                           "--concurrency", "2", "--window", "1m", "--soak", "none", "--out", str(folder),
+                           "--concurrency", concurrency, "--window", "1m", "--soak", "none", "--out", str(folder),
                            "--json", str(report), "--no-progress"],
                           env={**os.environ, VERIFIER_VAR: mode}, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -142,42 +150,50 @@ def main() -> None:
     ap.add_argument("--attempts", type=int, default=40, help="oracle attempts per verifier")
     ap.add_argument("--sweep", action="store_true", help="also 1-minute sweeps at concurrency 2 per verifier")
     ap.add_argument("--sweep-pairs", type=int, default=2, help="pairs of sweeps (ABBA order); default 2")
+    ap.add_argument("--sweep-verifiers", default="kept,cold", help="the two verifiers swept; default kept,cold")
+    ap.add_argument("--sweep-concurrency", default="1,2,4", help="the sweeps' concurrency list; default 1,2,4")
     ap.add_argument("--state", type=Path, default=None, help="state folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    modes = tuple(args.sweep_verifiers.split(","))
+    if len(modes) != 2 or not set(modes) <= set(VERIFIERS) or modes[0] == modes[1]:
+        ap.error(f"--sweep-verifiers: give two of {', '.join(VERIFIERS)}, e.g. kept,cold")
     state = args.state or Path(tempfile.mkdtemp(prefix="warm-verifier-"))
     state.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"machine_cpus": os.cpu_count(), "attempts": attempts(args.attempts, state)}
     a = result["attempts"]
     print(f"oracle coding attempts on process, {a['attempts_each']} per verifier, interleaved; "
           f"load {a['loadavg_before'][0]:.1f} -> {a['loadavg_after'][0]:.1f} on {os.cpu_count()} cpus")
-    print(f"{'':6} {'attempt p50':>30} {'verify phase p50':>30} {'runner p50':>30}  fallbacks")
+    print(f"{'':10} {'attempt p50':>30} {'verify phase p50':>30} {'runner p50':>30}  fallbacks, decided by")
     for mode in VERIFIERS:
         row = [_ms(Estimate(**a[mode][k])) for k in ("attempt_p50", "verify_phase_p50", "runner_p50")]
-        print(f"{mode:6} {row[0]:>30} {row[1]:>30} {row[2]:>30}  {a[mode]['fallbacks']}")
-    print(f"{'warm/cold':10} {a['ratio_attempt_p50']:>26.2f} {a['ratio_verify_phase_p50']:>30.2f} "
-          f"{a['ratio_runner_p50']:>30.2f}")
+        print(f"{mode:10} {row[0]:>30} {row[1]:>30} {row[2]:>30}  {a[mode]['fallbacks']}, {a[mode]['decided_by']}")
+    for mode in ("kept", "warm"):
+        print(f"{mode + '/cold':10} " + " ".join(f"{a[f'ratio_{mode}_cold_{k}']:>30.2f}"
+                                                  for k in ("attempt_p50", "verify_phase_p50", "runner_p50")))
     prep = Estimate(**a["prepare_p50"])
-    print(f"the warm runner's start and imports alone (python3 -I -c 'import ...' in the sandbox): {_ms(prep)}; "
-          f"warm runner minus that: {(a['warm']['runner_p50']['value'] - (prep.value or 0)) * 1e3:.1f} ms "
-          f"(what a verifier process kept from reset would cost)")
+    print(f"a runner's start and imports alone (python3 -I -c 'import ...' in the sandbox): {_ms(prep)} "
+          "(paid once per sandbox by the kept server, per verification by warm and cold)")
     if a["not_success"]:
         print("NOT SUCCESS:", *a["not_success"], sep="\n  ")
     if args.sweep:
-        result["sweeps"] = sweeps(state, args.sweep_pairs)
-        rates: dict[str, list[float]] = {m: [] for m in VERIFIERS}
+        result["sweeps"] = sweeps(state, args.sweep_pairs, modes, args.sweep_concurrency)  # type: ignore[arg-type]
+        rates: dict[str, list[float]] = {m: [] for m in modes}
         for s in result["sweeps"]:
+            n_max = s["report"]["n_max"]
             for w in s["report"]["windows"]:
                 e = Estimate(**w["valid_per_host_hour"])
-                rates[s["verifier"]].append(e.value or 0.0)
-                print(f"sweep {s['verifier']}: N={w['concurrency']} {w['valid']}/{w['attempts']} valid in "
-                      f"{w['ran_s']:.0f} s, valid/host-hour {e.fmt('.0f')}, confirmed {w['confirmed']}; "
-                      f"load {s['loadavg_before'][0]:.1f} -> {s['loadavg_after'][0]:.1f}")
-        if rates["cold"] and rates["warm"]:
+                if w["concurrency"] == n_max:
+                    rates[s["verifier"]].append(e.value or 0.0)
+                print(f"sweep {s['verifier']}: N={w['concurrency']}{' (N_max)' if w['concurrency'] == n_max else ''} "
+                      f"{w['valid']}/{w['attempts']} valid in {w['ran_s']:.0f} s, valid/host-hour {e.fmt('.0f')}, "
+                      f"confirmed {w['confirmed']}; load {s['loadavg_before'][0]:.1f} -> {s['loadavg_after'][0]:.1f}")
+        if all(rates[m] for m in modes):
             mean = {m: sum(v) / len(v) for m, v in rates.items()}
-            result["sweep_ratio_warm_cold"] = mean["warm"] / mean["cold"]
-            print(f"sweep warm/cold valid rollouts per host-hour (mean of {len(rates['warm'])} each): "
-                  f"{result['sweep_ratio_warm_cold']:.2f}")
+            key = f"sweep_ratio_{modes[0]}_{modes[1]}"
+            result[key] = mean[modes[0]] / mean[modes[1]]
+            print(f"sweep {modes[0]}/{modes[1]} valid rollouts per host-hour at N_max "
+                  f"(mean of {len(rates[modes[0]])} each): {result[key]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     if a["not_success"]:

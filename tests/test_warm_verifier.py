@@ -1,5 +1,5 @@
-"""The warm verifier (``CodingEnv(verifier="warm")``): the same verdicts as the cold one, and the
-policy's attacks aimed at it neither forge a success nor escape into invalid.
+"""The kept and warm verifiers (``CodingEnv(verifier="kept"|"warm")``): the same verdicts as the
+cold one, and the policy's attacks aimed at them neither forge a success nor escape into invalid.
 
 Each attack has a positive control: the same attack against a verifier with the one protection
 removed (the work tree on the prepared interpreter's path, no ``-I``, no ``end_processes`` before
@@ -137,34 +137,38 @@ def _attempt(env: CodingEnv, policy: Policy, state_dir, run_id: str, task: Codin
         slot.substrate.close()
 
 
-def test_warm_and_cold_give_the_same_verdict_on_every_coding_task(state_dir, run_id):
+def test_kept_warm_and_cold_give_the_same_verdict_on_every_coding_task(state_dir, run_id):
     slots = {mode: Slot(ProcessSubstrate(f"{run_id}{mode[0]}", state_dir), CodingEnv(mode))
-             for mode in ("warm", "cold")}
-    canaries, seen = CanaryRegistry(), {}
+             for mode in ("kept", "warm", "cold")}
+    canaries, seen, decided = CanaryRegistry(), {}, set()
     try:
         for i, task in enumerate(TASKS):
             for policy in ("oracle", "null"):
                 for mode, slot in slots.items():
                     rec = run_attempt(slot, task, make_policy(policy), CFG, canaries, run_id=run_id, seq=i, seed=0)
                     seen[(task.id, policy, mode)] = (rec.outcome, rec.detail)
+                    decided.add((mode, rec.extra["verifier"]))
     finally:
         for slot in slots.values():
             slot.destroy()
             slot.substrate.close()
     for task in TASKS:
         for policy, want in (("oracle", Outcome.SUCCESS), ("null", Outcome.FAILED)):
-            warm, cold = seen[(task.id, policy, "warm")], seen[(task.id, policy, "cold")]
-            assert warm == cold, f"{task.id} {policy}: warm {warm} != cold {cold}"
+            kept, warm, cold = (seen[(task.id, policy, m)] for m in ("kept", "warm", "cold"))
+            assert kept == warm == cold, f"{task.id} {policy}: kept {kept}, warm {warm}, cold {cold}"
             assert warm[0] is want, f"{task.id} {policy}: {warm}"
-    assert slots["warm"].env.fallbacks == []  # type: ignore[attr-defined]
+    assert decided == {("kept", "kept"), ("warm", "warm"), ("cold", "cold")}, decided
+    assert slots["warm"].env.fallbacks == [] and slots["kept"].env.fallbacks == []  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("attack", ["shadow_secrets", "customize"])
 def test_the_forging_attacks_forge_only_without_the_protection(attack, state_dir, run_id):
     make = {"shadow_secrets": _shadow_secrets, "customize": _customize}[attack]
     actions = make(TASKS[0])
-    guarded = _attempt(CodingEnv("warm"), Scripted(attack, actions), state_dir, run_id)
-    assert guarded.outcome is Outcome.FAILED, (guarded.outcome, guarded.cause, guarded.detail)
+    for mode in ("kept", "warm"):
+        guarded = _attempt(CodingEnv(mode), Scripted(attack, actions), state_dir, run_id + mode[0])
+        assert guarded.outcome is Outcome.FAILED, (mode, guarded.outcome, guarded.cause, guarded.detail)
+        assert guarded.extra["verifier"] == mode, guarded.extra
     cold = _attempt(CodingEnv("cold"), Scripted(attack, actions), state_dir, run_id + "c")
     assert cold.outcome is Outcome.FAILED, (cold.outcome, cold.cause, cold.detail)
     # positive control: the same actions forge a success once the one protection is removed
@@ -175,10 +179,11 @@ def test_the_forging_attacks_forge_only_without_the_protection(attack, state_dir
 
 def test_shadowing_the_verifiers_imports_is_no_escape_into_invalid(state_dir, run_id):
     actions = _shadow_crashers(TASKS[0])
-    for policy in (Scripted("shadow", actions), Scripted("shadow+fix", actions, solve=True)):
-        rec = _attempt(CodingEnv("warm"), policy, state_dir, run_id)
-        want = Outcome.SUCCESS if policy.name == "shadow+fix" else Outcome.FAILED
-        assert rec.outcome is want, (policy.name, rec.outcome, rec.cause, rec.detail)
+    for mode in ("kept", "warm"):
+        for policy in (Scripted("shadow", actions), Scripted("shadow+fix", actions, solve=True)):
+            rec = _attempt(CodingEnv(mode), policy, state_dir, run_id)
+            want = Outcome.SUCCESS if policy.name == "shadow+fix" else Outcome.FAILED
+            assert rec.outcome is want, (mode, policy.name, rec.outcome, rec.cause, rec.detail)
     escaped = _attempt(_OnPath("warm"), Scripted("shadow", actions), state_dir, run_id + "p")
     assert escaped.outcome is Outcome.INVALID, (escaped.outcome, escaped.detail)  # positive control
 
@@ -197,9 +202,9 @@ def test_a_killer_left_running_cannot_reach_the_warm_runner(state_dir, run_id):
     assert escaped.extra["verifier"] == "cold" and "warm runner exit" in str(escaped.extra["verifier_fallback"])
 
 
-def _staged(state_dir, run_id: str, oracle: bool) -> tuple[ProcessSubstrate, CodingEnv]:
+def _staged(state_dir, run_id: str, oracle: bool, verifier: str = "warm") -> tuple[ProcessSubstrate, CodingEnv]:
     sub = ProcessSubstrate(run_id, state_dir)
-    env = CodingEnv("warm")
+    env = CodingEnv(verifier)
     env.attach(sub.create())
     task = TASKS[0]
     env.reset(task)
@@ -239,7 +244,7 @@ def test_the_setting_is_checked(monkeypatch):
     monkeypatch.setenv(VERIFIER_VAR, "cold")
     assert CodingEnv().verifier == "cold"
     monkeypatch.delenv(VERIFIER_VAR)
-    assert CodingEnv().verifier == "warm"
+    assert CodingEnv().verifier == "kept"
     monkeypatch.setenv(VERIFIER_VAR, "lukewarm")
     with pytest.raises(UsageError, match=VERIFIER_VAR):
         CodingEnv()
@@ -254,7 +259,7 @@ def test_the_run_report_groups_attempts_by_verifier(tmp_path, state_dir):
 
     env = {"DRUMSBENCH_STATE": str(state_dir)}
     seen = {}
-    for mode in ("warm", "cold"):
+    for mode in ("kept", "cold"):
         out = tmp_path / mode
         proc = cli("run", "--tasks", "coding", "--attempts", "4", "--concurrency", "2", "--pool", "off",
                    "--out", str(out), "--json", str(out / "r.json"), "--no-progress",
@@ -268,4 +273,80 @@ def test_the_run_report_groups_attempts_by_verifier(tmp_path, state_dir):
                       check=True)
         assert json.loads((out / "again.json").read_text())["ways"] == report["ways"], rebuilt.stdout
         seen[mode] = way
-    assert seen["warm"]["way"] != seen["cold"]["way"]
+    assert seen["kept"]["way"] != seen["cold"]["way"]
+
+
+# -- the kept server: started at reset, alive through the policy's turn ---------------------------------
+SERVER_KILLER = _shell("setsid nohup sh -c 'while :; do pkill -9 -f -- --serve; kill -9 -1; done' "
+                       ">/dev/null 2>&1 & sleep 0.5; pkill -0 -f -- --serve && echo the server is up")
+
+
+class _ServerAsSandboxUid(CodingEnv):
+    """Protection removed: the kept server runs as the sandbox's own uid, not the harness's."""
+
+    def _server_argv(self, paths, uid: int) -> list[str]:
+        return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                *super()._server_argv(paths, uid)]
+
+
+class _NoDrop(CodingEnv):
+    """Protection removed: the kept server's child stays root (it "drops" to uid 0)."""
+
+    def _server_argv(self, paths, uid: int) -> list[str]:
+        return super()._server_argv(paths, 0)
+
+
+def test_a_killer_in_the_policys_turn_cannot_reach_the_kept_server(state_dir, run_id):
+    for solve, want in ((False, Outcome.FAILED), (True, Outcome.SUCCESS)):
+        env = CodingEnv("kept")
+        rec = _attempt(env, Scripted("killer", [SERVER_KILLER], solve=solve), state_dir, run_id)
+        assert rec.outcome is want, (rec.outcome, rec.cause, rec.detail)
+        assert env.fallbacks == [] and rec.extra["verifier"] == "kept", rec.extra
+    # positive control: a server of the sandbox's uid is killed by the same actions; the verdict
+    # then comes from the per-verification runner, and the record says so
+    env = _ServerAsSandboxUid("kept")
+    rec = _attempt(env, Scripted("killer", [SERVER_KILLER], solve=True), state_dir, run_id + "p")
+    assert rec.outcome is Outcome.SUCCESS, (rec.outcome, rec.cause, rec.detail)
+    assert rec.extra == {**rec.extra, "verifier": "warm", "verifier_fallback": "the kept server had ended"}, rec.extra
+
+
+UID_PROBE = ('import os\nwith open(os.path.join(os.environ["TMPDIR"], "uid-seen"), "w") as _f:\n'
+             '    _f.write(str(os.getuid()))\n')
+
+
+@pytest.mark.parametrize("env_class", [CodingEnv, _NoDrop])
+def test_the_kept_servers_child_runs_the_code_as_the_sandboxs_uid(env_class, state_dir, run_id):
+    sub = ProcessSubstrate(run_id, state_dir)
+    env = env_class("kept")
+    box = sub.create()
+    env.attach(box)
+    task = TASKS[0]
+    try:
+        env.reset(task)
+        (init,) = sorted(p for p in task.files if p.endswith("__init__.py"))[:1]
+        env.step(env_action(env, ActionSpec("shell", {"command": f"cat >> {init} <<'EOF'\n{UID_PROBE}EOF"})), 30)
+        env.stage_verifier(task)
+        with pytest.raises(coding_env.PolicyFault):
+            env.run_verifier(task, 30)  # the bug is not fixed: failed
+        assert env.verify_note == {"verifier": "kept"}
+        seen = int(box.read_file(f"{box.paths.tmp}/uid-seen"))
+        # the positive control: without the drop, the code under test runs as root
+        assert seen == (0 if env_class is _NoDrop else box.uid), seen
+    finally:
+        box.destroy()
+        sub.close()
+
+
+def test_fault_injection_breaks_the_kept_server_too(state_dir, run_id):
+    sub, env = _staged(state_dir, run_id, oracle=True, verifier="kept")
+    try:
+        assert env.run_verifier(TASKS[0], 30) is True and env.verify_note == {"verifier": "kept"}
+        env.break_verifier()  # from the host: the server killed, the runner damaged
+        with pytest.raises(coding_env.InvalidAttempt) as e:
+            env.run_verifier(TASKS[0], 30)
+        assert e.value.cause is InvalidCause.VERIFIER_UNAVAILABLE
+        # the server is found dead, or dies under the request: either way it did not decide
+        assert "kept server" in env.fallbacks[0] and len(env.fallbacks) == 2, env.fallbacks
+    finally:
+        env.box.destroy()
+        sub.close()

@@ -207,19 +207,27 @@ class Sandbox(ABC):
             self.write_file(f"{base}/{rel}", data)
 
     def reset_in_place(self) -> None:
-        """Kill the sandbox's processes and empty work, home, tmp and verify, keeping the sandbox.
+        """Kill the sandbox's processes and empty work, home, tmp and verify, keeping the sandbox
+        (and the harness's own kept helpers: ``Helpers``).
 
         Only for substrates that declare ``ResetStrategy.IN_PLACE``.
         """
         raise NotImplementedError(f"{self.substrate} has no in-place reset")
 
     def end_processes(self) -> None:
-        """Kill every process that the sandbox's commands started, keeping its files.
+        """Kill every process that the sandbox's commands started, keeping its files (and the
+        harness's own kept helpers: ``Helpers``).
 
         Called before the verifier is staged, so nothing the policy left running (a background
         process) can touch the verifier or its output. Substrates override it; the default kills
         through an in-place reset's machinery only where the substrate offers nothing better."""
         raise NotImplementedError(f"{self.substrate} cannot end a sandbox's processes")
+
+    def empty_folder(self, path: str, timeout: float = 30.0) -> None:
+        """Remove everything below the in-sandbox folder ``path``, keeping it; links are removed,
+        never followed. The default runs ``find`` in the sandbox (its uid, its view of links);
+        a substrate whose files are the host's may do it from the host."""
+        self.exec(["find", path, "-mindepth", "1", "-delete"], timeout=timeout, cwd=self.paths.root)
 
     def probe(self, timeout: float = 5.0) -> str | None:
         """Gate-side evidence that the sandbox itself is unavailable, or ``None`` when it is alive.
@@ -334,6 +342,58 @@ class HostLaunching(ABC):
                       output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
         """Run the launcher as the harness (root), in the sandbox's cgroup, labelled, bounded, killed on
         timeout and by ``end_processes``/``destroy``; never a policy's command line as such."""
+
+
+class Helper(ABC):
+    """A harness-made process kept in one sandbox (``Helpers.start_helper``), answering requests.
+
+    Protocol: each request is bytes written to the helper's stdin; the helper answers with output
+    that ends in one line ``HELPER_END <exit code>`` (``HELPER_END`` below). ``call`` returns that
+    output before the line as ``stdout`` and the code as ``exit_code``. A helper that ends without
+    the line, or runs past ``timeout``, is stopped: ``call`` returns what it wrote, with its exit
+    status (``-9`` when stopped) or ``timed_out``, and ``alive`` is False from then on."""
+
+    HELPER_END: ClassVar[bytes] = b"DRUMSBENCH_HELPER_END"
+
+    @property
+    @abstractmethod
+    def pid(self) -> int:
+        """The helper's host pid (the harness is its parent: the pid is not reused while it is held)."""
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """Whether the helper still runs and answers (False after any failed ``call`` or ``stop``)."""
+
+    @abstractmethod
+    def call(self, request: bytes, *, timeout: float, output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        """Send one request and read its answer (see the class)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Kill the helper and whatever it started; idempotent."""
+
+
+class Helpers(ABC):
+    """Capability of a sandbox that can keep a harness-made process alive across the policy's turn.
+
+    ``start_helper`` runs ``argv`` (a command of the harness, never a policy's command line) **as
+    the harness's uid**, out of reach of the sandbox's own uid (it cannot signal, ptrace or read
+    it), inside the sandbox's cgroups and limits (freezing the sandbox freezes it), labelled,
+    its stdin and stdout held by the harness (no channel in the sandbox's files), its stderr joined
+    to stdout. ``end_processes`` and ``reset_in_place`` spare it (and only it: what it started is
+    killed with the rest); ``destroy`` and ``gc`` kill it. Whatever the helper runs *as the
+    sandbox's uid* it must drop to that uid itself (``helper_uid``). ``SubstrateError`` when the
+    sandbox cannot keep one (e.g. its commands run as the harness's own uid)."""
+
+    @property
+    @abstractmethod
+    def helper_uid(self) -> int:
+        """The uid a helper's children must drop to before they touch the sandbox's files."""
+
+    @abstractmethod
+    def start_helper(self, argv: Sequence[str], *, cwd: str) -> Helper:
+        """Start ``argv`` in the sandbox as described in the class; ``cwd`` is an in-sandbox folder
+        that outlives resets (the sandbox's root)."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import ExecRequest, ExecResult, SandboxPaths
+from drumsbench.substrates.spawner import SpawnedProcess, Spawner, SpawnTimeout
 
 # PATH of every sandbox command (host, container or guest: the same Debian layout)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -94,7 +95,8 @@ class ProcessGroups:
             kill_group(pgid)
 
     def run(self, argv: Sequence[str], req: ExecRequest, *, cwd: str | None, env: Mapping[str, str],
-            uid: int | None = None, forget_all: bool = False) -> ExecResult:
+            uid: int | None = None, forget_all: bool = False, spawner: Spawner | None = None,
+            spawn_argv: Sequence[str] | None = None) -> ExecResult:
         """``run_bounded`` of the host command ``argv`` for ``req`` (its timeout, stdin and output
         limit), its group counted while it runs; afterwards the group is forgotten when empty
         (``forget_all``: in any case, for a sandbox whose processes die with something else, e.g.
@@ -107,7 +109,8 @@ class ProcessGroups:
 
         try:
             return run_bounded(argv, timeout=req.timeout, cwd=cwd, env=env, stdin=req.stdin,
-                               output_limit=req.output_limit, on_start=remember, uid=uid)
+                               output_limit=req.output_limit, on_start=remember, uid=uid, spawner=spawner,
+                               spawn_argv=spawn_argv)
         finally:
             self.forget(started, only_empty=not forget_all)
 
@@ -130,29 +133,42 @@ def run_bounded(
     output_limit: int,
     on_start: Callable[[int], None] | None = None,
     uid: int | None = None,
+    spawner: Spawner | None = None,
+    spawn_argv: Sequence[str] | None = None,
 ) -> ExecResult:
     """Run ``argv`` in a new session; return its exit code and at most ``output_limit`` bytes per stream.
 
     ``uid``: run as that uid, with the gid of the same number and no supplementary groups.
+    ``spawner`` (with ``spawn_argv``, the command without what places it in the sandbox's groups):
+    started by the sandbox's spawner (``substrates/spawner.py``) when it can, else ``argv`` the
+    usual way; a spawner that does not answer within ``timeout`` gives a timed-out result.
     On timeout the process group is killed; a command that still does not die (its cgroup is
     frozen) is left to ``subprocess``'s reaping after ``_REAP_WAIT_S``: the harness never blocks
     on it. Raises ``SubstrateError`` only when the process cannot be started at all.
     """
     t0 = time.monotonic()
-    creds: dict = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            **creds,
-        )
-    except OSError as e:
-        raise SubstrateError(f"cannot start {argv[0]!r} in {cwd!r}: {e}") from e
+    proc: subprocess.Popen[bytes] | SpawnedProcess | None = None
+    if spawner is not None and spawn_argv is not None and cwd is not None:
+        try:
+            proc = spawner.spawn(spawn_argv, cwd=cwd, env=env or {}, stdin=stdin is not None, timeout=timeout)
+        except SpawnTimeout:  # the spawner did not answer: its sandbox is frozen, or starved
+            return ExecResult(exit_code=-signal.SIGKILL, stdout=b"", stderr=b"", stdout_total=0, stderr_total=0,
+                              timed_out=True, duration_s=time.monotonic() - t0)
+    if proc is None:
+        creds: dict = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                **creds,
+            )
+        except OSError as e:
+            raise SubstrateError(f"cannot start {argv[0]!r} in {cwd!r}: {e}") from e
     if on_start is not None:
         on_start(proc.pid)
     if stdin is not None:
@@ -168,7 +184,7 @@ def run_bounded(
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
     sel.register(proc.stderr, selectors.EVENT_READ, "err")
     # The process's exit wakes the loop through a pidfd: no polling, no sleeps.
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = proc.pidfd if isinstance(proc, SpawnedProcess) else os.pidfd_open(proc.pid)
     sel.register(pidfd, selectors.EVENT_READ, "exit")
     deadline = t0 + timeout
     timed_out = False
@@ -212,7 +228,10 @@ def run_bounded(
             code = proc.wait()
     finally:
         sel.close()
-        os.close(pidfd)
+        if isinstance(proc, SpawnedProcess):
+            proc.close()
+        else:
+            os.close(pidfd)
         proc.stdout.close()
         proc.stderr.close()
     return ExecResult(

@@ -347,14 +347,15 @@ class FreezerCgroup:
         except OSError:
             return []
 
-    def kill(self, wait: float = 0.0) -> bool:
-        """SIGKILL every task, again until none is left or ``wait`` seconds passed; True when empty.
+    def kill(self, wait: float = 0.0, spare: frozenset[int] = frozenset()) -> bool:
+        """SIGKILL every task but ``spare``, again until none is left or ``wait`` seconds passed;
+        True when empty (but ``spare``).
 
         Under the v1 freezer a frozen task dies only once thawed: callers that need the group
         empty thaw first."""
         deadline = time.monotonic() + wait
         while True:
-            pids = self.procs()
+            pids = [pid for pid in self.procs() if pid not in spare]
             if not pids:
                 return True
             kill_pids(pids)

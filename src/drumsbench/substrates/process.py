@@ -26,11 +26,13 @@ import errno
 import os
 import shutil
 import stat
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from drumsbench.core.canary_scan import scan_tokens
 from drumsbench.core.errors import SubstrateError
@@ -41,6 +43,8 @@ from drumsbench.substrates.base import (
     Capabilities,
     ExecRequest,
     ExecResult,
+    Helper,
+    Helpers,
     HostFolders,
     HostLaunching,
     Isolation,
@@ -52,6 +56,7 @@ from drumsbench.substrates.base import (
     ViewLaunching,
 )
 from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
+from drumsbench.substrates.host_helper import HostHelper
 from drumsbench.substrates.hostproc import (
     CGROUP_PREFIX,
     FREEZER_ROOT,
@@ -68,6 +73,7 @@ from drumsbench.substrates.hostproc import (
     uid_separation_available,
     unmount_below,
 )
+from drumsbench.substrates.spawner import Spawner
 
 RUN_VAR = HostLaunching.RUN_VAR
 SANDBOX_VAR = HostLaunching.SANDBOX_VAR
@@ -192,14 +198,23 @@ def new_sandbox_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+# How often a sandbox starts its spawner again after it failed, before it starts commands the old way only.
+_SPAWNER_STARTS = 3
+
+
 class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
     """A sandbox whose files live in a host folder: file methods act on the host directly
     (``rootedfs``; its in-sandbox paths are host paths: digest and scan walk them there).
 
     Subclasses choose how commands run (``_argv``) and how paths map (``host_path``).
-    ``cgroup``: the sandbox's freezer group (every command joins it before its payload runs);
-    ``lease``: the sandbox's own uid, which commands run as (``None``: the harness's).
+    ``cgroup``: the sandbox's freezer group (every command joins it before its payload runs, or is
+    born in it: ``spawns_inside``); ``lease``: the sandbox's own uid, which commands run as
+    (``None``: the harness's).
     """
+
+    # Start the sandbox's own commands from a spawner inside its groups (``substrates/spawner.py``)
+    # where it has both a cgroup and a uid of its own; else each command joins the groups itself.
+    spawns_inside: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -222,6 +237,13 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
         self.cgroup = cgroup
         self.lease = lease
         self._fs = rootedfs.RootedFS(str(host_root))
+        # kept helpers (``Helpers``) by pid: spared by ``kill_all``, stopped by ``destroy``
+        self._helpers: dict[int, HostHelper] = {}
+        # the spawner of the sandbox's commands (``spawns_inside``), started at the first command
+        self._spawner: Spawner | None = None
+        self._spawner_starts = 0
+        self._spawner_starting = False
+        self._spawner_lock = threading.Lock()
         self._make_folders()
 
     @property
@@ -278,9 +300,48 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
             raise SubstrateError(f"sandbox {self.id}: its folder {self.host_root} is gone")
         if host_cwd is not None and not os.path.isdir(host_cwd):
             return missing_workdir(req.cwd)
+        spawner = None if launcher or uid is None or uid != self.uid else self._live_spawner()
+        plain = host_argv
         if self.cgroup is not None:
             host_argv = self.cgroup.wrap(host_argv)
-        return self.groups.run(host_argv, req, cwd=host_cwd, env=host_env, uid=uid)
+        return self.groups.run(host_argv, req, cwd=host_cwd, env=host_env, uid=uid, spawner=spawner,
+                               spawn_argv=plain)
+
+    def _live_spawner(self) -> Spawner | None:
+        """The sandbox's spawner; the first call starts it in the background (it is ready a few
+        tens of ms later: a sandbox's first command never waits for it). Until it is ready, and
+        after it failed ``_SPAWNER_STARTS`` times, commands start the old way (``None`` or a spawner
+        that declines)."""
+        if not self.spawns_inside or self.cgroup is None or self.lease is None or self._destroyed:
+            return None
+        spawner = self._spawner
+        if spawner is not None and not spawner.failed:
+            return spawner
+        with self._spawner_lock:
+            if self._spawner_starting or self._spawner_starts >= _SPAWNER_STARTS:
+                return None
+            self._spawner_starting = True
+        threading.Thread(target=self._start_spawner, name=f"spawner-{self.id}", daemon=True).start()
+        return None
+
+    def _start_spawner(self) -> None:
+        assert self.cgroup is not None and self.lease is not None
+        old = self._spawner
+        if old is not None:
+            old.stop()
+        env = sandbox_env(self.paths, None, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        try:
+            spawner: Spawner | None = Spawner.start(self.cgroup.wrap, self.lease.uid, str(self.host_root), env)
+        except OSError:
+            spawner = None
+        with self._spawner_lock:
+            self._spawner_starts += 1
+            self._spawner_starting = False
+            if not self._destroyed:
+                self._spawner = spawner
+                return
+        if spawner is not None:  # destroyed meanwhile: ``destroy`` did not see it
+            spawner.stop()
 
     def _rooted(self) -> rootedfs.RootedFS:
         return self._fs
@@ -301,15 +362,31 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
 
     def kill_all(self) -> None:
         """Kill every process this sandbox started, including ones that left their session: the
-        cgroup's task list (complete), the process groups of commands, labelled processes.
+        cgroup's task list (complete), the process groups of commands, labelled processes. The
+        harness's kept helpers (``Helpers``) and its spawner are spared, by pid (which stays theirs
+        until the harness reaps them, after they are taken off the list); what they started is not.
 
         A frozen cgroup's tasks die only when thawed; this does not thaw (``destroy`` does)."""
+        spawner = self._spawner
+        spare = frozenset(self._helpers) | frozenset(() if spawner is None or spawner.failed else (spawner.pid,))
         if self.cgroup is not None:
-            self.cgroup.kill()
+            self.cgroup.kill(spare=spare)
         self.groups.kill()
-        kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
+        kill_pids([pid for pid in pids_with_env(SANDBOX_VAR, self.id) if pid not in spare])
         if self.cgroup is not None and self.cgroup.state() == "THAWED":
-            self.cgroup.kill(wait=1.0)  # what forked while the first pass ran
+            self.cgroup.kill(wait=1.0, spare=spare)  # what forked while the first pass ran
+
+    def _helper_ended(self, pid: int) -> None:
+        self._helpers.pop(pid, None)
+
+    def stop_helpers(self) -> None:
+        """Stop the kept helpers and the spawner (``destroy``)."""
+        for helper in list(self._helpers.values()):
+            helper.stop()
+        with self._spawner_lock:
+            spawner = self._spawner
+        if spawner is not None:
+            spawner.stop()
 
     def end_processes(self) -> None:
         if self._destroyed:
@@ -340,6 +417,7 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
         self._destroyed = True
         with contextlib.suppress(SubstrateError):
             self._thaw_for_kill()
+        self.stop_helpers()
         self.kill_all()
         if self.cgroup is not None:
             self.cgroup.remove()
@@ -377,8 +455,54 @@ def remove_owned_by(uid: int, places: Sequence[str] = SHARED_PLACES) -> list[str
     return removed
 
 
-class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching):
+class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
     """In-sandbox paths are the host paths."""
+
+    spawns_inside = True
+
+    @property
+    def helper_uid(self) -> int:
+        if self.lease is None:
+            raise SubstrateError(f"sandbox {self.id}: its commands run as the harness's own uid")
+        return self.lease.uid
+
+    def start_helper(self, argv: Sequence[str], *, cwd: str) -> Helper:
+        """``Helpers.start_helper``: as root, in the sandbox's cgroups (placed before it runs),
+        labelled, in its own session, ``oom_score_adj`` -1000 (the policy's memory hog in the same
+        memory group is killed before it; a helper lowers it again for what it runs as the
+        sandbox's uid). Refused where the sandbox's commands run as the harness's own uid: there a
+        helper would be in the policy's reach."""
+        self.helper_uid  # noqa: B018 - refuses without a uid of the sandbox's own
+        if self._destroyed:
+            raise SubstrateError(f"sandbox {self.id} is destroyed")
+        env = sandbox_env(self.paths, None, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        host_argv = list(argv) if self.cgroup is None else self.cgroup.wrap(list(argv))
+        try:
+            proc = subprocess.Popen(host_argv, cwd=str(self.host_path(cwd)), env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot start a helper {argv[0]!r}: {e}") from e
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{proc.pid}/oom_score_adj").write_text("-1000")
+        helper = HostHelper(proc, self._helper_ended)
+        self._helpers[proc.pid] = helper
+        return helper
+
+    def empty_folder(self, path: str, timeout: float = 30.0) -> None:
+        """From the host, without a command: the sandbox's files are the host's. Entries are
+        removed, links never followed (``shutil.rmtree`` works on descriptors). Called only when
+        nothing of the sandbox runs (after ``end_processes``)."""
+        folder = self.host_path(path)
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot list {path}: {e}") from e
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
     def launch_view(self) -> LaunchView:
         """``unshare`` on the host: new namespaces, the host's file system (``process`` confines no

@@ -14,28 +14,33 @@ sandbox and harness (``bad_observation``). Output after the marker
 
 Verification: ``verify_runner.py`` (see its docstring) prints a verdict authenticated with a
 per-verification secret handed over on stdin; the code under test never holds it. ``verifier``
-chooses how it runs (``VERIFIERS``): ``warm`` (the default) — one interpreter that does the
-imports, then forks the child that runs the tests; ``cold`` — two interpreters, the child started
-afresh (docs/warm-verifier.md). Both start only after ``end_processes``: nothing of the policy
-runs when they do.
+chooses how it runs (``VERIFIERS``): ``kept`` (the default) — where the sandbox keeps helpers
+(``Helpers``), one verifier server per sandbox, started at reset before the policy's first action
+as the harness's uid, out of the policy's reach, forks a worker per verification (elsewhere:
+``warm``); ``warm`` — one interpreter per verification that does the imports, then forks the
+child that runs the tests; ``cold`` — two interpreters, the child started afresh
+(docs/warm-verifier.md). ``warm`` and ``cold`` start only after ``end_processes``: nothing of the
+policy runs when they do; the kept server runs throughout, and nothing of the policy can reach it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import posixpath
 import secrets
+import signal
 from pathlib import Path
 from typing import Any
 
-from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, UsageError
+from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, SubstrateError, UsageError
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
 from drumsbench.envs.base import Action, Environment, Observation, Task, VerifierNotes
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.substrates.base import ExecResult
+from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
@@ -46,9 +51,11 @@ _WRAP = '/bin/sh -c "$1"; s=$?; printf "\\n%s %d\\n" "$2" "$s"; exit $s'
 VERIFY_MARGIN_S = 2.0
 
 
-# How the verifier runs: "warm" forks the child from a prepared interpreter, "cold" starts it afresh.
-VERIFIERS = ("warm", "cold")
-DEFAULT_VERIFIER = "warm"
+# How the verifier runs: "kept" asks a server kept in the sandbox since reset (where the sandbox
+# keeps helpers; else "warm"), "warm" forks the child from an interpreter prepared per
+# verification, "cold" starts it afresh.
+VERIFIERS = ("kept", "warm", "cold")
+DEFAULT_VERIFIER = "kept"
 # The process-wide choice when the environment is made without one (run, sweep, serve, gym).
 VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
 
@@ -72,6 +79,36 @@ class CodingEnv(Environment, VerifierNotes):
         # the reason); the verdict is then the cold one's
         self.fallbacks: list[str] = []
         self.verify_note: dict[str, object] = {}
+        # the kept verifier server of the attached sandbox (``kept``), and why there is none
+        self._server: Helper | None = None
+        self._server_box: object | None = None
+        self.no_server: str | None = None
+
+    def reset(self, task: Task) -> None:
+        super().reset(task)
+        if self.verifier == "kept":
+            self._keep_server()
+
+    def _keep_server(self) -> None:
+        """Start the kept verifier server in the attached sandbox unless one runs there already.
+        Called at reset, after the start state is written and before the policy's first action."""
+        box = self.box
+        if self._server is not None and self._server_box is box and self._server.alive():
+            return
+        self._server, self._server_box = None, box
+        if not isinstance(box, Helpers):
+            self.no_server = f"the {box.substrate} sandbox keeps no helper"
+            return
+        try:
+            self._server = box.start_helper(self._server_argv(box.paths, box.helper_uid), cwd=box.paths.root)
+            self.no_server = None
+        except SubstrateError as e:
+            self.no_server = f"no kept verifier: {e}"
+
+    def _server_argv(self, paths: SandboxPaths, uid: int) -> list[str]:
+        """The kept server's command line: the runner's source itself (never a file of the sandbox,
+        which the policy could change before the interpreter reads it)."""
+        return ["python3", "-I", "-c", RUNNER.decode(), "--serve", paths.verify, paths.work, str(uid)]
 
     def _write_start(self, task: Task) -> None:
         assert isinstance(task, CodingTask)
@@ -111,7 +148,9 @@ class CodingEnv(Environment, VerifierNotes):
 
     def observation_problem(self, obs: Observation) -> str | None:
         if obs.content.get("lost"):
-            return "the end marker of a normally ended command never arrived: output lost in transport"
+            err = str(obs.content.get("stderr", ""))[-160:]
+            return (f"the end marker of a normally ended command never arrived: output lost in transport "
+                    f"(exit {obs.content.get('exit_code')}, stderr {err!r})")
         return None
 
     # -- actions -----------------------------------------------------------------------------
@@ -146,15 +185,18 @@ class CodingEnv(Environment, VerifierNotes):
         """End every process the policy left, then copy the runner and the hidden tests."""
         assert isinstance(task, CodingTask)
         self.box.end_processes()
-        # Emptied by a command in the sandbox: what the policy left there (files, links) goes.
-        self.box.exec(["find", self.box.paths.verify, "-mindepth", "1", "-delete"], timeout=30,
-                      cwd=self.box.paths.root)
+        # What the policy left there (files, links) goes; nothing of the policy runs any more.
+        self.box.empty_folder(self.box.paths.verify)
         files = {"runner.py": RUNNER, **{f"tests/{name}": data for name, data in task.hidden.items()}}
         self.box.put_files(self.box.paths.verify, files)
 
     def break_verifier(self) -> None:
-        """Damage the staged runner from the host (fault injection): it cannot even start."""
+        """Damage the staged runner from the host and kill the kept server (fault injection):
+        neither can start a verification."""
         self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
+        if self._server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._server.pid, signal.SIGKILL)
 
     def _exec_runner(self, secret: bytes, config: dict[str, Any], timeout: float, *, warm: bool) -> ExecResult:
         verify = self.box.paths.verify
@@ -172,10 +214,29 @@ class CodingEnv(Environment, VerifierNotes):
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
                   "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
-        self.verify_note = {"verifier": self.verifier}
-        res = self._exec_runner(secret, config, timeout, warm=self.verifier == "warm")
+        stdin = secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
+        server = self._server if self.verifier == "kept" and self._server_box is self.box else None
+        if server is not None and server.alive():  # (not alive: it was started and has ended)
+            self.verify_note = {"verifier": "kept"}
+            res = server.call(b"go\n" + stdin, timeout=timeout, output_limit=OBS_LIMIT)
+            lines = res.stdout.decode(errors="replace").splitlines()
+            if saw_ready(lines, secret) or res.timed_out:
+                return self._decide(res, lines, secret, timeout)
+            why = f"kept server exit {res.exit_code}: {res.stdout.decode(errors='replace')[-120:]}"
+            self.fallbacks.append(why)
+            self.verify_note = {"verifier": "warm", "verifier_fallback": why}
+            secret = new_secret()
+        elif server is not None:
+            # started at reset, ended since (killed from the host, or out of memory)
+            why = "the kept server had ended"
+            self.fallbacks.append(why)
+            self.verify_note = {"verifier": "warm", "verifier_fallback": why}
+        else:
+            self.verify_note = {"verifier": "warm" if self.verifier == "kept" else self.verifier}
+        warm = self.verifier != "cold"
+        res = self._exec_runner(secret, config, timeout, warm=warm)
         lines = res.stdout.decode(errors="replace").splitlines()
-        if self.verifier == "warm" and not saw_ready(lines, secret) and not res.timed_out:
+        if warm and not saw_ready(lines, secret) and not res.timed_out:
             # The warm runner could not start its child (nothing of the policy ran yet): the cold
             # runner decides, under today's rules, with a fresh secret.
             why = f"warm runner exit {res.exit_code}: {res.stderr.decode(errors='replace')[-120:]}"
@@ -184,7 +245,11 @@ class CodingEnv(Environment, VerifierNotes):
             secret = new_secret()
             res = self._exec_runner(secret, config, timeout, warm=False)
             lines = res.stdout.decode(errors="replace").splitlines()
-        err = res.stderr.decode(errors="replace")[-200:]
+        return self._decide(res, lines, secret, timeout)
+
+    def _decide(self, res: ExecResult, lines: list[str], secret: bytes, timeout: float) -> bool:
+        """The verdict of one runner's output (``run_verifier``'s contract)."""
+        err = (res.stderr or res.stdout).decode(errors="replace")[-200:]
         if not saw_ready(lines, secret):
             if res.timed_out:
                 evidence = self.box.probe()

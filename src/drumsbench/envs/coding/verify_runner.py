@@ -238,9 +238,10 @@ def _print_verdict(secret, config, verify_dir, expected, events, problem, exit_c
 
 
 # -- warm: one interpreter, the child forked from it -------------------------------------------------
-def warm_main():
+def warm_main(verify_dir, drop_uid=None):
     """``python3 -I runner.py --warm VERIFY_DIR``: the same stdin, output and verdicts as ``main``,
-    with one interpreter instead of two.
+    with one interpreter instead of two. ``drop_uid`` (the kept server's workers, which run as the
+    harness's uid): the child drops to it (``_drop_to``) before it reads its config.
 
     Everything the child needs is imported first (unittest, secrets, types: nothing of the work
     tree, which is not on ``sys.path``). Then the child is forked **before the secret is read**: it
@@ -255,7 +256,6 @@ def warm_main():
     import types  # noqa: F401
     import unittest  # noqa: F401
 
-    verify_dir = os.path.abspath(sys.argv[2])
     rfd, wfd = os.pipe()  # report: child -> parent
     cfg_r, cfg_w = os.pipe()  # config: parent -> child
     sys.stdout.flush()
@@ -269,6 +269,8 @@ def warm_main():
             for fd in (null, rfd, cfg_w):
                 os.close(fd)
             os.setsid()
+            if drop_uid is not None:
+                _drop_to(drop_uid, keep=(cfg_r, wfd))
             data = b""
             while True:
                 chunk = os.read(cfg_r, 65536)
@@ -284,7 +286,8 @@ def warm_main():
             _exit(code)
     os.close(wfd)
     os.close(cfg_r)
-    _no_dump()
+    if drop_uid is None:  # a worker of the kept server runs as another uid than its child: no need
+        _no_dump()
     secret = bytes.fromhex(sys.stdin.readline().strip())
     config = json.loads(sys.stdin.readline())
     if len(secret) < 16:
@@ -307,6 +310,83 @@ def warm_main():
     if exit_code is None:
         os.waitpid(pid, 0)
     _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code)
+
+
+def _drop_to(uid, keep):
+    """Become ``uid`` (its own gid, no supplementary groups) for good, with no descriptor but
+    0-2 and ``keep`` and the OOM score of an ordinary process (the kept server's is -1000)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("0")
+    except OSError:
+        pass
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
+        raise SystemExit("runner: could not drop to the sandbox's uid")
+
+
+# -- kept: one server per sandbox, started before the policy's first action -------------------------
+def _read_line(fd, limit=64):
+    """One line from ``fd``, a byte at a time (nothing after it is taken from the pipe); b"" at EOF."""
+    line = b""
+    while len(line) < limit:
+        ch = os.read(fd, 1)
+        if not ch or ch == b"\n":
+            break
+        line += ch
+    return line
+
+
+def serve_main(verify_dir, work_dir, uid):
+    """``python3 -I -c RUNNER --serve VERIFY_DIR WORK_DIR UID``: the kept verifier.
+
+    Started by the harness as its own uid through the sandbox's ``Helpers`` capability, at reset,
+    before the policy's first action, and kept across resets: the sandbox's uid cannot signal,
+    trace or read it, and ``end_processes`` spares it. Its source comes on the command line, not
+    from a file of the sandbox. It imports what the child needs, then serves: it reads one line
+    from stdin a byte at a time (``go``: one verification; anything else or EOF: the end), forks a
+    **worker** and waits for it, then prints ``DRUMSBENCH_HELPER_END <the worker's exit status>``.
+    The server never reads a secret. The worker runs ``warm_main`` in the work folder with the
+    lines the harness sent after ``go`` (the secret, the config): it forks the child before it
+    reads the secret, and the child drops to UID before it reads its config and imports the code
+    under test (``_drop_to``). Nothing of a verification stays in the server: each is a fork."""
+    import hashlib  # noqa: F401 - the worker's (``_mac``), once for every verification
+    import hmac  # noqa: F401
+    import secrets  # noqa: F401 - the child's imports, once for every verification
+    import types  # noqa: F401
+    import unittest  # noqa: F401
+
+    while _read_line(0) == b"go":
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.chdir(work_dir)
+                warm_main(verify_dir, uid)
+                code = 0
+            except BaseException as e:
+                try:
+                    sys.stderr.write(f"runner worker: {type(e).__name__}: {e}\n")
+                    sys.stderr.flush()
+                except BaseException:
+                    pass
+            finally:
+                try:  # noqa: SIM105
+                    sys.stdout.flush()
+                except BaseException:
+                    pass
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        os.write(1, f"\nDRUMSBENCH_HELPER_END {code}\n".encode())
 
 
 def _wait_child(pid, timeout):
@@ -505,6 +585,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], int(sys.argv[3]), frozenset(sys.argv[4].split(",")) - {""}, sys.argv[5:])
     elif len(sys.argv) > 1 and sys.argv[1] == "--warm":
-        warm_main()
+        warm_main(os.path.abspath(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        serve_main(os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3]), int(sys.argv[4]))
     else:
         main()
