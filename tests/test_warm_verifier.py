@@ -259,11 +259,17 @@ def test_the_run_report_groups_attempts_by_verifier(tmp_path, state_dir):
 
     env = {"DRUMSBENCH_STATE": str(state_dir)}
     seen = {}
+    bad = cli("run", "--verifier", "tepid", "--out", str(tmp_path / "bad"), env=env)
+    assert bad.returncode == 2 and "--verifier: 'tepid' is not one of kept, warm, cold" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()  # checked before anything is made
     for mode in ("kept", "cold"):
         out = tmp_path / mode
+        # the environment variable, or the flag (which wins over it)
+        how = {"env": {**env, VERIFIER_VAR: mode}} if mode == "kept" else \
+            {"env": {**env, VERIFIER_VAR: "warm"}, "flag": ["--verifier", mode]}
         proc = cli("run", "--tasks", "coding", "--attempts", "4", "--concurrency", "2", "--pool", "off",
-                   "--out", str(out), "--json", str(out / "r.json"), "--no-progress",
-                   env={**env, VERIFIER_VAR: mode}, check=True)
+                   "--out", str(out), "--json", str(out / "r.json"), "--no-progress", *how.get("flag", []),
+                   env=how["env"], check=True)
         report = json.loads((out / "r.json").read_text())
         (way,) = [w for w in report["ways"] if w["aspect"] == "verifier"]
         assert (way["way"], way["attempts"], way["invalid"]) == (mode, report["attempts"], 0), report["ways"]

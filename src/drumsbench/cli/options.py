@@ -51,6 +51,29 @@ VerifyTimeout = Annotated[str, typer.Option("--verify-timeout",
                                             help="Verifier time limit (default: each task's own).")]
 Reset = Annotated[str, typer.Option("--reset", help="auto, in_place, recreate or restore (desktop: a checkpoint "
                                                     "of the verified start).")]
+Verifier = Annotated[str | None, typer.Option("--verifier", metavar="kept|warm|cold", help=(
+    "How the coding verifier runs: kept (a server kept in the sandbox; warm where the substrate keeps "
+    "none), warm or cold (docs/warm-verifier.md). Default: $DRUMSBENCH_VERIFIER, else kept. Every "
+    "attempt records which one decided it."))]
+
+
+def use_verifier(value: str | None) -> None:
+    """``--verifier``: checked (``UsageError`` naming the flag), then made the process-wide choice
+    (``DRUMSBENCH_VERIFIER``), which every coding environment of this command and its local workers
+    reads."""
+    if value is None:
+        return
+    import os
+
+    from drumsbench.envs.coding.env import VERIFIER_VAR, VERIFIERS
+
+    if value not in VERIFIERS:
+        from drumsbench.core.errors import UsageError
+
+        raise UsageError(f"--verifier: {value!r} is not one of {', '.join(VERIFIERS)}")
+    os.environ[VERIFIER_VAR] = value
+
+
 Pool = Annotated[str, typer.Option("--pool", metavar="auto|off|N", help=(
     "Warm pool: idle sandboxes made ahead of demand, checked clean and handed out: auto (one per concurrent "
     "attempt), off, or a number (see docs/pool.md)."))]

@@ -36,6 +36,7 @@ def run(
     verify_timeout: o.VerifyTimeout = "task",
     reset: o.Reset = "auto",
     pool: o.Pool = "auto",
+    verifier: o.Verifier = None,
     watch: Annotated[bool, typer.Option("--watch", help="Sample leaks beside the run (fds, processes, mounts, "
                                         "/tmp, /dev/shm, store, daemon memory) and judge their slopes, as a "
                                         "sweep's soak does.")] = False,
@@ -55,6 +56,7 @@ def run(
     from drumsbench.measure.cost import HostPrice
     from drumsbench.rollout.pool import parse_pool
 
+    o.use_verifier(verifier)
     ledger = open_ledger(out)
     if resume:
         meta = ledger.run(resume)

@@ -48,6 +48,7 @@ def sweep(
     episode_timeout: o.EpisodeTimeout = "300s",
     reset: o.Reset = "auto",
     pool: o.Pool = "auto",
+    verifier: o.Verifier = None,
     seed: o.Seed = 0,
     price: o.Price = None,
     out: o.Out = o.RUNS,
@@ -67,6 +68,7 @@ def sweep(
     from drumsbench.rollout.faults import FaultPlan
     from drumsbench.rollout.pool import parse_pool
 
+    o.use_verifier(verifier)
     reset_to = parse_reset(reset)
     levels = parse_int_list(concurrency, "--concurrency")
     window_s = parse_duration(window, "--window")

@@ -411,6 +411,23 @@ class _Flight:
     t_submit: float
 
 
+def lost_node_record(*, run_id: str, seq: int, task: str, substrate: str, env: str, policy: str, host: str,
+                     node_id: str, node_name: str, what: str, reason: str, t_start: float,
+                     lost: bool = True, **fields: Any) -> AttemptRecord:
+    """The driver's record of an attempt (or continuation) whose Ray node was lost while it ran, or
+    that could not be placed: invalid, ``substrate_failure``, the infrastructure's (a node stops
+    answering; nothing the policy does reaches Ray). ``node_name`` and ``what`` make the detail
+    (``ray node NAME on HOST WHAT: REASON``); ``extra`` gains ``node`` and ``lost_node`` (``lost``);
+    ``fields``: the record's other fields (``worker``, ``concurrency``, ``window``, ``injected``,
+    ``extra``, ...)."""
+    extra = {**fields.pop("extra", {}), "node": node_id, "lost_node": lost}
+    return AttemptRecord(
+        run_id=run_id, seq=seq, task=task, substrate=substrate, env=env, policy=policy,
+        executor=RayExecutor.name, host=host, outcome=Outcome.INVALID, cause=InvalidCause.SUBSTRATE_FAILURE,
+        reward=None, detail=f"ray node {node_name} on {host} {what}: {reason}"[:500],
+        t_start=t_start, t_end=time.time(), extra=extra, **fields)
+
+
 @dataclass
 class RayExecutor:
     """Run a ``Job`` on a Ray cluster: ``concurrency`` attempts at once on each node.
@@ -576,15 +593,12 @@ class RayExecutor:
             flights[ref] = _Flight(node, k, work, time.time())
 
         def lost_record(f: _Flight, reason: str, what: str = "lost mid-attempt") -> AttemptRecord:
-            return AttemptRecord(
+            return lost_node_record(
                 run_id=job.run_id, seq=f.work.seq, task=f.work.task.id, substrate=substrate.name, env=f.node.env,
-                policy=policy_name, executor=self.name, host=f.node.host,
+                policy=policy_name, host=f.node.host, node_id=f.node.node_id, node_name=f.node.node_id[:8],
+                what=what, reason=reason, t_start=f.t_submit, lost=what == "lost mid-attempt",
                 worker=f.node.index * self.concurrency + f.slot, concurrency=self.concurrency,
-                window=str(job.meta.get("window", "")), outcome=Outcome.INVALID,
-                cause=InvalidCause.SUBSTRATE_FAILURE, reward=None, injected=f.work.fault,
-                detail=f"ray node {f.node.node_id[:8]} on {f.node.host} {what}: {reason}"[:500],
-                t_start=f.t_submit, t_end=time.time(),
-                extra={"node": f.node.node_id, "lost_node": what == "lost mid-attempt"})
+                window=str(job.meta.get("window", "")), injected=f.work.fault)
 
         def lose(node: _Node, err: BaseException) -> None:
             node.lost = True

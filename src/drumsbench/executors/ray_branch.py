@@ -44,9 +44,9 @@ from typing import Any
 
 from drumsbench.branching.methods import METHODS, ForkMethod, Shippable, fork_parallel, timed_fork
 from drumsbench.core.errors import UsageError
-from drumsbench.core.records import AttemptRecord, InvalidCause, Outcome
+from drumsbench.core.records import AttemptRecord
 from drumsbench.envs.base import Environment, Task
-from drumsbench.executors.ray import CanaryHub, ClusterCanaries, connect
+from drumsbench.executors.ray import CanaryHub, ClusterCanaries, connect, lost_node_record
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout.attempt import RolloutConfig, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry, positive_control
@@ -87,14 +87,11 @@ class BranchSpec:
              t_submit: float) -> AttemptRecord:
         """The driver's record of continuation ``seq`` whose node was lost while it ran: invalid,
         the infrastructure's (the node stopped answering; nothing the policy does reaches Ray)."""
-        return AttemptRecord(
+        return lost_node_record(
             run_id=self.run_id, seq=seq, task=self.task.id, substrate=self.substrate_cls.name, env=self.env_kind,
-            policy=self.policy.name, executor="ray", host=host, window=window, outcome=Outcome.INVALID,
-            cause=InvalidCause.SUBSTRATE_FAILURE, reward=None,
-            detail=f"ray node {label} ({node_id[:8]}) on {host} lost mid-continuation: {reason}"[:500],
-            t_start=t_submit, t_end=time.time(),
-            extra={"fork_method": method, "k": self.k, "parent": self.parent, "node": node_id, "node_label": label,
-                   "lost_node": True})
+            policy=self.policy.name, host=host, node_id=node_id, node_name=f"{label} ({node_id[:8]})",
+            what="lost mid-continuation", reason=reason, t_start=t_submit, window=window,
+            extra={"fork_method": method, "k": self.k, "parent": self.parent, "node_label": label})
 
 
 @dataclass

@@ -25,12 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from drumsbench.core.errors import SubstrateError, UsageError
-from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Task
 from drumsbench.executors.base import Job
-from drumsbench.executors.ray import NodeRunner, RayExecutor, RemoteJob, connect
+from drumsbench.executors.ray import NodeRunner, RayExecutor, RemoteJob, connect, lost_node_record
 from drumsbench.ledger import Ledger
 from drumsbench.policies.scripted import Null
 from drumsbench.rollout.attempt import Slot, run_attempt
@@ -175,15 +175,12 @@ class RayRunner:
     def _lost(self, item: tuple[Task, dict[str, Any], InvalidCause | None, dict[str, Any]], seq: int, node: Any,
               k: int, t_start: float, reason: str) -> AttemptRecord:
         task, _args, fault, meta = item
-        return AttemptRecord(
+        return lost_node_record(
             run_id=self.run_id, seq=seq, task=task.id, substrate=self.substrate.name, env=node.env,
-            policy=NetPolicy.name, executor=RayExecutor.name, host=node.host or socket.gethostname(),
+            policy=NetPolicy.name, host=node.host or socket.gethostname(), node_id=node.node_id,
+            node_name=node.node_id[:8], what="lost mid-attempt", reason=reason, t_start=t_start,
             worker=node.index * self.cfg.concurrency + k, concurrency=self.cfg.concurrency,
-            window=str(meta.get("window", "")), outcome=Outcome.INVALID, cause=InvalidCause.SUBSTRATE_FAILURE,
-            reward=None, injected=fault, detail=f"ray node {node.node_id[:8]} on {node.host} lost mid-attempt: "
-                                                f"{reason}"[:500],
-            t_start=t_start, t_end=time.time(),
-            extra={**meta.get("extra", {}), "node": node.node_id, "lost_node": True})
+            window=str(meta.get("window", "")), injected=fault, extra=dict(meta.get("extra", {})))
 
     def close(self) -> None:
         try:
