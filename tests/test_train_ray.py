@@ -84,10 +84,14 @@ def test_train_on_ray_carries_valid_and_cause_as_in_process(tmp_path):
 
 
 def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
-    """``node_3``'s raylet is SIGKILLed while one of its attempts runs (a sandbox command of the run
-    under it): each of its in-flight attempts is recorded once, invalid/substrate_failure with
+    """``node_3`` is lost while one of its attempts runs (a sandbox command of the run under it): its
+    workers, everything else under its raylet, then the raylet are SIGKILLed at once (a machine
+    lost); each of its in-flight attempts is recorded once, invalid/substrate_failure with
     ``lost_node`` and no decisions; the batch finishes on the other nodes and the run completes with
     every planned attempt recorded."""
+    import contextlib
+    import os
+    import signal
     import threading
     from pathlib import Path
 
@@ -105,14 +109,38 @@ def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
         label = f"{RUN_VAR}=tlost".encode()
         stop = threading.Event()
         killed: list[float] = []
+        what: list[bytes] = []
+
+        def _parent(pid: int) -> int | None:
+            try:
+                return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                return None
+
+        def command_of_the_run(pid: int) -> bool:
+            """A sandbox command of the run: labelled, and neither the sandbox's spawner nor its kept
+            verifier server (``-S -c``, ``--serve``), which live between attempts too."""
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            return (label in Path(f"/proc/{pid}/environ").read_bytes() and b"\0--serve\0" not in cmdline
+                    and b"\0-S\0-c\0" not in cmdline)
 
         def kill_node3_mid_attempt() -> None:
             while not stop.is_set():
                 for pid in _descendants(raylet) - {raylet}:
                     try:
-                        if label in Path(f"/proc/{pid}/environ").read_bytes():
+                        if command_of_the_run(pid):
+                            seen = Path(f"/proc/{pid}/cmdline").read_bytes()[:200]
+                            # the machine is lost at once: its workers first (an attempt this fast
+                            # could otherwise finish, or a new one start, while a worker notices
+                            # that its raylet is gone), then everything else on it
+                            below = _descendants(raylet) - {raylet}
+                            workers = {p for p in below if _parent(p) == raylet}
+                            for victim in [*workers, *(below - workers)]:
+                                with contextlib.suppress(OSError):
+                                    os.kill(victim, signal.SIGKILL)
                             c.remove_node(node3, allow_graceful=False)
                             killed.append(time.time())
+                            what.append(seen)
                             return
                     except OSError:
                         continue
@@ -133,7 +161,7 @@ def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
     seqs = [r["seq"] for r in recs]
     assert len(seqs) == len(set(seqs)), "an attempt was recorded twice"
     lost = [r for r in recs if json.loads(r["extra"]).get("lost_node")]
-    assert lost, [(r["seq"], r["outcome"], r["detail"]) for r in recs]
+    assert lost, (what, [(r["seq"], r["outcome"], r["detail"]) for r in recs])
     for r in lost:
         extra = json.loads(r["extra"])
         assert extra["node"] == node3.node_id and not extra.get("actions"), extra
