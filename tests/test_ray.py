@@ -85,14 +85,20 @@ def cluster():
         yield c, env
 
 
+def _parent(pid: int | str) -> int | None:
+    """``pid``'s parent pid, or None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _descendants(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(pid))
+        ppid = _parent(pid)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(pid))
     out, todo = {root}, [root]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -95,7 +95,7 @@ def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
     import threading
     from pathlib import Path
 
-    from test_ray import _descendants
+    from test_ray import _descendants, _parent
     from test_ray_desktop import HEALTH
 
     from drumsbench.substrates.process import RUN_VAR
@@ -110,12 +110,6 @@ def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
         stop = threading.Event()
         killed: list[float] = []
         what: list[bytes] = []
-
-        def _parent(pid: int) -> int | None:
-            try:
-                return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                return None
 
         def command_of_the_run(pid: int) -> bool:
             """A sandbox command of the run: labelled, and neither the sandbox's spawner nor its kept

@@ -18,7 +18,7 @@ from drumsbench.core.errors import UsageError
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.coding import env as coding_env
-from drumsbench.envs.coding.env import RUNNER, VERIFIER_VAR, CodingEnv
+from drumsbench.envs.coding.env import RUNNER, VERIFIER_VAR, CodingEnv, runner_stdin
 from drumsbench.envs.coding.task import CodingTask, load_suite
 from drumsbench.policies.scripted import Policy, make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
@@ -107,7 +107,7 @@ class _OnPath(CodingEnv):
         boot = (f"import sys; sys.path.insert(0, {self.box.paths.work!r}); "
                 f"exec(compile(open({runner!r}).read(), {runner!r}, 'exec'))")
         return self.box.exec(["python3", "-I", "-c", boot, "--warm", self.box.paths.verify], timeout=timeout,
-                             stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
+                             stdin=runner_stdin(secret, config))
 
 
 class _NotIsolated(CodingEnv):
@@ -116,7 +116,7 @@ class _NotIsolated(CodingEnv):
     def _exec_runner(self, secret: bytes, config: dict[str, Any], timeout: float, *, warm: bool) -> ExecResult:
         return self.box.exec(["python3", f"{self.box.paths.verify}/runner.py", "--warm", self.box.paths.verify],
                              timeout=timeout,
-                             stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
+                             stdin=runner_stdin(secret, config))
 
 
 class _NoEnd(CodingEnv):
@@ -188,12 +188,18 @@ def test_shadowing_the_verifiers_imports_is_no_escape_into_invalid(state_dir, ru
     assert escaped.outcome is Outcome.INVALID, (escaped.outcome, escaped.detail)  # positive control
 
 
-def test_a_killer_left_running_cannot_reach_the_warm_runner(state_dir, run_id):
+def _killer_changes_nothing(mode: str, killer: ActionSpec, state_dir, run_id: str) -> None:
+    """With ``killer`` in the policy's actions, unsolved fails and solved succeeds, decided by the
+    ``mode`` verifier itself (no fallback)."""
     for solve, want in ((False, Outcome.FAILED), (True, Outcome.SUCCESS)):
-        env = CodingEnv("warm")
-        rec = _attempt(env, Scripted("killer", [KILLER], solve=solve), state_dir, run_id)
+        env = CodingEnv(mode)
+        rec = _attempt(env, Scripted("killer", [killer], solve=solve), state_dir, run_id)
         assert rec.outcome is want, (rec.outcome, rec.cause, rec.detail)
-        assert env.fallbacks == [] and rec.extra["verifier"] == "warm", rec.extra
+        assert env.fallbacks == [] and rec.extra["verifier"] == mode, rec.extra
+
+
+def test_a_killer_left_running_cannot_reach_the_warm_runner(state_dir, run_id):
+    _killer_changes_nothing("warm", KILLER, state_dir, run_id)
     env = _NoEnd("warm")
     escaped = _attempt(env, Scripted("killer", [KILLER]), state_dir, run_id + "p")
     assert (escaped.outcome, escaped.cause) == (Outcome.INVALID, InvalidCause.VERIFIER_UNAVAILABLE), escaped.detail
@@ -303,11 +309,7 @@ class _NoDrop(CodingEnv):
 
 
 def test_a_killer_in_the_policys_turn_cannot_reach_the_kept_server(state_dir, run_id):
-    for solve, want in ((False, Outcome.FAILED), (True, Outcome.SUCCESS)):
-        env = CodingEnv("kept")
-        rec = _attempt(env, Scripted("killer", [SERVER_KILLER], solve=solve), state_dir, run_id)
-        assert rec.outcome is want, (rec.outcome, rec.cause, rec.detail)
-        assert env.fallbacks == [] and rec.extra["verifier"] == "kept", rec.extra
+    _killer_changes_nothing("kept", SERVER_KILLER, state_dir, run_id)
     # positive control: a server of the sandbox's uid is killed by the same actions; the verdict
     # then comes from the per-verification runner, and the record says so
     env = _ServerAsSandboxUid("kept")

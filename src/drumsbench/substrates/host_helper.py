@@ -4,7 +4,7 @@
 sandbox's cgroups, in its own session, with stdin and stdout (stderr joined) held by the harness.
 It speaks the ``Helper`` protocol: a request on stdin, an answer on stdout ending in one line
 ``HELPER_END <code>``. The harness is the helper's parent and reaps it only in ``stop``: until then
-its pid cannot be reused, which is what lets the sandbox spare it by pid (``spared``).
+its pid cannot be reused, which is what lets the sandbox spare it by pid (``HostFolderSandbox.kill_all``).
 """
 
 from __future__ import annotations

@@ -60,6 +60,11 @@ DEFAULT_VERIFIER = "kept"
 VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
 
 
+def runner_stdin(secret: bytes, config: dict[str, Any]) -> bytes:
+    """What a verifier runner reads on stdin: the secret (hex), then the JSON config, a line each."""
+    return secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
+
+
 def chosen_verifier(verifier: str | None = None) -> str:
     """``verifier``, else ``$DRUMSBENCH_VERIFIER``, else ``warm``; ``UsageError`` for another value."""
     value = verifier if verifier is not None else os.environ.get(VERIFIER_VAR, DEFAULT_VERIFIER)
@@ -79,10 +84,9 @@ class CodingEnv(Environment, VerifierNotes):
         # the reason); the verdict is then the cold one's
         self.fallbacks: list[str] = []
         self.verify_note: dict[str, object] = {}
-        # the kept verifier server of the attached sandbox (``kept``), and why there is none
+        # the kept verifier server of the attached sandbox (``kept``; None: it keeps none)
         self._server: Helper | None = None
         self._server_box: object | None = None
-        self.no_server: str | None = None
 
     def reset(self, task: Task) -> None:
         super().reset(task)
@@ -96,14 +100,9 @@ class CodingEnv(Environment, VerifierNotes):
         if self._server is not None and self._server_box is box and self._server.alive():
             return
         self._server, self._server_box = None, box
-        if not isinstance(box, Helpers):
-            self.no_server = f"the {box.substrate} sandbox keeps no helper"
-            return
-        try:
-            self._server = box.start_helper(self._server_argv(box.paths, box.helper_uid), cwd=box.paths.root)
-            self.no_server = None
-        except SubstrateError as e:
-            self.no_server = f"no kept verifier: {e}"
+        if isinstance(box, Helpers):
+            with contextlib.suppress(SubstrateError):  # it cannot keep one here: the warm runner decides
+                self._server = box.start_helper(self._server_argv(box.paths, box.helper_uid), cwd=box.paths.root)
 
     def _server_argv(self, paths: SandboxPaths, uid: int) -> list[str]:
         """The kept server's command line: the runner's source itself (never a file of the sandbox,
@@ -201,8 +200,7 @@ class CodingEnv(Environment, VerifierNotes):
     def _exec_runner(self, secret: bytes, config: dict[str, Any], timeout: float, *, warm: bool) -> ExecResult:
         verify = self.box.paths.verify
         argv = ["python3", "-I", f"{verify}/runner.py", *(["--warm"] if warm else []), verify]
-        return self.box.exec(argv, timeout=timeout, output_limit=OBS_LIMIT,
-                             stdin=secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n")
+        return self.box.exec(argv, timeout=timeout, output_limit=OBS_LIMIT, stdin=runner_stdin(secret, config))
 
     def run_verifier(self, task: Task, timeout: float) -> bool:
         """True: passed; False: the tests ran and did not pass. ``PolicyFault`` when the code under
@@ -214,11 +212,10 @@ class CodingEnv(Environment, VerifierNotes):
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
                   "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
-        stdin = secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
         server = self._server if self.verifier == "kept" and self._server_box is self.box else None
         if server is not None and server.alive():  # (not alive: it was started and has ended)
             self.verify_note = {"verifier": "kept"}
-            res = server.call(b"go\n" + stdin, timeout=timeout, output_limit=OBS_LIMIT)
+            res = server.call(b"go\n" + runner_stdin(secret, config), timeout=timeout, output_limit=OBS_LIMIT)
             lines = res.stdout.decode(errors="replace").splitlines()
             if saw_ready(lines, secret) or res.timed_out:
                 return self._decide(res, lines, secret, timeout)
