@@ -14,4 +14,11 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+# The desktop image of the container substrates (the Debian rootfs with the packages above, added
+# from the host apt's cache): built once, cached (drumsbench.images, flavor "desktop").
+if [ -n "${PYTHON:-}" ] && [ "${DRUMSBENCH_SKIP_IMAGES:-0}" != 1 ]; then
+  "$PYTHON" -m drumsbench.substrates.containers.docker ensure-desktop-image
+  "$PYTHON" -m drumsbench.substrates.containers.podman ensure-desktop-image
+fi
 echo "setup-desktop: desktop environment ready"

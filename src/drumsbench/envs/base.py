@@ -99,6 +99,9 @@ class Environment(ABC):
     kind: ClassVar[str]
     # capability interfaces (substrates/base.py) its sandboxes must implement; checked up front
     requires: ClassVar[tuple[type, ...]] = ()
+    # the image flavor (``drumsbench.images.FLAVORS``) its sandboxes need where a substrate builds
+    # images (``ImageFlavors``: docker, podman); substrates on the host's own files ignore it
+    image_flavor: ClassVar[str] = "base"
 
     @classmethod
     def unmet(cls, sandbox_class: type[Sandbox] | None) -> list[str]:

@@ -38,7 +38,7 @@ from drumsbench.rollout.faults import FaultPlan
 from drumsbench.rollout.isolation import positive_control
 from drumsbench.rollout.pool import DEFAULT_POOL, PooledSubstrate, PoolSetting, pool_size, pooled
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import Substrate
+from drumsbench.substrates.base import ImageFlavors, Substrate
 
 if TYPE_CHECKING:
     from drumsbench.executors.ray import RayExecutor
@@ -111,9 +111,11 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
     when the environment of suite ``tasks`` needs what its sandboxes cannot do (checked before any
     sandbox is made, never turned into invalid attempts)."""
     cls = registry.get(name)
+    flavor = "base"
     if tasks is not None:  # first: what the environment needs does not depend on this host
         kind = suites.KINDS.load(suites.suite_kind(tasks))
         env_class = kind.environment_class()
+        flavor = env_class.image_flavor
         unmet = env_class.unmet(cls.sandbox_class)
         if unmet:
             fit = [n for n in registry.BUILTINS if _fits(env_class, n)]
@@ -122,7 +124,10 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
     missing = cls.missing()
     if missing:
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
-    return cls(run_id, state.state_dir())
+    sub = cls(run_id, state.state_dir())
+    if isinstance(sub, ImageFlavors):
+        sub.use_flavor(flavor)
+    return sub
 
 
 def _fits(env_class: type[Environment], name: str) -> bool:

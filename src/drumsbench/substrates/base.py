@@ -412,6 +412,10 @@ class LaunchView:
     - ``confine``: argv prefix that gives a command entered into those namespaces (``nsenter``) the
       privileges of the sandbox's own commands (empty: the caller drops them, e.g. to a uid).
     - ``drop_admin``: whether the launched command must drop ``CAP_SYS_ADMIN``/``CAP_NET_ADMIN``.
+    - ``keep_caps``: when set, the bounding set (a bit mask, bit n = capability n) of the sandbox's
+      own commands: the launched command must drop every other capability from its bounding set,
+      and set no_new_privs, before it starts anything (a container's processes: the launcher runs
+      as the host's root, the container's commands with the engine's reduced set).
     """
 
     prefix: tuple[str, ...]
@@ -419,6 +423,7 @@ class LaunchView:
     inside_root: str
     confine: tuple[str, ...] = ()
     drop_admin: bool = False
+    keep_caps: int | None = None
 
 
 class ViewLaunching(ABC):
@@ -431,6 +436,17 @@ class ViewLaunching(ABC):
     @abstractmethod
     def launch_view(self) -> LaunchView:
         """Where and how to launch now; ``SubstrateError`` for a destroyed sandbox."""
+
+
+class ImageFlavors(ABC):
+    """Capability of a substrate whose sandboxes run from an image it builds (``drumsbench.images``
+    flavors): an environment that needs system parts beyond the base image (the desktop's X server
+    and LibreOffice: ``Environment.image_flavor``) chooses its flavor before the first ``create``."""
+
+    @abstractmethod
+    def use_flavor(self, flavor: str) -> None:
+        """Sandboxes created from now on run the image of ``flavor``; ``SubstrateError`` for an
+        unknown one. The image is built on first use when absent."""
 
 
 class Snapshotting(ABC):

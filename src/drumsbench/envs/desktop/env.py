@@ -122,6 +122,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
     # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay); containers and VMs
     # are refused up front until an image carries them
     requires = (ViewLaunching, HostLaunching)
+    image_flavor = "desktop"  # a container sandbox runs the desktop image (images.DESKTOP_INCLUDE)
     kind = "desktop"
 
     def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:

@@ -10,6 +10,8 @@ the harness's virtualenv). It
    brings the loopback up (UNO listens on 127.0.0.1 inside),
 3. bind-mounts the sandbox's private folders over the shared ones (``/tmp/.X11-unix``,
    ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide,
+   then drops what the launcher gave for that (``drop_admin``) and, in a container, every
+   capability its own commands lack (``keep_caps``, with no_new_privs),
 4. starts ``Xvfb -r -noreset -nolock`` (no key autorepeat) and waits until it answers the X handshake, then ``openbox``
    whose ``--startup`` command starts the application once the window manager manages windows,
 5. waits, reaping children, until Xvfb dies or it gets SIGTERM; then it exits, and the kernel
@@ -35,6 +37,7 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 MS_BIND = 4096
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -83,11 +86,20 @@ def main() -> int:
             if not os.path.isdir(dst):  # a view without it (overlay's rootfs has no /var/lib/xkb)
                 os.makedirs(dst, mode=0o1777, exist_ok=True)
             bind(src, dst)
-        if cfg.get("drop_admin"):
+        drop = [CAP_SYS_ADMIN, CAP_NET_ADMIN] if cfg.get("drop_admin") else []
+        keep = cfg.get("keep_caps")
+        if keep is not None:
+            # the sandbox's own commands have this bounding set (a container's): nothing started
+            # below gets more, and nothing gains privileges by executing a file
+            with open("/proc/sys/kernel/cap_last_cap") as f:
+                last = int(f.read())
+            drop += [cap for cap in range(last + 1) if not (int(keep) >> cap) & 1]
+        for cap in dict.fromkeys(drop):
             # the launcher gave these for the set-up above only: nothing started below keeps them
-            for cap in (CAP_SYS_ADMIN, CAP_NET_ADMIN):
-                if _libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                    raise OSError(ctypes.get_errno(), f"cannot drop capability {cap}")
+            if _libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot drop capability {cap}")
+        if keep is not None and _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "cannot set no_new_privs")
     except OSError as e:
         sys.stderr.write(f"holder setup failed: {e}\n")
         return 4

@@ -299,6 +299,7 @@ class DesktopInstance:
             "wm_first": s.wm_first,
             "app_exit_file": self.inside(self.app_exit_file),
             "drop_admin": self.view.drop_admin,
+            "keep_caps": self.view.keep_caps,
         }
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
         # checkpointable: no mount namespace of its own (CRIU), the process substrate only (__init__)

@@ -28,21 +28,27 @@ import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import (
+    DEFAULT_OUTPUT_LIMIT,
     ExecRequest,
     ExecResult,
     Freezable,
+    HostLaunching,
+    ImageFlavors,
+    LaunchView,
     Sandbox,
     SandboxLimits,
     SandboxPaths,
     Substrate,
+    ViewLaunching,
 )
+from drumsbench.substrates.containers import host_entry
 from drumsbench.substrates.exec_core import sandbox_env
 
 LABEL_RUN = "drumsbench.run"
@@ -282,10 +288,17 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def sandbox_tag() -> str:
-    """Tag of the sandbox image: changes whenever the rootfs recipe or the sandbox layer does."""
-    h = hashlib.sha256(f"{images.rootfs_tag()}|{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:12]
-    return f"drumsbench-sandbox:{h}"
+def sandbox_tag(flavor: str = "base") -> str:
+    """Tag of the sandbox image of rootfs ``flavor`` (``images.FLAVORS``; ``base``:
+    ``drumsbench-sandbox``, ``desktop``: ``drumsbench-desktop``): changes whenever the rootfs recipe
+    or the sandbox layer does."""
+    h = hashlib.sha256(f"{images.rootfs_tag(flavor)}|{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:12]
+    return f"drumsbench-{'sandbox' if flavor == 'base' else flavor}:{h}"
+
+
+def image_label(flavor: str) -> str:
+    """The ``drumsbench.image`` label of the sandbox image of ``flavor``."""
+    return "sandbox" if flavor == "base" else flavor
 
 
 def exec_env(token: str, extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -337,16 +350,17 @@ def layer_tar() -> bytes:
     return buf.getvalue()
 
 
-def rootfs_tar_cached() -> bool:
-    return (images.cache_dir() / f"rootfs-{images.recipe_hash()}.tar").exists()
+def rootfs_tar_cached(flavor: str = "base") -> bool:
+    return images.rootfs_dir(flavor).with_suffix(".tar").exists()
 
 
-def ensure_rootfs_tar_verbose(engine: str) -> Path:
-    """``images.ensure_rootfs_tar()``, saying so when it has to run debootstrap."""
-    if not rootfs_tar_cached():
-        progress(f"{engine}: building the Debian rootfs with debootstrap (about a minute, once)")
-    with build_lock("rootfs"):
-        return images.ensure_rootfs_tar()
+def ensure_rootfs_tar_verbose(engine: str, flavor: str = "base") -> Path:
+    """``images.ensure_rootfs_tar(flavor)``, saying so when it has to run debootstrap."""
+    if not rootfs_tar_cached(flavor):
+        what = "the Debian rootfs" if flavor == "base" else f"the Debian rootfs with the {flavor}'s packages"
+        progress(f"{engine}: building {what} ({'about a minute' if flavor == 'base' else 'a few minutes'}, once)")
+    with build_lock("rootfs" if flavor == "base" else f"rootfs-{flavor}"):
+        return images.ensure_rootfs_tar(flavor)
 
 
 def progress(message: str) -> None:
@@ -407,9 +421,11 @@ def decode_tail(data: bytes, n: int = 300) -> str:
     return data.decode(errors="replace").strip()[-n:]
 
 
-class ContainerSandbox(Sandbox, Freezable):
+class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
     """One container of an engine. What the engines share is here: the exec token, batched file
-    writes, reset and end of processes by scripts run inside; subclasses drive their engine."""
+    writes, reset and end of processes by scripts run inside, the host's entry into the container
+    (``host_entry``: a launched tree and launchers in its cgroups and namespaces); subclasses drive
+    their engine."""
 
     def __init__(self, sub: Substrate, cid: str, sid: str) -> None:
         self.substrate = sub.name
@@ -418,10 +434,43 @@ class ContainerSandbox(Sandbox, Freezable):
         self.container_id = cid
         self.paths = PATHS
         self._destroyed = False
+        self._pid: int | None = None
 
     def _check(self) -> None:
         if self._destroyed:
             raise SubstrateError(f"{self.substrate}: sandbox {self.id} is destroyed")
+
+    @abc.abstractmethod
+    def _engine_pid(self) -> int:
+        """The host pid of the container's pid 1, from the engine's record (0 when not running)."""
+
+    def init_pid(self) -> int:
+        """The host pid of the container's pid 1 (asked once: a sandbox's container never restarts)."""
+        self._check()
+        if self._pid is None:
+            pid = self._engine_pid()
+            if pid <= 0:
+                raise SubstrateError(f"{self.substrate}: sandbox {self.id}: the container is not running")
+            self._pid = pid
+        return self._pid
+
+    # -- ViewLaunching / HostLaunching (host_entry) ----------------------------------------------
+    @property
+    def uid(self) -> int | None:
+        return None  # commands run as the container's root
+
+    def launch_view(self) -> LaunchView:
+        return host_entry.launch_view(self.init_pid(), ROOT)
+
+    def exec_launcher(self, argv: Sequence[str], *, timeout: float, cwd: str | None = None,
+                      env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                      output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        """A harness-made launcher as the host's root, in the container's cgroups (``host_entry``).
+        ``cwd`` is a folder of the container: the launcher itself starts in the host's ``/`` and
+        sets its folder once inside (``env -C``)."""
+        del cwd
+        return host_entry.run_launcher(self.init_pid(), self.run_id, self.id, argv, timeout=timeout, env=env,
+                                       stdin=stdin, output_limit=output_limit)
 
     def _run(self, req: ExecRequest) -> ExecResult:
         self._check()
@@ -458,17 +507,26 @@ class ContainerSandbox(Sandbox, Freezable):
         return state_evidence(self.substrate, state)
 
 
-class ContainerSubstrate(Substrate):
+class ContainerSubstrate(Substrate, ImageFlavors):
     """A substrate of containers of one sandbox image, built on first use."""
 
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self._image: str | None = None
         self._image_lock = threading.Lock()
+        self.flavor = "base"
+
+    def use_flavor(self, flavor: str) -> None:
+        """``ImageFlavors``: sandboxes made from now on run the image of rootfs ``flavor``."""
+        if flavor not in images.FLAVORS:
+            raise SubstrateError(f"{self.name}: unknown image flavor {flavor!r} (one of {', '.join(images.FLAVORS)})")
+        with self._image_lock:
+            if flavor != self.flavor:
+                self.flavor, self._image = flavor, None
 
     @abc.abstractmethod
     def build_image(self) -> str:
-        """The sandbox image's tag, built first when absent (the engine's ``ensure_image``)."""
+        """The sandbox image's tag of ``self.flavor``, built first when absent (the engine's ``ensure_image``)."""
 
     def image(self) -> str:
         with self._image_lock:
@@ -496,13 +554,13 @@ def gc_containers(engine: str, labelled: Iterable[Mapping[str, Any]], dead_runs:
     return removed
 
 
-def engine_main(substrate: type[Substrate], ensure_image: Callable[[], object], argv: list[str] | None,
+def engine_main(substrate: type[Substrate], ensure_image: Callable[[str], object], argv: list[str] | None,
                 actions: Mapping[str, Callable[[], object]] | None = None) -> int:
-    """``python -m drumsbench.substrates.containers.<engine> ACTION``: ``ensure-image``, ``missing``
-    and the engine's own ``actions``."""
+    """``python -m drumsbench.substrates.containers.<engine> ACTION``: ``ensure-image`` (the base
+    sandbox image), ``ensure-desktop-image``, ``missing`` and the engine's own ``actions``."""
     import argparse
 
-    more = dict(actions or {})
+    more = {"ensure-desktop-image": lambda: ensure_image("desktop"), **(actions or {})}
     parser = argparse.ArgumentParser(prog=f"python -m drumsbench.substrates.containers.{substrate.name}")
     parser.add_argument("action", choices=sorted(["ensure-image", "missing", *more]))
     args = parser.parse_args(argv)
@@ -511,7 +569,7 @@ def engine_main(substrate: type[Substrate], ensure_image: Callable[[], object], 
             what = substrate.missing()
             print(what or f"{substrate.name}: usable")
             return 1 if what else 0
-        more.get(args.action, ensure_image)()
+        more.get(args.action, lambda: ensure_image("base"))()
     except SubstrateError as e:
         print(f"drumsbench: {e}", file=sys.stderr)
         return 1

@@ -77,24 +77,25 @@ def image_exists(client: Any, tag: str) -> bool:
         return False
 
 
-def ensure_image(client: Any | None = None) -> str:
-    """The sandbox image's tag, importing the rootfs and building the layer first when absent."""
+def ensure_image(client: Any | None = None, flavor: str = "base") -> str:
+    """The sandbox image's tag of rootfs ``flavor``, importing the rootfs and building the layer
+    first when absent."""
     if client is None:
         client = _client(timeout=900)
         try:
-            return ensure_image(client)
+            return ensure_image(client, flavor)
         finally:
             client.close()
-    tag = C.sandbox_tag()
+    tag = C.sandbox_tag(flavor)
     if image_exists(client, tag):
         return tag
     with C.build_lock("docker-image"):
         if image_exists(client, tag):
             return tag
         t0 = time.monotonic()
-        rootfs = images.rootfs_tag()
+        rootfs = images.rootfs_tag(flavor)
         if not image_exists(client, rootfs):
-            tar = C.ensure_rootfs_tar_verbose("docker")
+            tar = C.ensure_rootfs_tar_verbose("docker", flavor)
             C.progress(f"docker: importing {tar.name} as {rootfs} (a few seconds, once)")
             repo, _, rtag = rootfs.partition(":")
             try:
@@ -124,7 +125,7 @@ def ensure_image(client: Any | None = None) -> str:
                     "Cmd": C.REAPER_ARGV,
                     "WorkingDir": C.PATHS.work,
                     "Env": [f"PATH={SANDBOX_PATH}", f"HOME={C.PATHS.home}"],
-                    "Labels": {"drumsbench.image": "sandbox", "drumsbench.rootfs": rootfs},
+                    "Labels": {"drumsbench.image": C.image_label(flavor), "drumsbench.rootfs": rootfs},
                 },
             )
         except _api_errors() as e:
@@ -142,6 +143,12 @@ class DockerSandbox(C.ContainerSandbox):
         super().__init__(sub, cid, sid)
         self._api = sub.client.api
         self._unremoved = sub.unremoved
+
+    def _engine_pid(self) -> int:
+        try:
+            return int(self._api.inspect_container(self.container_id)["State"]["Pid"] or 0)
+        except _api_errors() as e:
+            raise self._gone(e, "inspect") from e
 
     # -- exec -----------------------------------------------------------------------------------
     def _gone(self, e: BaseException, what: str) -> SubstrateError:
@@ -529,7 +536,7 @@ class DockerSubstrate(C.ContainerSubstrate):
         return None
 
     def build_image(self) -> str:
-        return ensure_image()
+        return ensure_image(flavor=self.flavor)
 
     def create(self) -> DockerSandbox:
         image = self.image()
@@ -647,7 +654,7 @@ class DockerSubstrate(C.ContainerSubstrate):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return C.engine_main(DockerSubstrate, ensure_image, argv)
+    return C.engine_main(DockerSubstrate, lambda flavor: ensure_image(flavor=flavor), argv)
 
 
 if __name__ == "__main__":

@@ -157,18 +157,19 @@ def image_exists(tag: str) -> bool:
     return podman(["image", "exists", tag], check=False).returncode == 0
 
 
-def ensure_image() -> str:
-    """The sandbox image's tag, importing the rootfs and building the layer first when absent."""
-    tag = C.sandbox_tag()
+def ensure_image(flavor: str = "base") -> str:
+    """The sandbox image's tag of rootfs ``flavor``, importing the rootfs and building the layer
+    first when absent."""
+    tag = C.sandbox_tag(flavor)
     if image_exists(tag):
         return tag
     with C.build_lock("podman-image"):
         if image_exists(tag):
             return tag
         t0 = time.monotonic()
-        rootfs = images.rootfs_tag()
+        rootfs = images.rootfs_tag(flavor)
         if not image_exists(rootfs):
-            tar = C.ensure_rootfs_tar_verbose("podman")
+            tar = C.ensure_rootfs_tar_verbose("podman", flavor)
             C.progress(f"podman: importing {tar.name} as {rootfs} (about 10 s, once)")
             podman(["import", "--quiet", str(tar), rootfs], timeout=900)
         C.progress(f"podman: building the sandbox image {tag}")
@@ -194,7 +195,7 @@ def ensure_image() -> str:
                     "--change",
                     f"ENV HOME={C.PATHS.home}",
                     "--change",
-                    "LABEL drumsbench.image=sandbox",
+                    f"LABEL drumsbench.image={C.image_label(flavor)}",
                     "--change",
                     f"LABEL drumsbench.rootfs={rootfs}",
                     build,
@@ -213,6 +214,10 @@ class PodmanSandbox(C.ContainerSandbox):
         super().__init__(sub, cid, sid)
         self._exe = sub.exe
         self._env = configure()
+
+    def _engine_pid(self) -> int:
+        proc = podman(["container", "inspect", "--format", "{{.State.Pid}}", self.container_id], check=False)
+        return int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
 
     def _running(self) -> bool:
         proc = podman(
@@ -416,7 +421,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
         return None
 
     def build_image(self) -> str:
-        return ensure_image()
+        return ensure_image(flavor=self.flavor)
 
     def create(self) -> PodmanSandbox:
         """``podman create``, the disk bound over its layer folder (``disk_mode``), ``podman start``."""
