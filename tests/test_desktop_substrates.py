@@ -1,11 +1,13 @@
-"""The desktop environment on the ``bwrap`` and ``overlay`` substrates (docs/desktop.md, "Where it runs").
+"""The desktop environment on the ``bwrap``, ``overlay``, ``docker`` and ``podman`` substrates
+(docs/desktop.md, "Where it runs").
 
 Through the real environment and rollout: the oracle succeeds and the null policy fails on a Writer
 and a Calc task; the gates hold (a black screen and a frozen one are ``bad_observation``, a planted
 stale lock is ``dirty_reset``); a policy's shell action is not offered there (it would keep the
 view's CAP_DAC_OVERRIDE and reach the instance's sockets) and asking for one is the policy's failure,
 never an invalid attempt; and nothing is left afterwards (processes, mounts, sockets in the host's /tmp,
-sandbox folders). The refusal of docker, podman and vm is tested through the CLI (test_cli.py).
+sandbox folders, containers). In a container the instance has the container's bounds: its cgroups,
+its capability bounding set, no_new_privs. The refusal of vm is tested through the CLI (test_cli.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from drumsbench.policies.scripted import Null, Oracle, Policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import Substrate
+from drumsbench.substrates.base import ImageFlavors, Substrate
+from drumsbench.substrates.containers.common import ContainerSandbox
 
 from conftest import require
 
@@ -48,12 +51,13 @@ def desktop_ready():
     template_profile()
 
 
-@pytest.fixture(params=["bwrap", "overlay"])
-def slot(request, desktop_ready, state_dir, run_id, tmp_path):
-    cls = registry.get(request.param)
+def _slot(name: str, state_dir: Path, run_id: str, tmp_path: Path):
+    cls = registry.get(name)
     require(cls.missing())
     before = host_tmp_sockets()
     sub: Substrate = cls(run_id, state_dir)
+    if isinstance(sub, ImageFlavors):
+        sub.use_flavor(DesktopEnv.image_flavor)
     # a start may take long on a loaded host: these tests judge outcomes, not start times
     s = Slot(sub, DesktopEnv(Settings(start_timeout_s=90), artifact_dir=tmp_path / "report"))
     yield s
@@ -61,10 +65,22 @@ def slot(request, desktop_ready, state_dir, run_id, tmp_path):
     s.env.stop()  # type: ignore[attr-defined]
     sub.close()
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(state_dir) in line]
-    folders = [str(p) for p in (state_dir / request.param).glob("*/*")]
+    folders = [str(p) for p in (state_dir / name).glob("*/*")]
     sockets = sorted(host_tmp_sockets() - before)
-    # processes, the substrate's own account, mounts, sandbox folders, sockets in the host's /tmp
-    assert desktop_processes(str(state_dir)) + sub.leftovers() + mounts + folders + sockets == []
+    # processes (by the state folder, or the run's label: a container's), the substrate's own account
+    # (containers), mounts, sandbox folders, sockets in the host's /tmp
+    procs = sorted(set(desktop_processes(str(state_dir)) + desktop_processes(f"DRUMSBENCH_RUN={run_id}")))
+    assert procs + sub.leftovers() + mounts + folders + sockets == []
+
+
+@pytest.fixture(params=["bwrap", "overlay", "docker", "podman"])
+def slot(request, desktop_ready, state_dir, run_id, tmp_path):
+    yield from _slot(request.param, state_dir, run_id, tmp_path)
+
+
+@pytest.fixture(params=["docker", "podman"])
+def container_slot(request, desktop_ready, state_dir, run_id, tmp_path):
+    yield from _slot(request.param, state_dir, run_id, tmp_path)
 
 
 def attempt(slot: Slot, task_id: str, policy: Policy, *, seq: int = 0, fault: InvalidCause | None = None):
@@ -121,6 +137,49 @@ def test_a_shell_action_is_not_offered_and_asking_for_one_is_the_policys_doing(s
         with pytest.raises(Exception, match="shell actions are not offered"):  # never reached by a policy
             inst.exec_inside(["/bin/sh", "-c", "true"], timeout=20, all_namespaces=True, as_sandbox_user=True)
         assert not (inst.work / "mine").exists() and inst.alive() and inst.app_running()
+    finally:
+        env.stop()
+        box.destroy()
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _groups(pid: int) -> set[str]:
+    return set(Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+
+
+def test_a_container_desktop_has_the_containers_bounds(container_slot):
+    """In a container, every process of the instance is in the container's cgroups (its pids and
+    memory limits count it, a pause freezes it), has the container's capability bounding set (not
+    the host root's of the launcher that entered it) and no_new_privs. The control: the launcher's
+    own process (``sh`` then ``nsenter`` on the host) has the host root's full set, so the
+    comparison can fail."""
+    slot = container_slot
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+    box = slot.substrate.create()
+    try:
+        assert isinstance(box, ContainerSandbox)
+        env.attach(box)
+        env.reset(task)
+        inst = env.instance
+        assert inst.app_running()
+        init = box.init_pid()
+        want = _status(init)
+        pids = list(inst.namespace_pids().values())
+        names = {Path(f"/proc/{p}/comm").read_text().strip() for p in pids}
+        assert {"Xvfb", "openbox", "soffice.bin"} <= names, names
+        for pid in pids:
+            st = _status(pid)
+            assert (st["CapBnd"], st["NoNewPrivs"]) == (want["CapBnd"], "1"), (pid, st["Name"], st["CapBnd"])
+            assert _groups(pid) == _groups(init), st["Name"]
+        assert inst.proc is not None
+        launcher = _status(inst.proc.pid)  # control: the host-side launcher keeps the host root's set
+        assert int(launcher["CapBnd"], 16) & ~int(want["CapBnd"], 16), launcher["CapBnd"]
     finally:
         env.stop()
         box.destroy()

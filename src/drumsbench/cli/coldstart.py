@@ -12,16 +12,19 @@ from drumsbench.cli import options as o
 from drumsbench.cli.common import console, finishing, progress_lines, substrate_names, usage_error, write_json
 
 if TYPE_CHECKING:
-    from drumsbench.measure.artifacts import ColdstartArtifact
+    from drumsbench.measure.artifacts import ColdstartArtifact, DesktopColdstartArtifact
     from drumsbench.measure.pool import PoolColdstartArtifact
 
 
 def coldstart_json(run_id: str, config: dict[str, Any], results: Sequence[ColdstartArtifact],
-                   pools: Sequence[PoolColdstartArtifact] = ()) -> dict[str, Any]:
-    """``coldstart.json``; ``pools``: the warm pool per substrate (``pool``, absent without one)."""
+                   pools: Sequence[PoolColdstartArtifact] = (),
+                   desktop: Sequence[DesktopColdstartArtifact] = ()) -> dict[str, Any]:
+    """``coldstart.json``; ``pools``: the warm pool per substrate (``pool``, absent without one);
+    ``desktop``: ``--env desktop``'s results (``desktop``, absent for the coding sandbox)."""
     return {"schema": "drumsbench.coldstart/2", "run_id": run_id, "config": config,
             "results": [r.model_dump(mode="json") for r in results],
-            **({"pool": [p.model_dump(mode="json") for p in pools]} if pools else {})}
+            **({"pool": [p.model_dump(mode="json") for p in pools]} if pools else {}),
+            **({"desktop": [d.model_dump(mode="json") for d in desktop]} if desktop else {})}
 
 
 def coldstart(
@@ -35,18 +38,26 @@ def coldstart(
     pool: Annotated[str, typer.Option("--pool", metavar="auto|off|N", help=(
         "Also measure acquire from a warm pool of this many sandboxes (auto: one per core; off: not "
         "measured)."))] = "auto",
+    env: Annotated[str, typer.Option("--env", metavar="coding|desktop", help=(
+        "coding: an empty sandbox (create -> first command, teardown, idle memory, resets); desktop: "
+        "create -> the first good screenshot of LibreOffice on a task's document, and the desktop's "
+        "resets."))] = "coding",
+    task: Annotated[str, typer.Option(help="--env desktop: the desktop task whose document is opened.")] = (
+        "writer-fix-typo"),
     out: o.Out = o.RUNS,
     json_path: o.Json = None,
     progress: o.Progress = True,
 ) -> None:
-    """Cold start, teardown, idle memory and reset per substrate, beside each one's raw floor."""
+    """Cold start, teardown, idle memory and reset per substrate, beside each one's raw floor (with
+    --env desktop: the desktop's start to its first good screenshot and its resets)."""
     from drumsbench.core import host_state as state
+    from drumsbench.core.errors import UsageError
     from drumsbench.core.machine import commit, machine_info
     from drumsbench.envs.coding.task import load_suite
-    from drumsbench.experiments.coldstart import ColdstartConfig, measure, measure_pool
+    from drumsbench.experiments.coldstart import ColdstartConfig, measure, measure_desktop, measure_pool
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
     from drumsbench.measure import artifacts
-    from drumsbench.report.tables import coldstart_group
+    from drumsbench.report.tables import coldstart_group, desktop_coldstart_group
     from drumsbench.rollout.pool import parse_pool
 
     chosen = substrate_names(substrate, substrates)
@@ -55,17 +66,33 @@ def coldstart(
                               pool=parse_pool(pool))
     except ValidationError as e:
         raise usage_error(e, {"stagger_s": "--stagger", "substrates": "--substrate", "n": "-n"}) from None
+    if env not in ("coding", "desktop"):
+        raise UsageError(f"--env: {env!r} is not an environment of coldstart; use coding or desktop")
+    if env == "desktop":
+        from drumsbench.envs.desktop.task import load_suite as load_desktop
+
+        if task not in {t.id for t in load_desktop("desktop")}:
+            raise UsageError(f"--task: no desktop task {task!r}; see `drumsbench tasks --tasks desktop`")
     run_id = new_run_id()
-    subs = [make_substrate(name, run_id) for name in chosen]
+    # the desktop's needs are checked per substrate before anything runs (the vm is refused up front)
+    subs = [make_substrate(name, run_id, "desktop" if env == "desktop" else None) for name in chosen]
     ledger = open_ledger(out)
-    ledger.create_run(run_id, "coldstart", cfg.model_dump(mode="json"), machine_info(), commit())
+    config = {**cfg.model_dump(mode="json"), "env": env, **({"task": task} if env == "desktop" else {})}
+    ledger.create_run(run_id, "coldstart", config, machine_info(), commit())
     files = load_suite("coding")[0].files
     results = []
     pools: list[PoolColdstartArtifact] = []
+    desktop: list[DesktopColdstartArtifact] = []
     state.register(run_id, chosen)  # a crash leaves sandboxes (pooled ones too) that gc can find
     try:
         with finishing(ledger, run_id, subs), progress_lines(progress) as say:
             for sub in subs:
+                if env == "desktop":
+                    d = measure_desktop(sub, cfg, task, say=say)
+                    artifacts.put(ledger, run_id, sub.name, d)
+                    desktop.append(d)
+                    sub.close()
+                    continue
                 r = measure(sub, cfg, files, say=say)
                 artifacts.put(ledger, run_id, sub.name, r)
                 results.append(r)
@@ -76,6 +103,8 @@ def coldstart(
                 sub.close()
     finally:
         state.unregister(run_id)
-    console.print(coldstart_group(results, cfg.mode, cfg.n, cfg.idle, run_id, pools))
-    write_json(coldstart_json(run_id, cfg.model_dump(mode="json"), results, pools), out / run_id, "coldstart.json",
-               json_path)
+    if desktop:
+        console.print(desktop_coldstart_group(desktop, cfg.mode, cfg.n, run_id))
+    else:
+        console.print(coldstart_group(results, cfg.mode, cfg.n, cfg.idle, run_id, pools))
+    write_json(coldstart_json(run_id, config, results, pools, desktop), out / run_id, "coldstart.json", json_path)

@@ -135,7 +135,7 @@ def _experiment_report(ledger: Ledger, run_id: str, kind: str, out: Path, json_p
     from drumsbench.cli.branch import branch_json
     from drumsbench.cli.coldstart import coldstart_json
     from drumsbench.cli.isolation import isolation_json
-    from drumsbench.report.tables import branch_group, coldstart_group, isolation_group
+    from drumsbench.report.tables import branch_group, coldstart_group, desktop_coldstart_group, isolation_group
 
     arts = artifacts.load_run(ledger, run_id)
     if arts.errors:
@@ -148,9 +148,14 @@ def _experiment_report(ledger: Ledger, run_id: str, kind: str, out: Path, json_p
         write_json(branch_json(arts.branch_summary), out / run_id, "branch-report.json", json_path)
     elif kind == "coldstart":
         results = list(arts.coldstart.values())
-        console.print(coldstart_group(results, str(config.get("mode")), int(config.get("n", 0)),
-                                      int(config.get("idle", 0)), run_id))
-        write_json(coldstart_json(run_id, config, results), out / run_id, "coldstart.json", json_path)
+        desktop = list(arts.desktop_coldstart.values())
+        if desktop:
+            console.print(desktop_coldstart_group(desktop, str(config.get("mode")), int(config.get("n", 0)), run_id))
+        else:
+            console.print(coldstart_group(results, str(config.get("mode")), int(config.get("n", 0)),
+                                          int(config.get("idle", 0)), run_id))
+        write_json(coldstart_json(run_id, config, results, desktop=desktop), out / run_id, "coldstart.json",
+                   json_path)
     else:
         probes = list(arts.isolation.values())
         console.print(isolation_group(probes))

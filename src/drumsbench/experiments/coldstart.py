@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from drumsbench.core.errors import UsageError
 from drumsbench.experiments.run import mem_kib
-from drumsbench.measure.artifacts import ColdstartArtifact, Latency, latency
+from drumsbench.measure.artifacts import ColdstartArtifact, DesktopColdstartArtifact, Latency, latency
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, pool_cost
 from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import wilson
@@ -132,18 +132,7 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
     ok = [s for s in samples if isinstance(s, tuple)]
     errors += sorted({f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, Exception)})
 
-    floor_argv = sub.raw_floor()
-    floor = None
-    if floor_argv:
-        say(f"{sub.name}: {cfg.n} x raw floor `{' '.join(floor_argv)}`")
-
-        def floor_once() -> float:
-            t0 = time.monotonic()
-            subprocess.run(floor_argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-            return time.monotonic() - t0
-
-        floor_samples = [s for s in _run_mode(cfg.mode, cfg.n, cfg.stagger_s, floor_once) if isinstance(s, float)]
-        floor = latency(floor_samples) if floor_samples else None
+    floor_argv, floor = _raw_floor(sub, cfg, say)
 
     say(f"{sub.name}: memory of {cfg.idle} idle sandboxes")
     before = _mem_available_kib()
@@ -195,6 +184,92 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
         floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, idle_memory_mib=idle_mib,
         idle_pss_mib=idle_pss, reset=resets,
         reset_ratio_recreate_over_in_place=reset_ratio, errors=errors)
+
+
+def _raw_floor(sub: Substrate, cfg: ColdstartConfig,
+               say: Callable[[str], None]) -> tuple[list[str] | None, Latency | None]:
+    """The substrate's raw floor (``Substrate.raw_floor``) ``cfg.n`` times in ``cfg.mode``."""
+    floor_argv = sub.raw_floor()
+    if not floor_argv:
+        return None, None
+    say(f"{sub.name}: {cfg.n} x raw floor `{' '.join(floor_argv)}`")
+
+    def floor_once() -> float:
+        t0 = time.monotonic()
+        subprocess.run(floor_argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        return time.monotonic() - t0
+
+    samples = [s for s in _run_mode(cfg.mode, cfg.n, cfg.stagger_s, floor_once) if isinstance(s, float)]
+    return floor_argv, (latency(samples) if samples else None)
+
+
+def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task_id: str = "writer-fix-typo",
+                    say: Callable[[str], None] = lambda _m: None) -> DesktopColdstartArtifact:
+    """The desktop on ``sub`` (``DesktopColdstartArtifact``): ``cfg.n`` starts in ``cfg.mode``, each a
+    new sandbox, a new environment and its reset on task ``task_id`` (the path of a rollout's first
+    attempt), then ``cfg.reset_n`` resets per strategy of the substrate, each from a running instance
+    (the path between a rollout's attempts), and the raw floor."""
+    from drumsbench.envs.desktop.env import DesktopEnv
+    from drumsbench.envs.desktop.task import load_suite
+
+    task = next((t for t in load_suite("desktop") if t.id == task_id), None)
+    if task is None:
+        raise UsageError(f"coldstart: no desktop task {task_id!r}")
+    errors: list[str] = []
+
+    def start() -> tuple[float, float]:
+        env = DesktopEnv()
+        t0 = time.monotonic()
+        box = sub.create()
+        made = time.monotonic() - t0
+        try:
+            env.attach(box)
+            env.reset(task)
+            return time.monotonic() - t0, made
+        finally:
+            env.stop()
+            box.destroy()
+
+    say(f"{sub.name}: {cfg.n} x desktop start to the first good screenshot ({cfg.mode})")
+    samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, start)
+    ok = [s for s in samples if isinstance(s, tuple)]
+    errors += sorted({f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, Exception)})
+    floor_argv, floor = _raw_floor(sub, cfg, say)
+
+    say(f"{sub.name}: desktop reset per strategy")
+    resets: dict[str, Latency] = {}
+    env = DesktopEnv()
+    box = sub.create()
+    try:
+        env.attach(box)
+        env.reset(task)
+        for strategy in sub.capabilities.reset_strategies:
+            times = []
+            for _ in range(cfg.reset_n):
+                t0 = time.monotonic()
+                if strategy is ResetStrategy.IN_PLACE:
+                    box.reset_in_place()
+                else:
+                    box.destroy()
+                    box = sub.create()
+                    env.attach(box)
+                env.reset(task)
+                times.append(time.monotonic() - t0)
+            resets[strategy.value] = latency(times)
+    except Exception as e:  # one failed reset: the strategies measured so far are kept, the error told
+        errors.append(f"reset: {type(e).__name__}: {e}"[:200])
+    finally:
+        env.stop()
+        box.destroy()
+
+    first = latency([s[0] for s in ok])
+    ratio = None
+    if floor is not None and floor.p50.value and first.p50.value is not None:
+        ratio = first.p50.value / floor.p50.value
+    return DesktopColdstartArtifact(
+        substrate=sub.name, mode=cfg.mode.value, isolation=sub.capabilities.isolation.value, task=task.id,
+        start=first, create=latency([s[1] for s in ok]), success=wilson(len(ok), len(samples)),
+        floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, reset=resets, errors=errors)
 
 
 FILL_WAIT_S = 120.0  # a pool that does not fill in this long is measured as it is (misses counted)

@@ -29,6 +29,7 @@ kind               name                                written by
 ``cluster``        the window's label                  sweep --executor ray (the nodes around a window)
 ``pool``           the window's label or the run's     run, sweep (``measure.cost.PoolUse``: what the warm pool held)
 ``coldstart-pool`` the substrate                       coldstart --pool (``measure.pool.PoolColdstartArtifact``)
+``desktop-coldstart`` the substrate                    coldstart --env desktop
 =================  ==================================  ========================================
 """
 
@@ -240,6 +241,27 @@ class ColdstartArtifact(Artifact):
     errors: list[str]
 
 
+class DesktopColdstartArtifact(Artifact):
+    """One substrate's desktop (``coldstart --env desktop``): a new sandbox to the first good
+    screenshot of a task's document, the sandbox's share of it, and each reset strategy from a
+    running instance to the next first good screenshot; beside the substrate's raw floor (an empty
+    sandbox's start, measured in the same run)."""
+
+    KIND: ClassVar[str] = "desktop-coldstart"
+    substrate: str
+    mode: str
+    isolation: str
+    task: str
+    start: Latency  # create + the instance up to its first good screenshot
+    create: Latency  # the sandbox's part of ``start``
+    success: Estimate
+    floor_argv: list[str] | None
+    floor: Latency | None
+    ratio_to_floor: float | None
+    reset: dict[str, Latency]
+    errors: list[str]
+
+
 class ProbeArtifact(BaseModel):
     """One escape attempt: whether it ran, whether it was contained, and its positive control."""
 
@@ -444,6 +466,7 @@ class RunArtifacts:
     sweep: SweepSummaryArtifact | None = None
     prices: dict[str, PriceArtifact] = field(default_factory=dict)
     coldstart: dict[str, ColdstartArtifact] = field(default_factory=dict)
+    desktop_coldstart: dict[str, DesktopColdstartArtifact] = field(default_factory=dict)
     isolation: dict[str, IsolationArtifact] = field(default_factory=dict)
     projection: dict[str, ProjectionArtifact] = field(default_factory=dict)
     branch: dict[str, BranchMethodArtifact] = field(default_factory=dict)
@@ -457,7 +480,8 @@ class RunArtifacts:
 
 
 KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
-                                PriceFilesArtifact, ColdstartArtifact, IsolationArtifact, ProjectionArtifact,
+                                PriceFilesArtifact, ColdstartArtifact, DesktopColdstartArtifact,
+                                IsolationArtifact, ProjectionArtifact,
                                 BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact,
                                 LeakSamplesArtifact, ChaosEventArtifact, ChaosSummaryArtifact, ClusterArtifact)} | {
     TrainReport.KIND, POOL_KIND,
@@ -489,6 +513,7 @@ def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
     out.sweep = get(SweepSummaryArtifact).get("summary")
     out.prices = get(PriceArtifact)
     out.coldstart = get(ColdstartArtifact)
+    out.desktop_coldstart = get(DesktopColdstartArtifact)
     out.isolation = get(IsolationArtifact)
     out.projection = get(ProjectionArtifact)
     out.branch = get(BranchMethodArtifact)

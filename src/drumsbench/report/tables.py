@@ -16,6 +16,7 @@ from drumsbench.measure.artifacts import (
     BranchNode,
     BranchSummaryArtifact,
     ColdstartArtifact,
+    DesktopColdstartArtifact,
     IsolationArtifact,
 )
 from drumsbench.measure.pool import PoolColdstartArtifact
@@ -150,6 +151,36 @@ def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idl
                           "share of host RAM while held + its background create/check/destroy time at the slot rate"))
         for p in by_sub.values():
             notes += [Text(f"{p.substrate}: {problem}") for problem in p.errors[:3]]
+    return Group(t, *notes)
+
+
+def desktop_coldstart_group(results: Sequence[DesktopColdstartArtifact], mode: str, n: int, run_id: str) -> Group:
+    """``coldstart --env desktop``: per substrate, a new sandbox to the first good screenshot, the
+    sandbox's part of it, the reset per strategy, beside the substrate's raw floor."""
+    task = results[0].task if results else "?"
+    t = Table(title=f"desktop cold start on {task}, {mode}, n={n} per substrate (ms, 95% intervals)")
+    t.add_column("figure")
+    for r in results:
+        t.add_column(f"{r.substrate} ({r.isolation})")
+    rows: list[tuple[str, list[str]]] = [
+        ("create -> first good screenshot p50", [ms(r.start.p50) for r in results]),
+        ("  p95", [ms(r.start.p95) for r in results]),
+        ("  of which the sandbox's create p50", [ms(r.create.p50) for r in results]),
+        ("raw floor p50 (an empty sandbox)", [ms(r.floor.p50 if r.floor else None) + (
+            f"  `{' '.join(r.floor_argv)}`"[:40] if r.floor_argv else "") for r in results]),
+        ("ratio to raw floor (p50)", [f"{r.ratio_to_floor:.1f}" if r.ratio_to_floor else "n/a" for r in results]),
+        ("success rate", [r.success.fmt(".3f") for r in results]),
+    ]
+    for strategy in ("in_place", "recreate"):
+        rows.append((f"reset {strategy} -> first good screenshot p50",
+                     [ms(r.reset[strategy].p50) if strategy in r.reset else "n/a" for r in results]))
+        rows.append(("  p95", [ms(r.reset[strategy].p95) if strategy in r.reset else "n/a" for r in results]))
+    for label, cells in rows:
+        t.add_row(label, *cells)
+    notes = [Text(f"run {run_id}; a start: a new sandbox, Xvfb + openbox + LibreOffice on the task's document, "
+                  "until a screenshot shows it drawn and still; a reset: from a running instance to the next "
+                  "such screenshot")]
+    notes += [Text(f"{r.substrate}: {problem}") for r in results for problem in r.errors[:3]]
     return Group(t, *notes)
 
 

@@ -594,7 +594,7 @@ class DockerSubstrate(C.ContainerSubstrate):
     def raw_floor(self) -> list[str] | None:
         """How most harnesses start a sandbox: the CLI, one container per command."""
         cli = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
-        return [cli, "run", "--rm", "--network", "none", ensure_image(), "true"]
+        return [cli, "run", "--rm", "--network", "none", self.image(), "true"]
 
     def leftovers(self) -> list[str]:
         try:

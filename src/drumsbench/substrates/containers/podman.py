@@ -484,7 +484,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
         """`podman run --rm` through the CLI, with the same private configuration."""
         exe = shutil.which("podman") or "podman"
         pairs = [f"{k}={v}" for k, v in configure().items()]
-        return ["env", "-i", *pairs, exe, "--log-level=error", "run", "--rm", "--network", "none", ensure_image(),
+        return ["env", "-i", *pairs, exe, "--log-level=error", "run", "--rm", "--network", "none", self.image(),
                 "true"]
 
     def leftovers(self) -> list[str]:
