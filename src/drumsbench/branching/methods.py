@@ -197,6 +197,8 @@ METHODS: Registry[type[ForkMethod]] = Registry(
         "snapshot": "drumsbench.branching.methods:NativeSnapshot",
         "criu": "drumsbench.branching.desktop_criu:CriuFork",  # the desktop's live process tree
         "criu-cold": "drumsbench.branching.desktop_criu:ColdCriuFork",  # the same, no pool restored ahead
+        # podman's checkpoint/restore of the whole container (the desktop on podman)
+        "podman-checkpoint": "drumsbench.branching.podman_checkpoint:PodmanCheckpointFork",
     }, "drumsbench.fork_methods",
     check=lambda obj: isinstance(obj, type) and issubclass(obj, ForkMethod), expected="a ForkMethod subclass")
 

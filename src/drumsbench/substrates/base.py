@@ -424,6 +424,10 @@ class LaunchView:
     confine: tuple[str, ...] = ()
     drop_admin: bool = False
     keep_caps: int | None = None
+    # ``InitLaunching.init_view``: the tree is a child of this host pid (the sandbox's init), the
+    # launcher returns at once, and the tree's /tmp is the sandbox's own, reached at ``host_tmp``
+    init_pid: int | None = None
+    host_tmp: Path | None = None
 
 
 class ViewLaunching(ABC):
@@ -436,6 +440,23 @@ class ViewLaunching(ABC):
     @abstractmethod
     def launch_view(self) -> LaunchView:
         """Where and how to launch now; ``SubstrateError`` for a destroyed sandbox."""
+
+
+class InitLaunching(ABC):
+    """Capability of a sandbox whose engine checkpoints it whole (a podman container): an
+    environment may launch its own tree *in the sandbox's own namespaces* (no new ones) as a
+    descendant of the sandbox's init, so that the engine's checkpoint carries it and a restore
+    brings it back in a new sandbox.
+
+    ``init_view().prefix`` runs the appended command detached: in the sandbox's cgroups and
+    namespaces, stdio on the sandbox's /dev/null and no other descriptor of the harness, a child of
+    the sandbox's init (``LaunchView.init_pid``); the launcher itself exits at once. The tree's /tmp
+    is the sandbox's own (``LaunchView.host_tmp``). Confinement as ``ViewLaunching`` (``drop_admin``,
+    ``keep_caps``)."""
+
+    @abstractmethod
+    def init_view(self) -> LaunchView:
+        """Where and how to launch a tree under the sandbox's init; ``SubstrateError`` when destroyed."""
 
 
 class ImageFlavors(ABC):

@@ -55,7 +55,14 @@ from drumsbench.envs.desktop.settle import (
     settle_quiet,
 )
 from drumsbench.envs.desktop.settle import frames_differ as frames_differ  # re-exported (env.py)
-from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostLaunching, Sandbox, ViewLaunching
+from drumsbench.substrates.base import (
+    DEFAULT_OUTPUT_LIMIT,
+    ExecResult,
+    HostLaunching,
+    InitLaunching,
+    Sandbox,
+    ViewLaunching,
+)
 
 RUN_VAR, SANDBOX_VAR = HostLaunching.RUN_VAR, HostLaunching.SANDBOX_VAR
 
@@ -169,7 +176,10 @@ class DesktopInstance:
                                  "supported yet (docs/desktop.md)")
         self.box = box
         self.settings = settings or Settings()
-        self.view = box.launch_view()
+        # a checkpointable instance in a sandbox its engine checkpoints whole (podman) runs in the
+        # sandbox's own namespaces under its init: the engine's checkpoint carries it
+        self.in_init = self.settings.checkpointable and isinstance(box, InitLaunching)
+        self.view = box.init_view() if isinstance(box, InitLaunching) and self.in_init else box.launch_view()
         self.host_root = Path(self.view.host_root)
         self.work = self.host_path(box.paths.work)
         self.home = self.host_path(box.paths.home)
@@ -191,10 +201,14 @@ class DesktopInstance:
         self._released = threading.Lock()
         self.last_settle: SettleReport | None = None  # how the last ``settle`` ended
         self._host_pids: dict[int, int] = {}  # pid inside the instance -> host pid (``asleep``)
-        if self.settings.checkpointable:
+        if self.in_init:
+            assert self.view.host_tmp is not None
+            self.x_dir = self.view.host_tmp / ".X11-unix"  # the sandbox's own /tmp: its own display
+        elif self.settings.checkpointable:
             if self.inside_root is not None:
                 raise SubstrateError(f"desktop: a checkpointable instance needs host folders seen at their host "
-                                     f"paths (the process substrate), not {box.substrate}'s view")
+                                     f"paths (the process substrate), or a sandbox its engine checkpoints "
+                                     f"whole (podman), not {box.substrate}'s view")
             self.display = _free_display()
             self.x_dir = Path("/tmp/.X11-unix")
 
@@ -212,7 +226,7 @@ class DesktopInstance:
         namespace where this sandbox's folder shows at ``inside_root`` (the parent's root)."""
         inst = cls(box, settings)
         inst.display, inst.holder_pid, inst.inside_root, inst.restored = display, pid, inside_root, True
-        inst.x_dir = Path(f"/proc/{pid}/root/tmp/.X11-unix")
+        inst.x_dir = Path(f"/proc/{pid}/root/tmp/.X11-unix")  # in_init: the same as the sandbox's /tmp
         inst.t_launch = time.monotonic()
         return inst
 
@@ -255,6 +269,8 @@ class DesktopInstance:
     def _needs_host_x11(self) -> bool:
         """Does this instance use the host's ``/tmp/.X11-unix`` (a checkpointable one keeps its X
         socket there; one whose sandbox lies below /tmp binds its own folder over it)?"""
+        if self.in_init:
+            return False  # the sandbox's own /tmp
         return self.settings.checkpointable or any(dst == str(_HOST_X11.path) for _, dst in self._binds())
 
     def _binds(self) -> list[list[str]]:
@@ -288,7 +304,7 @@ class DesktopInstance:
             SOFFICE, f"-env:UserInstallation={self.profile_inside.as_uri()}", "--norestore", "--nologo",
             f"--accept={self.uno_connection()};urp;StarOffice.ComponentContext", self.inside(document),
         ]
-        ckpt = s.checkpointable
+        ckpt = s.checkpointable or self.in_init
         cfg = {
             "hostname": HOSTNAME,
             "binds": [] if ckpt else self._binds(),
@@ -303,7 +319,9 @@ class DesktopInstance:
         }
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
         # checkpointable: no mount namespace of its own (CRIU), the process substrate only (__init__)
-        prefix = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--"] if ckpt else list(self.view.prefix)
+        # in_init: the sandbox's own namespaces, under its init (the view's prefix detaches it)
+        prefix = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--"] if ckpt and not self.in_init \
+            else list(self.view.prefix)
         # in a view the holder's file may be out of sight (overlay): its source is passed instead
         holder = [str(HOLDER)] if self.inside_root is None else ["-c", HOLDER.read_text()]
         argv = [*prefix, "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
@@ -335,7 +353,9 @@ class DesktopInstance:
         self.proc = proc
         threading.Thread(target=self._reap, args=(proc,), name=f"reap-desktop-{proc.pid}", daemon=True).start()
         # bwrap sets up dozens of mounts first: under heavy load that took more than 5 s
-        self.holder_pid = self._find_holder(proc.pid, deadline=time.monotonic() + 20.0)
+        # in_init: the launcher detaches the holder, which the sandbox's init adopts
+        top = self.view.init_pid if self.in_init and self.view.init_pid is not None else proc.pid
+        self.holder_pid = self._find_holder(top, deadline=time.monotonic() + 20.0)
 
     def _reap(self, proc: subprocess.Popen) -> None:
         proc.wait()
@@ -352,7 +372,7 @@ class DesktopInstance:
         """Remember the path sockets bound in the instance's own network namespace (only its
         processes are there) that lie in the host's /tmp: whatever LibreOffice names them, they are
         removed with the instance. Read while the instance lives (a dead namespace lists nothing)."""
-        if not self.settings.checkpointable or self.restored or self.holder_pid is None:
+        if not self.settings.checkpointable or self.restored or self.in_init or self.holder_pid is None:
             return
         try:
             lines = Path(f"/proc/{self.holder_pid}/net/unix").read_text().splitlines()[1:]
@@ -369,7 +389,7 @@ class DesktopInstance:
         instance uses it any more). Idempotent (``stop`` and the reaper thread both call it)."""
         if not self._released.acquire(blocking=False):
             return
-        if self.settings.checkpointable and not self.restored:
+        if self.settings.checkpointable and not self.restored and not self.in_init:
             for path in sorted(set(self.host_sockets()) | self._host_left):
                 with contextlib.suppress(OSError):
                     if stat.S_ISSOCK(os.lstat(path).st_mode):
@@ -393,8 +413,8 @@ class DesktopInstance:
                     except OSError:
                         continue
                 level = below
-            if self.proc is not None and self.proc.poll() is not None:
-                break
+            if self.proc is not None and self.proc.poll() not in (None, 0 if self.in_init else None):
+                break  # the launcher failed (in_init: it exits 0 once it has detached the holder)
             time.sleep(0.005)
         code = self.proc.poll() if self.proc is not None else None
         try:
@@ -431,7 +451,7 @@ class DesktopInstance:
         return False
 
     def alive(self) -> bool:
-        if self.restored:
+        if self.restored or self.in_init:
             return self.holder_pid is not None and _running(self.holder_pid)
         return self.proc is not None and self.proc.poll() is None
 
@@ -440,6 +460,10 @@ class DesktopInstance:
         self._note_host_sockets()
         proc, pid = self.proc, self.holder_pid
         self.proc = self.holder_pid = None
+        if self.in_init:
+            # no pid namespace of its own: every process of the sandbox's but its init goes
+            self._end_under_init(proc)
+            return
         if self.restored:
             # pid 1 of the restored namespaces: its death takes every process of the continuation
             if pid is not None:
@@ -461,6 +485,28 @@ class DesktopInstance:
                     proc.wait(timeout=5)
             if proc.poll() is None:
                 return  # still alive: the reaper thread releases the host's paths when it dies
+        self._release_host()
+
+    def _end_under_init(self, proc: subprocess.Popen | None) -> None:
+        """SIGKILL every process in the sandbox's pid namespace but its init (an in_init instance's
+        tree, and what it started), wait until they are gone (at most 10 s), reap the launcher."""
+        init = self.view.init_pid
+        try:
+            ns = os.readlink(f"/proc/{init}/ns/pid")
+        except OSError:
+            ns = None  # the sandbox is gone, and its processes with it
+        deadline = time.monotonic() + 10.0
+        while ns is not None and time.monotonic() < deadline:
+            left = [pid for pid in self.namespace_pids(ns).values() if pid != init]
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
         self._release_host()
 
     def xvfb_pid(self) -> int | None:
@@ -525,14 +571,15 @@ class DesktopInstance:
                 host = self._host_pids.get(ns_pid)
         return None
 
-    def namespace_pids(self) -> dict[int, int]:
-        """{pid inside the instance's pid namespace: host pid} of its processes (a /proc walk)."""
-        if self.holder_pid is None:
-            return {}
-        try:
-            ns = os.readlink(f"/proc/{self.holder_pid}/ns/pid")
-        except OSError:
-            return {}
+    def namespace_pids(self, ns: str | None = None) -> dict[int, int]:
+        """{pid inside the instance's pid namespace (or ``ns``): host pid} of its processes (a /proc walk)."""
+        if ns is None:
+            if self.holder_pid is None:
+                return {}
+            try:
+                ns = os.readlink(f"/proc/{self.holder_pid}/ns/pid")
+            except OSError:
+                return {}
         found: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():

@@ -103,6 +103,32 @@ def launch_view(pid: int, root: str) -> LaunchView:
                       keep_caps=bounding_caps(pid))
 
 
+# run by python3 in the container's namespaces: the harness's descriptors closed, stdio on the
+# container's /dev/null, then a fork whose parent exits: the child (the launched command) is an
+# orphan of the container's pid namespace, adopted by its init (a podman checkpoint dumps init's tree)
+DETACH = (
+    "import os, sys\n"
+    "os.closerange(3, 1 << 16)\n"
+    "fd = os.open('/dev/null', os.O_RDWR)\n"
+    "for i in (0, 1, 2):\n"
+    "    os.dup2(fd, i)\n"
+    "os.close(fd) if fd > 2 else None\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def init_view(pid: int, root: str) -> LaunchView:
+    """``InitLaunching.init_view`` of the container whose pid 1 is host pid ``pid``: the tree joins
+    the container's cgroups, enters all its namespaces and is detached to become a child of its
+    init (``DETACH``), with the container's capabilities; its /tmp is the container's."""
+    prefix = ("/bin/sh", "-c", JOIN_GROUPS, "join", *cgroup_procs_files(pid), "--",
+              "nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", "python3", "-I", "-S", "-c", DETACH)
+    return LaunchView(prefix, Path(f"/proc/{pid}/root{root}"), root, drop_admin=True, keep_caps=bounding_caps(pid),
+                      init_pid=pid, host_tmp=Path(f"/proc/{pid}/root/tmp"))
+
+
 def run_launcher(pid: int, run_id: str, sandbox_id: str, argv: Sequence[str], *, timeout: float,
                  env: Mapping[str, str] | None, stdin: bytes | None,
                  output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:

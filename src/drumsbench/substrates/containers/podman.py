@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -35,8 +36,18 @@ from pathlib import Path
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
+from drumsbench.substrates.base import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    InitLaunching,
+    Isolation,
+    LaunchView,
+    ResetStrategy,
+    SandboxFrozen,
+)
 from drumsbench.substrates.containers import common as C
+from drumsbench.substrates.containers import host_entry
 from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded
 from drumsbench.substrates.hostproc import mounts_of_source
 
@@ -209,11 +220,64 @@ def ensure_image(flavor: str = "base") -> str:
         return tag
 
 
-class PodmanSandbox(C.ContainerSandbox):
+def checkpoint_dir(state_dir: Path, run_id: str) -> Path:
+    """Where a run keeps its exported container checkpoints (removed by ``drop_checkpoint``, and by
+    ``gc`` for a dead run)."""
+    return state_dir / "podman-checkpoints" / run_id
+
+
+def _criu_env() -> dict[str, str]:
+    """podman's environment with CRIU (>= 4, ``core.criu_binary``) first on PATH: runc runs ``criu``."""
+    from drumsbench.core import criu_binary
+
+    path = criu_binary.criu_path()
+    if path is None:
+        raise SubstrateError(f"podman: container checkpoints need CRIU: {criu_binary.missing()}")
+    env = dict(configure())
+    env["PATH"] = f"{os.path.dirname(path)}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    return env
+
+
+def _criu_errors(stderr: bytes) -> str:
+    """The ``Error`` lines of the CRIU log that podman's message names (read before the container,
+    and the log with it, may go)."""
+    m = re.search(rb"log file: (\S+?\.log)", stderr)
+    if not m:
+        return ""
+    try:
+        lines = Path(m.group(1).decode()).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.split(": ", 1)[-1] for line in lines if "Error (" in line and "RLIMIT_NOFILE" not in line]
+    return "CRIU: " + "; ".join(errors[:4]) if errors else ""
+
+
+class PodmanSandbox(C.ContainerSandbox, InitLaunching):
     def __init__(self, sub: PodmanSubstrate, cid: str, sid: str) -> None:
         super().__init__(sub, cid, sid)
         self._exe = sub.exe
         self._env = configure()
+
+    def init_view(self) -> LaunchView:
+        return host_entry.init_view(self.init_pid(), C.ROOT)
+
+    def checkpoint_export(self, path: Path, timeout: float = 300.0) -> None:
+        """``podman container checkpoint --leave-running --export PATH``: the whole container (its
+        processes through CRIU, its file changes) into one archive; the container goes on."""
+        self._check()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # --file-locks: LibreOffice holds locks on its document and profile
+            argv = [self._exe, "--log-level=error", "container", "checkpoint", "--leave-running", "--file-locks",
+                    f"--export={path}", self.container_id]
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=_criu_env(), cwd=work_dir())
+        except subprocess.TimeoutExpired as e:
+            raise SubstrateError(f"podman: checkpoint of {self.container_id[:12]}: no answer within "
+                                 f"{timeout:.0f} s") from e
+        if proc.returncode != 0:
+            path.unlink(missing_ok=True)
+            raise SubstrateError(f"podman: checkpoint of {self.container_id[:12]} failed: "
+                                 f"{_criu_errors(proc.stderr) or C.decode_tail(proc.stderr)}")
 
     def _engine_pid(self) -> int:
         proc = podman(["container", "inspect", "--format", "{{.State.Pid}}", self.container_id], check=False)
@@ -466,6 +530,26 @@ class PodmanSubstrate(C.ContainerSubstrate):
             raise
         return PodmanSandbox(self, cid, sid)
 
+    def restore_import(self, archive: Path, timeout: float = 300.0) -> PodmanSandbox:
+        """A new sandbox restored from a ``checkpoint_export`` archive (``podman container restore
+        --import --name``): the processes go on where the checkpoint took them, in a new container
+        with the original's labels (run, and the *original's* sandbox id) and limits. Its writable
+        layer is podman's own: the tmpfs disk bound of ``create`` is not put on a restored container."""
+        sid = C.new_sandbox_id()
+        name = f"drumsbench-{self.run_id}-{sid}"
+        try:
+            argv = [self.exe, "--log-level=error", "container", "restore", "--file-locks", f"--import={archive}",
+                    f"--name={name}"]
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=_criu_env(), cwd=work_dir())
+        except subprocess.TimeoutExpired as e:
+            podman(["rm", "--force", "--time", "0", name], check=False)
+            raise SubstrateError(f"podman: restore of {archive.name}: no answer within {timeout:.0f} s") from e
+        cid = proc.stdout.decode().strip().splitlines()[-1] if proc.stdout.strip() else ""
+        if proc.returncode != 0 or not cid:
+            podman(["rm", "--force", "--time", "0", name], check=False)
+            raise SubstrateError(f"podman: restore of {archive.name} failed: {C.decode_tail(proc.stderr)}")
+        return PodmanSandbox(self, cid, sid)
+
     def _bound_disk(self, cid: str, sid: str) -> Path | None:
         """The tmpfs disk bound over the created (not started) container's layer folder; returns
         that folder (None: no tmpfs bound)."""
@@ -502,8 +586,16 @@ class PodmanSubstrate(C.ContainerSubstrate):
         if proc.returncode != 0:
             return [f"podman: cannot list containers: {C.decode_tail(proc.stderr)}"]
         left = [f"container {line}" for line in proc.stdout.decode().splitlines() if line.strip()]
+        folder = checkpoint_dir(self.state_dir, self.run_id)
+        left += [f"checkpoint {p}" for p in sorted(folder.glob("*"))] if folder.is_dir() else []
         # a disk-bound tmpfs goes with its container; one left without containers is a leftover itself
         return left or [f"mount {p}" for p in mounts_of_source(C.disk_source(self.run_id))]
+
+    def drop_checkpoint(self, archive: Path) -> None:
+        """Remove an exported checkpoint (and the run's folder of them once empty)."""
+        archive.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            archive.parent.rmdir()
 
     @classmethod
     def gc(cls, state_dir: Path, dead_runs: set[str]) -> list[str]:
@@ -522,6 +614,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
 
         for run in dead_runs:  # disk-bound tmpfs first (detached; freed as their containers go)
             C.unbind_disk(run)
+            shutil.rmtree(checkpoint_dir(state_dir, run), ignore_errors=True)
         return C.gc_containers("podman", json.loads(proc.stdout or b"[]") or [], dead_runs,
                                lambda cid: podman(["rm", "--force", "--time", "0", cid], check=False), builds, [])
 
