@@ -84,7 +84,11 @@ class PodmanCheckpointFork(ForkMethod):
         self.timings: list[dict[str, float]] = []
         archive = checkpoint_dir(self.substrate.state_dir, self.substrate.run_id) / f"{uuid.uuid4().hex[:12]}.tar.gz"
         t0 = time.monotonic()
-        box.checkpoint_export(archive)
+        try:
+            box.checkpoint_export(archive)
+        except BaseException:
+            self.substrate.drop_checkpoint(archive)  # the run's folder too, when this was its only export
+            raise
         self.checkpoint_s = time.monotonic() - t0
         self.archive_bytes = archive.stat().st_size
         self.archive = archive

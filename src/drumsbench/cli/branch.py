@@ -50,6 +50,7 @@ def branch(
     ray_address: Annotated[str | None, typer.Option(help="ray: auto or HOST:PORT to join; none: a local Ray.")] = None,
 ) -> None:
     """Prepare k steps, fork continuations with each method, check faithfulness, run them to the end."""
+    from drumsbench.core import host_state as state
     from drumsbench.core.machine import commit, machine_info
     from drumsbench.executors.ray import executor_options
     from drumsbench.experiments.branch import BranchConfig, ray_problems, run_branch
@@ -80,7 +81,11 @@ def branch(
     sub = make_substrate(substrate, run_id, suite)
     ledger = open_ledger(out)
     ledger.create_run(run_id, "branch", cfg.model_dump(mode="json"), machine_info(), commit())
-    with finishing(ledger, run_id, [sub]), progress_lines(progress) as say:
-        report = run_branch(cfg, sub, ledger, run_id, say=say)
+    state.register(run_id, [substrate])  # a crash leaves sandboxes, continuations, exports that gc can find
+    try:
+        with finishing(ledger, run_id, [sub]), progress_lines(progress) as say:
+            report = run_branch(cfg, sub, ledger, run_id, say=say)
+    finally:
+        state.unregister(run_id)
     console.print(branch_group(report, cfg.ks))
     write_json(branch_json(report), out / run_id, "branch-report.json", json_path)
