@@ -30,7 +30,7 @@ run: $(VENV)/.installed-run
 	$(BIN)/drumsbench run
 
 test: system $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=30 tests
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples

@@ -92,6 +92,7 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     step("sweep", "sweep", "--tasks", MINI, "--concurrency", "1", "--window", "3s", "--soak", "none",
          "--inject", "stale_generation=0.5")
     step("coldstart", "coldstart", "-n", "3", "--idle", "2", "--reset-n", "2")
+    step("desktop-coldstart", "coldstart", "--env", "desktop", "-n", "2", "--reset-n", "1", timeout=900)
     step("isolation", "isolation", "--disk-mb", "8", "--procs", "20")
     step("branch", "branch", "--k", "1", "--ks", "1", "--continuations", "2", "--methods", "replay,file")
     step("desktop", "branch", "--env", "desktop", "--k", "1", "--ks", "1", "--continuations", "1",
@@ -101,7 +102,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     step("train", "train", "--treatments", "exclude,zero", "--seeds", "1", "--iterations", "2", "--groups", "1",
          "--group-size", "2", "--task-ids", "textstats-empty-summary", "--holdout-every", "0", "--eval-every", "1",
          "--eval-episodes", "1", "--final-eval-episodes", "1", "--concurrency", "2")
-    ids = [made[k] for k in ("run", "sweep", "coldstart", "isolation", "branch", "desktop", "project", "train")]
+    ids = [made[k] for k in ("run", "sweep", "coldstart", "desktop-coldstart", "isolation", "branch", "desktop",
+                             "project", "train")]
     page = work / "report.html"
     cli("report", *ids, "--out", str(out), "--html", str(page), env=env, check=True)
     proc = chromium(page.as_uri(), work, "--dump-dom", "--virtual-time-budget=3000")
@@ -155,6 +157,18 @@ def test_coldstart_page_matches_its_json(runs):
     for strategy in ("in_place", "recreate"):
         assert close(cells[f"{key}/reset_{strategy}_p50_ms"], r["reset"][strategy]["p50"]["value"] * 1000)
     assert len(r["first_command"]["samples_s"]) == 3  # the CDF is drawn from the real samples
+
+
+def test_desktop_coldstart_page_and_terminal_match_its_json(runs):
+    rid, cells = runs["desktop-coldstart"], runs["cells"]
+    data = runs["desktop-coldstart.json"]
+    assert data["results"] == [] and data["config"]["env"] == "desktop"
+    (d,) = data["desktop"]
+    assert d["substrate"] == "process" and d["task"] == "writer-fix-typo"
+    assert d["success"]["value"] == 1.0 and len(d["start"]["samples_s"]) == 2, d["errors"]
+    assert set(d["reset"]) == {"in_place", "recreate"} and d["floor"] is not None
+    assert close(cells[f"{rid}/desktop-coldstart/process/start_p50_ms"], d["start"]["p50"]["value"] * 1000)
+    assert "desktop cold start on writer-fix-typo" in runs["stdout"]["desktop-coldstart"]
 
 
 def test_isolation_page_matches_its_json(runs):
@@ -214,9 +228,11 @@ def test_report_reads_and_never_writes(runs):
     out, env = runs["out"], runs["env"]
     db = out / "ledger.sqlite"
     before = Ledger(db).db.execute("SELECT kind, name, data FROM artifacts ORDER BY run_id, kind, name").fetchall()
-    for name in ("run", "sweep", "coldstart", "isolation", "branch", "project"):
+    for name in ("run", "sweep", "coldstart", "desktop-coldstart", "isolation", "branch", "project"):
         cli("report", runs[name], "--out", str(out), env=env, check=True)
     after = Ledger(db).db.execute("SELECT kind, name, data FROM artifacts ORDER BY run_id, kind, name").fetchall()
     assert before == after
+    desktop = json.loads((out / runs["desktop-coldstart"] / "coldstart.json").read_text())
+    assert desktop["desktop"] == runs["desktop-coldstart.json"]["desktop"]  # the report from the ledger alone
     again = json.loads((out / runs["branch"] / "branch-report.json").read_text())
     assert again["methods"] == runs["branch.json"]["methods"]

@@ -119,3 +119,26 @@ def sec_coldstart(runs: Sequence[RunData], pal: Palette) -> str | None:
 def _xy_cdf(samples_s: Sequence[float]) -> tuple[list[float], list[float]]:
     x, p = cdf(np.asarray(samples_s, dtype=float) * 1000)
     return list(x), list(p * 100)
+
+
+def sec_desktop_coldstart(runs: Sequence[RunData], pal: Palette) -> str | None:
+    """``coldstart --env desktop`` per substrate: start to the first good screenshot, the sandbox's
+    part of it, its raw floor, resets per strategy."""
+    items = [(rd, a) for rd in runs for a in rd.art.desktop_coldstart.values()]
+    if not items:
+        return None
+    head = ["run", "substrate", "isolation", "task", "n", "start p50 ms", "p95 ms", "create p50 ms",
+            "raw floor p50 ms", "reset in place p50 ms", "reset recreate p50 ms", "success"]
+    rows: list[list[object]] = []
+    for rd, a in items:
+        key = f"{rd.label}/desktop-coldstart/{a.substrate}"
+        rows.append([rd.label, a.substrate, a.isolation, a.task, f"{a.start.n:,}",
+                     Keyed(f"{key}/start_p50_ms", fmt_ms(a.start.p50)), fmt_ms(a.start.p95), fmt_ms(a.create.p50),
+                     fmt_ms(a.floor.p50) if a.floor else "n/a",
+                     fmt_ms(a.reset["in_place"].p50) if "in_place" in a.reset else "n/a",
+                     fmt_ms(a.reset["recreate"].p50) if "recreate" in a.reset else "n/a",
+                     fmt_est(a.success, ".3f")])
+    starts = [Series(legend(rd, runs, f"{a.substrate} start"), *_xy_cdf(a.start.samples_s),
+                     color=pal(color_key(rd, a.substrate))) for rd, a in items if a.start.samples_s]
+    plots = [cdf_plot(starts, "desktop: create to the first good screenshot")] if starts else []
+    return plot_row(*plots) + table(head, rows, "num small", left=4)

@@ -14,7 +14,7 @@ from drumsbench.measure.summary import RunReport
 from drumsbench.report.html.branch import sec_branch
 from drumsbench.report.html.cells import Palette
 from drumsbench.report.html.chaos import sec_chaos
-from drumsbench.report.html.coldstart import sec_coldstart, sec_latency
+from drumsbench.report.html.coldstart import sec_coldstart, sec_desktop_coldstart, sec_latency
 from drumsbench.report.html.costs import sec_cost
 from drumsbench.report.html.data import load_run_data
 from drumsbench.report.html.isolation import sec_isolation
@@ -96,6 +96,8 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
         ("cost", "Throughput and USD per valid rollout", lambda: sec_cost(runs, pal)),
         ("latency", "Cold start and phase latency per substrate", lambda: sec_latency(runs, pal)),
         ("coldstart", "Cold-start experiment: floors, teardown, memory, reset", lambda: sec_coldstart(runs, pal)),
+        ("desktop-coldstart", "Desktop cold start per substrate: first good screenshot, reset",
+         lambda: sec_desktop_coldstart(runs, pal)),
         ("isolation", "Isolation: escape attempts", lambda: sec_isolation(runs, pal)),
         ("sweep", "Sweep: windows, N_max and soak", lambda: sec_sweep(runs, pal)),
         ("branch", "Branch from a prepared state", lambda: sec_branch(runs, pal)),

@@ -567,7 +567,11 @@ class PodmanSubstrate(C.ContainerSubstrate):
     def raw_floor(self) -> list[str] | None:
         """`podman run --rm` through the CLI, with the same private configuration."""
         exe = shutil.which("podman") or "podman"
-        pairs = [f"{k}={v}" for k, v in configure().items()]
+        # the private configuration and PATH only: the harness's whole environment is no part of the
+        # floor (and would land in the ledger with its argv)
+        env = configure()
+        pairs = [f"{k}={env[k]}" for k in ("PATH", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
+                                             "PODMAN_IGNORE_CGROUPSV1_WARNING") if k in env]
         return ["env", "-i", *pairs, exe, "--log-level=error", "run", "--rm", "--network", "none", self.image(),
                 "true"]
 
