@@ -59,7 +59,7 @@ from drumsbench.executors.base import Job, Work
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry, contamination, plant, positive_control
-from drumsbench.substrates.base import Sandbox, Substrate
+from drumsbench.substrates.base import Sandbox, Substrate, with_flavor
 
 log = logging.getLogger("drumsbench.ray")
 
@@ -271,12 +271,13 @@ class NodeRunner:
     def setup(self) -> dict[str, Any]:
         """Create the node's substrate and run the isolation positive control on it."""
         cls = self.spec.substrate_cls
+        env = self.spec.make_env()
         info: dict[str, Any] = {"host": self.host, "node_id": self.node_id, "missing": cls.missing(),
-                                "env": self.spec.make_env().kind}
+                                "env": env.kind}
         if info["missing"] is not None:
             return info
         state_dir = self.spec.state_dir()
-        self.substrate = cls(self.spec.run_id, state_dir)
+        self.substrate = with_flavor(cls(self.spec.run_id, state_dir), env.image_flavor)
         if self.host != self.spec.driver_host:  # let `drumsbench gc` on this host clean after a crash
             from drumsbench.core import host_state as state
 

@@ -50,7 +50,7 @@ from drumsbench.executors.ray import CanaryHub, ClusterCanaries, connect, lost_n
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout.attempt import RolloutConfig, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry, positive_control
-from drumsbench.substrates.base import Substrate
+from drumsbench.substrates.base import Substrate, with_flavor
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,8 @@ class BranchRunner:
             info["missing"] = f"placed on node {here[:8]}, not on {self.node_id[:8]}"
         if info["missing"] is not None:
             return info
-        self.substrate = self.spec.substrate_cls(self.run_id, self.spec.state_dir())
+        self.substrate = with_flavor(self.spec.substrate_cls(self.run_id, self.spec.state_dir()),
+                                     self.spec.make_env().image_flavor)
         if self.host != self.spec.driver_host:  # `drumsbench gc` on this host cleans up after a crash
             from drumsbench.core import host_state
 

@@ -38,7 +38,7 @@ from drumsbench.rollout.faults import FaultPlan
 from drumsbench.rollout.isolation import positive_control
 from drumsbench.rollout.pool import DEFAULT_POOL, PooledSubstrate, PoolSetting, pool_size, pooled
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import ImageFlavors, Substrate
+from drumsbench.substrates.base import Substrate, with_flavor
 
 if TYPE_CHECKING:
     from drumsbench.executors.ray import RayExecutor
@@ -124,10 +124,7 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
     missing = cls.missing()
     if missing:
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
-    sub = cls(run_id, state.state_dir())
-    if isinstance(sub, ImageFlavors):
-        sub.use_flavor(flavor)
-    return sub
+    return with_flavor(cls(run_id, state.state_dir()), flavor)
 
 
 def _fits(env_class: type[Environment], name: str) -> bool:

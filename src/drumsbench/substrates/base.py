@@ -470,6 +470,15 @@ class ImageFlavors(ABC):
         unknown one. The image is built on first use when absent."""
 
 
+def with_flavor(sub: Substrate, flavor: str) -> Substrate:
+    """``sub``, told the image flavor its sandboxes need when it builds images (``ImageFlavors``);
+    every place that makes a substrate for an environment goes through here (``make_substrate``,
+    a Ray node's)."""
+    if isinstance(sub, ImageFlavors):
+        sub.use_flavor(flavor)
+    return sub
+
+
 class Snapshotting(ABC):
     """Capability of a sandbox: capture its live state; the substrate (a ``Forking`` one) makes new
     sandboxes from the returned id."""

@@ -119,8 +119,8 @@ class ArtifactSink:
 
 
 class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
-    # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay); containers and VMs
-    # are refused up front until an image carries them
+    # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay, docker, podman);
+    # VMs are refused up front (no guest image carries them)
     requires = (ViewLaunching, HostLaunching)
     image_flavor = "desktop"  # a container sandbox runs the desktop image (images.DESKTOP_INCLUDE)
     kind = "desktop"

@@ -164,16 +164,17 @@ def screen_problem(rgb: np.ndarray) -> str | None:
 
 class DesktopInstance:
     """A running desktop for one sandbox that lets an environment launch its own processes with its
-    confinement (``ViewLaunching``: process, bwrap, overlay) and run launchers on the host
+    confinement (``ViewLaunching``: process, bwrap, overlay, docker, podman; a checkpointable one on
+    an ``InitLaunching`` sandbox, podman, under the sandbox's init) and run launchers on the host
     (``HostLaunching``: the ``nsenter`` of every client)."""
 
     def __init__(self, box: Sandbox, settings: Settings | None = None) -> None:
         if not isinstance(box, ViewLaunching) or not isinstance(box, HostLaunching):
-            # Containers and VMs run their commands behind an engine or a hypervisor: no host
-            # launcher reaches them. The CLI refuses them up front (DesktopEnv.requires).
+            # A VM runs its commands behind a hypervisor: no host launcher reaches them. The CLI
+            # refuses it up front (DesktopEnv.requires).
             raise SubstrateError(f"the desktop environment needs sandboxes that are ViewLaunching and "
-                                 f"HostLaunching (process, bwrap, overlay); {box.substrate} is not "
-                                 "supported yet (docs/desktop.md)")
+                                 f"HostLaunching (process, bwrap, overlay, docker, podman); {box.substrate} is "
+                                 "not supported yet (docs/desktop.md)")
         self.box = box
         self.settings = settings or Settings()
         # a checkpointable instance in a sandbox its engine checkpoints whole (podman) runs in the
