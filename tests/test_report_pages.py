@@ -92,7 +92,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     step("sweep", "sweep", "--tasks", MINI, "--concurrency", "1", "--window", "3s", "--soak", "none",
          "--inject", "stale_generation=0.5")
     step("coldstart", "coldstart", "-n", "3", "--idle", "2", "--reset-n", "2")
-    step("desktop-coldstart", "coldstart", "--env", "desktop", "-n", "2", "--reset-n", "1", timeout=900)
+    step("desktop-coldstart", "coldstart", "--tasks", "desktop", "--task", "writer-fix-typo", "-n", "2",
+         "--reset-n", "1", timeout=900)
     step("isolation", "isolation", "--disk-mb", "8", "--procs", "20")
     step("branch", "branch", "--k", "1", "--ks", "1", "--continuations", "2", "--methods", "replay,file")
     step("desktop", "branch", "--env", "desktop", "--k", "1", "--ks", "1", "--continuations", "1",
@@ -162,7 +163,7 @@ def test_coldstart_page_matches_its_json(runs):
 def test_desktop_coldstart_page_and_terminal_match_its_json(runs):
     rid, cells = runs["desktop-coldstart"], runs["cells"]
     data = runs["desktop-coldstart.json"]
-    assert data["results"] == [] and data["config"]["env"] == "desktop"
+    assert data["results"] == [] and data["config"]["tasks"] == "desktop"
     (d,) = data["desktop"]
     assert d["substrate"] == "process" and d["task"] == "writer-fix-typo"
     assert d["success"]["value"] == 1.0 and len(d["start"]["samples_s"]) == 2, d["errors"]

@@ -9,7 +9,15 @@ import typer
 from pydantic import ValidationError
 
 from drumsbench.cli import options as o
-from drumsbench.cli.common import console, finishing, progress_lines, substrate_names, usage_error, write_json
+from drumsbench.cli.common import (
+    console,
+    finishing,
+    one_suite,
+    progress_lines,
+    substrate_names,
+    usage_error,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from drumsbench.measure.artifacts import ColdstartArtifact, DesktopColdstartArtifact
@@ -20,7 +28,7 @@ def coldstart_json(run_id: str, config: dict[str, Any], results: Sequence[Coldst
                    pools: Sequence[PoolColdstartArtifact] = (),
                    desktop: Sequence[DesktopColdstartArtifact] = ()) -> dict[str, Any]:
     """``coldstart.json``; ``pools``: the warm pool per substrate (``pool``, absent without one);
-    ``desktop``: ``--env desktop``'s results (``desktop``, absent for the coding sandbox)."""
+    ``desktop``: ``--tasks desktop``'s results (``desktop``, absent for the coding sandbox)."""
     return {"schema": "drumsbench.coldstart/2", "run_id": run_id, "config": config,
             "results": [r.model_dump(mode="json") for r in results],
             **({"pool": [p.model_dump(mode="json") for p in pools]} if pools else {}),
@@ -38,21 +46,20 @@ def coldstart(
     pool: Annotated[str, typer.Option("--pool", metavar="auto|off|N", help=(
         "Also measure acquire from a warm pool of this many sandboxes (auto: one per core; off: not "
         "measured)."))] = "auto",
-    env: Annotated[str, typer.Option("--env", metavar="coding|desktop", help=(
-        "coding: an empty sandbox (create -> first command, teardown, idle memory, resets); desktop: "
-        "create -> the first good screenshot of LibreOffice on a task's document, and the desktop's "
-        "resets."))] = "coding",
-    task: Annotated[str, typer.Option(help="--env desktop: the desktop task whose document is opened.")] = (
-        "writer-fix-typo"),
+    tasks: o.Tasks = "coding",
+    env: o.EnvAlias = None,
+    task: o.Task = None,
     out: o.Out = o.RUNS,
     json_path: o.Json = None,
     progress: o.Progress = True,
 ) -> None:
-    """Cold start, teardown, idle memory and reset per substrate, beside each one's raw floor (with
-    --env desktop: the desktop's start to its first good screenshot and its resets)."""
+    """Cold start, teardown, idle memory and reset per substrate, beside each one's raw floor; with a
+    desktop suite (--tasks desktop): the desktop's start to its first good screenshot of --task's
+    document, and its resets."""
     from drumsbench.core import host_state as state
     from drumsbench.core.errors import UsageError
     from drumsbench.core.machine import commit, machine_info
+    from drumsbench.envs import suites
     from drumsbench.envs.coding.task import load_suite
     from drumsbench.experiments.coldstart import ColdstartConfig, measure, measure_desktop, measure_pool
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
@@ -66,18 +73,20 @@ def coldstart(
                               pool=parse_pool(pool))
     except ValidationError as e:
         raise usage_error(e, {"stagger_s": "--stagger", "substrates": "--substrate", "n": "-n"}) from None
-    if env not in ("coding", "desktop"):
-        raise UsageError(f"--env: {env!r} is not an environment of coldstart; use coding or desktop")
-    if env == "desktop":
+    suite = one_suite(tasks, env)
+    desktop_tasks = None
+    if suites.suite_kind(suite) == "desktop":  # a one-line error for an unknown suite
         from drumsbench.envs.desktop.task import load_suite as load_desktop
 
-        if task not in {t.id for t in load_desktop("desktop")}:
-            raise UsageError(f"--task: no desktop task {task!r}; see `drumsbench tasks --tasks desktop`")
+        desktop_tasks = {t.id: t for t in load_desktop(suite)}
+        task = task or next(iter(desktop_tasks))
+        if task not in desktop_tasks:
+            raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(desktop_tasks)}")
     run_id = new_run_id()
     # the desktop's needs are checked per substrate before anything runs (the vm is refused up front)
-    subs = [make_substrate(name, run_id, "desktop" if env == "desktop" else None) for name in chosen]
+    subs = [make_substrate(name, run_id, suite if desktop_tasks else None) for name in chosen]
     ledger = open_ledger(out)
-    config = {**cfg.model_dump(mode="json"), "env": env, **({"task": task} if env == "desktop" else {})}
+    config = {**cfg.model_dump(mode="json"), "tasks": suite, **({"task": task} if desktop_tasks else {})}
     ledger.create_run(run_id, "coldstart", config, machine_info(), commit())
     files = load_suite("coding")[0].files
     results = []
@@ -87,8 +96,8 @@ def coldstart(
     try:
         with finishing(ledger, run_id, subs), progress_lines(progress) as say:
             for sub in subs:
-                if env == "desktop":
-                    d = measure_desktop(sub, cfg, task, say=say)
+                if desktop_tasks is not None and task is not None:
+                    d = measure_desktop(sub, cfg, desktop_tasks[task], say=say)
                     artifacts.put(ledger, run_id, sub.name, d)
                     desktop.append(d)
                     sub.close()

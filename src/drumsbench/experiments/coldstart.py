@@ -14,9 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from drumsbench.envs.desktop.task import DesktopTask
 
 from drumsbench.core.errors import UsageError
 from drumsbench.experiments.run import mem_kib
@@ -203,18 +206,14 @@ def _raw_floor(sub: Substrate, cfg: ColdstartConfig,
     return floor_argv, (latency(samples) if samples else None)
 
 
-def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task_id: str = "writer-fix-typo",
+def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task: DesktopTask,
                     say: Callable[[str], None] = lambda _m: None) -> DesktopColdstartArtifact:
     """The desktop on ``sub`` (``DesktopColdstartArtifact``): ``cfg.n`` starts in ``cfg.mode``, each a
-    new sandbox, a new environment and its reset on task ``task_id`` (the path of a rollout's first
+    new sandbox, a new environment and its reset on ``task`` (the path of a rollout's first
     attempt), then ``cfg.reset_n`` resets per strategy of the substrate, each from a running instance
     (the path between a rollout's attempts), and the raw floor."""
     from drumsbench.envs.desktop.env import DesktopEnv
-    from drumsbench.envs.desktop.task import load_suite
 
-    task = next((t for t in load_suite("desktop") if t.id == task_id), None)
-    if task is None:
-        raise UsageError(f"coldstart: no desktop task {task_id!r}")
     errors: list[str] = []
 
     def start() -> tuple[float, float]:

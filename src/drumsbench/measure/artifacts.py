@@ -29,7 +29,7 @@ kind               name                                written by
 ``cluster``        the window's label                  sweep --executor ray (the nodes around a window)
 ``pool``           the window's label or the run's     run, sweep (``measure.cost.PoolUse``: what the warm pool held)
 ``coldstart-pool`` the substrate                       coldstart --pool (``measure.pool.PoolColdstartArtifact``)
-``desktop-coldstart`` the substrate                    coldstart --env desktop
+``desktop-coldstart`` the substrate                    coldstart --tasks desktop
 =================  ==================================  ========================================
 """
 
@@ -242,7 +242,7 @@ class ColdstartArtifact(Artifact):
 
 
 class DesktopColdstartArtifact(Artifact):
-    """One substrate's desktop (``coldstart --env desktop``): a new sandbox to the first good
+    """One substrate's desktop (``coldstart --tasks desktop``): a new sandbox to the first good
     screenshot of a task's document, the sandbox's share of it, and each reset strategy from a
     running instance to the next first good screenshot; beside the substrate's raw floor (an empty
     sandbox's start, measured in the same run)."""

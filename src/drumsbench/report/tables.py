@@ -155,7 +155,7 @@ def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idl
 
 
 def desktop_coldstart_group(results: Sequence[DesktopColdstartArtifact], mode: str, n: int, run_id: str) -> Group:
-    """``coldstart --env desktop``: per substrate, a new sandbox to the first good screenshot, the
+    """``coldstart --tasks desktop``: per substrate, a new sandbox to the first good screenshot, the
     sandbox's part of it, the reset per strategy, beside the substrate's raw floor."""
     task = results[0].task if results else "?"
     t = Table(title=f"desktop cold start on {task}, {mode}, n={n} per substrate (ms, 95% intervals)")

@@ -122,7 +122,7 @@ def _xy_cdf(samples_s: Sequence[float]) -> tuple[list[float], list[float]]:
 
 
 def sec_desktop_coldstart(runs: Sequence[RunData], pal: Palette) -> str | None:
-    """``coldstart --env desktop`` per substrate: start to the first good screenshot, the sandbox's
+    """``coldstart --tasks desktop`` per substrate: start to the first good screenshot, the sandbox's
     part of it, its raw floor, resets per strategy."""
     items = [(rd, a) for rd in runs for a in rd.art.desktop_coldstart.values()]
     if not items:
