@@ -18,15 +18,14 @@ continuation; CRIU underneath), for the desktop environment on the ``podman`` su
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from pathlib import Path
 
+from drumsbench.branching.desktop_criu import CriuFork
 from drumsbench.branching.methods import ForkMethod
 from drumsbench.core import criu_binary
 from drumsbench.core.errors import SubstrateError, UsageError
-from drumsbench.envs.base import Environment
 from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.base import HostLaunching
 
@@ -51,19 +50,13 @@ def _holder(init_pid: int, label: bytes, deadline_s: float = 10.0) -> int:
 
 
 class PodmanCheckpointFork(ForkMethod):
-    """Continuations restored from one export of the parent's container. ``timings``: per
-    continuation, the restore and the adoption (seconds)."""
+    """Continuations restored from one export of the parent's container (the branch experiment
+    times ``prepare``, the export, and each ``fork``)."""
 
     name = "podman-checkpoint"
     archive: Path | None = None
-
-    @classmethod
-    def configure_parent(cls, env: Environment) -> None:
-        """The parent's instance must be started checkpointable (under the container's init)."""
-        from drumsbench.envs.desktop.env import DesktopEnv
-
-        if isinstance(env, DesktopEnv):
-            env.settings = dataclasses.replace(env.settings, checkpointable=True)
+    # the parent's instance must be started checkpointable (here: under the container's init)
+    configure_parent = CriuFork.configure_parent
 
     def prepare(self, parent: Slot) -> None:
         from drumsbench.envs.desktop.env import DesktopEnv
@@ -81,16 +74,12 @@ class PodmanCheckpointFork(ForkMethod):
         self.parent_task, self.history, self.settings = env.task, list(env.history), env.settings
         self.display = env.inst.display
         self.label = f"{HostLaunching.SANDBOX_VAR}={box.id}".encode()
-        self.timings: list[dict[str, float]] = []
         archive = checkpoint_dir(self.substrate.state_dir, self.substrate.run_id) / f"{uuid.uuid4().hex[:12]}.tar.gz"
-        t0 = time.monotonic()
         try:
             box.checkpoint_export(archive)
         except BaseException:
             self.substrate.drop_checkpoint(archive)  # the run's folder too, when this was its only export
             raise
-        self.checkpoint_s = time.monotonic() - t0
-        self.archive_bytes = archive.stat().st_size
         self.archive = archive
 
     def fork(self, parent_generation: int) -> Slot:
@@ -100,9 +89,7 @@ class PodmanCheckpointFork(ForkMethod):
 
         if self.archive is None or not isinstance(self.substrate, PodmanSubstrate):
             raise UsageError(f"--methods {self.name}: fork before prepare")
-        t0 = time.monotonic()
         box = self.substrate.restore_import(self.archive)
-        t1 = time.monotonic()
         slot = Slot(self.substrate, self.make_env())
         slot.sandbox = box
         try:
@@ -117,7 +104,6 @@ class PodmanCheckpointFork(ForkMethod):
             slot.destroy()
             raise
         slot.env.generation = parent_generation + 1
-        self.timings.append({"restore_s": t1 - t0, "adopt_s": time.monotonic() - t1})
         return slot
 
     def close(self) -> None:

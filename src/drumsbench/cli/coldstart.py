@@ -74,19 +74,20 @@ def coldstart(
     except ValidationError as e:
         raise usage_error(e, {"stagger_s": "--stagger", "substrates": "--substrate", "n": "-n"}) from None
     suite = one_suite(tasks, env)
-    desktop_tasks = None
+    desktop_task = None
     if suites.suite_kind(suite) == "desktop":  # a one-line error for an unknown suite
         from drumsbench.envs.desktop.task import load_suite as load_desktop
 
-        desktop_tasks = {t.id: t for t in load_desktop(suite)}
-        task = task or next(iter(desktop_tasks))
-        if task not in desktop_tasks:
-            raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(desktop_tasks)}")
+        by_id = {t.id: t for t in load_desktop(suite)}
+        desktop_task = by_id.get(task or next(iter(by_id)))
+        if desktop_task is None:
+            raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(by_id)}")
     run_id = new_run_id()
     # the desktop's needs are checked per substrate before anything runs (the vm is refused up front)
-    subs = [make_substrate(name, run_id, suite if desktop_tasks else None) for name in chosen]
+    subs = [make_substrate(name, run_id, suite if desktop_task else None) for name in chosen]
     ledger = open_ledger(out)
-    config = {**cfg.model_dump(mode="json"), "tasks": suite, **({"task": task} if desktop_tasks else {})}
+    config = {**cfg.model_dump(mode="json"), "tasks": suite,
+              **({"task": desktop_task.id} if desktop_task else {})}
     ledger.create_run(run_id, "coldstart", config, machine_info(), commit())
     files = load_suite("coding")[0].files
     results = []
@@ -96,8 +97,8 @@ def coldstart(
     try:
         with finishing(ledger, run_id, subs), progress_lines(progress) as say:
             for sub in subs:
-                if desktop_tasks is not None and task is not None:
-                    d = measure_desktop(sub, cfg, desktop_tasks[task], say=say)
+                if desktop_task is not None:
+                    d = measure_desktop(sub, cfg, desktop_task, say=say)
                     artifacts.put(ledger, run_id, sub.name, d)
                     desktop.append(d)
                     sub.close()

@@ -26,7 +26,7 @@ from drumsbench.experiments.run import mem_kib
 from drumsbench.measure.artifacts import ColdstartArtifact, DesktopColdstartArtifact, Latency, latency
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, pool_cost
 from drumsbench.measure.pool import PoolColdstartArtifact
-from drumsbench.measure.stats import wilson
+from drumsbench.measure.stats import Estimate, wilson
 from drumsbench.rollout.pool import PoolSetting, WarmPool, pool_size
 from drumsbench.substrates.base import ResetStrategy, Sandbox, Substrate
 
@@ -124,16 +124,12 @@ def _first_command(get: Callable[[], Sandbox]) -> tuple[float, float, float]:
 
 def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
             say: Callable[[str], None] = lambda _m: None) -> SubstrateColdstart:
-    errors: list[str] = []
-
     def cycle() -> tuple[float, float]:
         _, first, teardown = _first_command(sub.create)
         return first, teardown
 
     say(f"{sub.name}: {cfg.n} x create + first command ({cfg.mode})")
-    samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, cycle)
-    ok = [s for s in samples if isinstance(s, tuple)]
-    errors += sorted({f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, Exception)})
+    ok, errors, success = _sampled(cfg, cycle)
 
     floor_argv, floor = _raw_floor(sub, cfg, say)
 
@@ -175,18 +171,32 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
         box.destroy()
 
     first = latency([s[0] for s in ok])
-    ratio = None
-    if floor is not None and floor.p50.value and first.p50.value is not None:
-        ratio = first.p50.value / floor.p50.value
     reset_ratio = None
     if {"in_place", "recreate"} <= resets.keys():
         reset_ratio = (resets["recreate"].p50.value or 0) / (resets["in_place"].p50.value or 1e-12)
     return SubstrateColdstart(
         substrate=sub.name, mode=cfg.mode.value, isolation=sub.capabilities.isolation.value,
-        first_command=first, success=wilson(len(ok), len(samples)), teardown=latency([s[1] for s in ok]),
-        floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, idle_memory_mib=idle_mib,
+        first_command=first, success=success, teardown=latency([s[1] for s in ok]),
+        floor_argv=floor_argv, floor=floor, ratio_to_floor=_ratio(first, floor), idle_memory_mib=idle_mib,
         idle_pss_mib=idle_pss, reset=resets,
         reset_ratio_recreate_over_in_place=reset_ratio, errors=errors)
+
+
+def _sampled(cfg: ColdstartConfig,
+             one: Callable[[], tuple[float, float]]) -> tuple[list[tuple[float, float]], list[str], Estimate]:
+    """``one`` ``cfg.n`` times in ``cfg.mode``: the samples of the runs that succeeded, the distinct
+    errors of the others, and the success rate."""
+    samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, one)
+    ok = [s for s in samples if isinstance(s, tuple)]
+    errors = sorted({f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, Exception)})
+    return ok, errors, wilson(len(ok), len(samples))
+
+
+def _ratio(first: Latency, floor: Latency | None) -> float | None:
+    """p50 over the raw floor's p50 (None without a floor)."""
+    if floor is not None and floor.p50.value and first.p50.value is not None:
+        return first.p50.value / floor.p50.value
+    return None
 
 
 def _raw_floor(sub: Substrate, cfg: ColdstartConfig,
@@ -214,8 +224,6 @@ def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task: DesktopTask,
     (the path between a rollout's attempts), and the raw floor."""
     from drumsbench.envs.desktop.env import DesktopEnv
 
-    errors: list[str] = []
-
     def start() -> tuple[float, float]:
         env = DesktopEnv()
         t0 = time.monotonic()
@@ -230,9 +238,7 @@ def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task: DesktopTask,
             box.destroy()
 
     say(f"{sub.name}: {cfg.n} x desktop start to the first good screenshot ({cfg.mode})")
-    samples = _run_mode(cfg.mode, cfg.n, cfg.stagger_s, start)
-    ok = [s for s in samples if isinstance(s, tuple)]
-    errors += sorted({f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, Exception)})
+    ok, errors, success = _sampled(cfg, start)
     floor_argv, floor = _raw_floor(sub, cfg, say)
 
     say(f"{sub.name}: desktop reset per strategy")
@@ -262,13 +268,10 @@ def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task: DesktopTask,
         box.destroy()
 
     first = latency([s[0] for s in ok])
-    ratio = None
-    if floor is not None and floor.p50.value and first.p50.value is not None:
-        ratio = first.p50.value / floor.p50.value
     return DesktopColdstartArtifact(
         substrate=sub.name, mode=cfg.mode.value, isolation=sub.capabilities.isolation.value, task=task.id,
-        start=first, create=latency([s[1] for s in ok]), success=wilson(len(ok), len(samples)),
-        floor_argv=floor_argv, floor=floor, ratio_to_floor=ratio, reset=resets, errors=errors)
+        start=first, create=latency([s[1] for s in ok]), success=success,
+        floor_argv=floor_argv, floor=floor, ratio_to_floor=_ratio(first, floor), reset=resets, errors=errors)
 
 
 FILL_WAIT_S = 120.0  # a pool that does not fill in this long is measured as it is (misses counted)

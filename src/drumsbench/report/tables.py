@@ -113,18 +113,28 @@ def ms_value(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
-def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idle: int, run_id: str,
-                    pools: Sequence[PoolColdstartArtifact | None] = ()) -> Group:
-    t = Table(title=f"cold start, {mode}, n={n} per substrate (ms, 95% intervals)")
+def _per_substrate(title: str, results: Sequence[ColdstartArtifact | DesktopColdstartArtifact]) -> Table:
+    """A cold-start table: a column of figures, then one column per substrate."""
+    t = Table(title=title)
     t.add_column("figure")
     for r in results:
         t.add_column(f"{r.substrate} ({r.isolation})")
+    return t
+
+
+def _floor_cell(r: ColdstartArtifact | DesktopColdstartArtifact) -> str:
+    """The raw floor's p50 and the start of its command."""
+    return ms(r.floor.p50 if r.floor else None) + (f"  `{' '.join(r.floor_argv)}`"[:40] if r.floor_argv else "")
+
+
+def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idle: int, run_id: str,
+                    pools: Sequence[PoolColdstartArtifact | None] = ()) -> Group:
+    t = _per_substrate(f"cold start, {mode}, n={n} per substrate (ms, 95% intervals)", results)
     rows: list[tuple[str, list[str]]] = [
         ("create -> first command p50", [ms(r.first_command.p50) for r in results]),
         ("  p95", [ms(r.first_command.p95) for r in results]),
         ("  p99", [ms(r.first_command.p99) for r in results]),
-        ("raw floor p50", [ms(r.floor.p50 if r.floor else None) + (f"  `{' '.join(r.floor_argv)}`"[:40]
-                                                                  if r.floor_argv else "") for r in results]),
+        ("raw floor p50", [_floor_cell(r) for r in results]),
         ("ratio to raw floor (p50)", [f"{r.ratio_to_floor:.2f}" if r.ratio_to_floor else "n/a" for r in results]),
         ("success rate", [r.success.fmt(".3f") for r in results]),
         ("teardown p50", [ms(r.teardown.p50) for r in results]),
@@ -158,16 +168,12 @@ def desktop_coldstart_group(results: Sequence[DesktopColdstartArtifact], mode: s
     """``coldstart --tasks desktop``: per substrate, a new sandbox to the first good screenshot, the
     sandbox's part of it, the reset per strategy, beside the substrate's raw floor."""
     task = results[0].task if results else "?"
-    t = Table(title=f"desktop cold start on {task}, {mode}, n={n} per substrate (ms, 95% intervals)")
-    t.add_column("figure")
-    for r in results:
-        t.add_column(f"{r.substrate} ({r.isolation})")
+    t = _per_substrate(f"desktop cold start on {task}, {mode}, n={n} per substrate (ms, 95% intervals)", results)
     rows: list[tuple[str, list[str]]] = [
         ("create -> first good screenshot p50", [ms(r.start.p50) for r in results]),
         ("  p95", [ms(r.start.p95) for r in results]),
         ("  of which the sandbox's create p50", [ms(r.create.p50) for r in results]),
-        ("raw floor p50 (an empty sandbox)", [ms(r.floor.p50 if r.floor else None) + (
-            f"  `{' '.join(r.floor_argv)}`"[:40] if r.floor_argv else "") for r in results]),
+        ("raw floor p50 (an empty sandbox)", [_floor_cell(r) for r in results]),
         ("ratio to raw floor (p50)", [f"{r.ratio_to_floor:.1f}" if r.ratio_to_floor else "n/a" for r in results]),
         ("success rate", [r.success.fmt(".3f") for r in results]),
     ]

@@ -414,7 +414,8 @@ class DesktopInstance:
                     except OSError:
                         continue
                 level = below
-            if self.proc is not None and self.proc.poll() not in (None, 0 if self.in_init else None):
+            code = self.proc.poll() if self.proc is not None else None
+            if code is not None and not (self.in_init and code == 0):
                 break  # the launcher failed (in_init: it exits 0 once it has detached the holder)
             time.sleep(0.005)
         code = self.proc.poll() if self.proc is not None else None

@@ -434,7 +434,7 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
         self.container_id = cid
         self.paths = PATHS
         self._destroyed = False
-        self._pid: int | None = None
+        self._entry: host_entry.Entry | None = None
 
     def _check(self) -> None:
         if self._destroyed:
@@ -444,15 +444,20 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
     def _engine_pid(self) -> int:
         """The host pid of the container's pid 1, from the engine's record (0 when not running)."""
 
-    def init_pid(self) -> int:
-        """The host pid of the container's pid 1 (asked once: a sandbox's container never restarts)."""
+    def entry(self) -> host_entry.Entry:
+        """How the host enters the container: its pid 1, groups and capabilities (read once: a
+        sandbox's container never restarts)."""
         self._check()
-        if self._pid is None:
+        if self._entry is None:
             pid = self._engine_pid()
             if pid <= 0:
                 raise SubstrateError(f"{self.substrate}: sandbox {self.id}: the container is not running")
-            self._pid = pid
-        return self._pid
+            self._entry = host_entry.Entry.of(pid)
+        return self._entry
+
+    def init_pid(self) -> int:
+        """The host pid of the container's pid 1."""
+        return self.entry().pid
 
     # -- ViewLaunching / HostLaunching (host_entry) ----------------------------------------------
     @property
@@ -460,7 +465,7 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
         return None  # commands run as the container's root
 
     def launch_view(self) -> LaunchView:
-        return host_entry.launch_view(self.init_pid(), ROOT)
+        return host_entry.launch_view(self.entry(), ROOT)
 
     def exec_launcher(self, argv: Sequence[str], *, timeout: float, cwd: str | None = None,
                       env: Mapping[str, str] | None = None, stdin: bytes | None = None,
@@ -469,7 +474,7 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
         ``cwd`` is a folder of the container: the launcher itself starts in the host's ``/`` and
         sets its folder once inside (``env -C``)."""
         del cwd
-        return host_entry.run_launcher(self.init_pid(), self.run_id, self.id, argv, timeout=timeout, env=env,
+        return host_entry.run_launcher(self.entry(), self.run_id, self.id, argv, timeout=timeout, env=env,
                                        stdin=stdin, output_limit=output_limit)
 
     def _run(self, req: ExecRequest) -> ExecResult:

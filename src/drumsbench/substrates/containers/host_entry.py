@@ -22,6 +22,7 @@ applied; docs/desktop.md says so).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError
@@ -93,14 +94,35 @@ def bounding_caps(pid: int) -> int:
     raise SubstrateError(f"no CapBnd in /proc/{pid}/status")
 
 
-def launch_view(pid: int, root: str) -> LaunchView:
-    """``ViewLaunching.launch_view`` of the container whose pid 1 is host pid ``pid``; ``root``: the
-    sandbox's root folder inside it (``/sandbox``). The tree joins the container's cgroups, enters
-    its namespaces, gets new ones of its own below them and drops to the container's capabilities."""
-    prefix = ("/bin/sh", "-c", JOIN_GROUPS, "join", *cgroup_procs_files(pid), "--",
-              "nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", *TREE_NAMESPACES)
-    return LaunchView(prefix, Path(f"/proc/{pid}/root{root}"), root, drop_admin=True,
-                      keep_caps=bounding_caps(pid))
+@dataclass(frozen=True)
+class Entry:
+    """What the host needs to enter one running container, read once (a container's pid 1, its
+    groups and its capabilities do not change while it runs): ``pid`` is its pid 1 on the host,
+    ``groups`` the ``cgroup.procs`` files of its groups, ``caps`` its bounding set."""
+
+    pid: int
+    groups: tuple[str, ...]
+    caps: int
+
+    @classmethod
+    def of(cls, pid: int) -> Entry:
+        return cls(pid, tuple(cgroup_procs_files(pid)), bounding_caps(pid))
+
+    def joined(self) -> tuple[str, ...]:
+        """argv prefix: what follows runs on the host in the container's cgroups (``JOIN_GROUPS``)."""
+        return ("/bin/sh", "-c", JOIN_GROUPS, "join", *self.groups, "--")
+
+    def entered(self) -> tuple[str, ...]:
+        """argv prefix: what follows runs in the container's cgroups and namespaces."""
+        return (*self.joined(), "nsenter", "-t", str(self.pid), "-m", "-u", "-i", "-n", "-p", "--")
+
+
+def launch_view(entry: Entry, root: str) -> LaunchView:
+    """``ViewLaunching.launch_view`` of the container of ``entry``; ``root``: the sandbox's root folder
+    inside it (``/sandbox``). The tree joins the container's cgroups, enters its namespaces, gets new
+    ones of its own below them and drops to the container's capabilities."""
+    return LaunchView((*entry.entered(), *TREE_NAMESPACES), Path(f"/proc/{entry.pid}/root{root}"), root,
+                      drop_admin=True, keep_caps=entry.caps)
 
 
 # run by python3 in the container's namespaces: the harness's descriptors closed, stdio on the
@@ -119,23 +141,22 @@ DETACH = (
 )
 
 
-def init_view(pid: int, root: str) -> LaunchView:
-    """``InitLaunching.init_view`` of the container whose pid 1 is host pid ``pid``: the tree joins
-    the container's cgroups, enters all its namespaces and is detached to become a child of its
-    init (``DETACH``), with the container's capabilities; its /tmp is the container's."""
-    prefix = ("/bin/sh", "-c", JOIN_GROUPS, "join", *cgroup_procs_files(pid), "--",
-              "nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", "python3", "-I", "-S", "-c", DETACH)
-    return LaunchView(prefix, Path(f"/proc/{pid}/root{root}"), root, drop_admin=True, keep_caps=bounding_caps(pid),
-                      init_pid=pid, host_tmp=Path(f"/proc/{pid}/root/tmp"))
+def init_view(entry: Entry, root: str) -> LaunchView:
+    """``InitLaunching.init_view`` of the container of ``entry``: the tree joins the container's
+    cgroups, enters all its namespaces and is detached to become a child of its init (``DETACH``),
+    with the container's capabilities; its /tmp is the container's."""
+    return LaunchView((*entry.entered(), "python3", "-I", "-S", "-c", DETACH), Path(f"/proc/{entry.pid}/root{root}"),
+                      root, drop_admin=True, keep_caps=entry.caps, init_pid=entry.pid,
+                      host_tmp=Path(f"/proc/{entry.pid}/root/tmp"))
 
 
-def run_launcher(pid: int, run_id: str, sandbox_id: str, argv: Sequence[str], *, timeout: float,
+def run_launcher(entry: Entry, run_id: str, sandbox_id: str, argv: Sequence[str], *, timeout: float,
                  env: Mapping[str, str] | None, stdin: bytes | None,
                  output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
-    """``HostLaunching.exec_launcher`` of the container whose pid 1 is host pid ``pid``: ``argv`` runs
-    on the host as root from ``/`` (its own ``nsenter`` enters where it needs to), in the container's
-    cgroups, labelled, bounded and killed on timeout."""
+    """``HostLaunching.exec_launcher`` of the container of ``entry``: ``argv`` runs on the host as root
+    from ``/`` (its own ``nsenter`` enters where it needs to), in the container's cgroups, labelled,
+    bounded and killed on timeout."""
     labels = {HostLaunching.RUN_VAR: run_id, HostLaunching.SANDBOX_VAR: sandbox_id}
     full_env = {"PATH": HOST_PATH, "LANG": "C.UTF-8", **(env or {}), **labels}
-    cmd = ["/bin/sh", "-c", JOIN_GROUPS, "join", *cgroup_procs_files(pid), "--", *argv]
-    return run_bounded(cmd, timeout=timeout, cwd="/", env=full_env, stdin=stdin, output_limit=output_limit)
+    return run_bounded([*entry.joined(), *argv], timeout=timeout, cwd="/", env=full_env, stdin=stdin,
+                       output_limit=output_limit)

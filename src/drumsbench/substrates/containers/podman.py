@@ -238,6 +238,16 @@ def _criu_env() -> dict[str, str]:
     return env
 
 
+def _with_criu(exe: str, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[bytes] | None:
+    """``podman --log-level=error ARGS`` with CRIU on its PATH (``_criu_env``); None when it did not
+    end within ``timeout`` (s)."""
+    try:
+        return subprocess.run([exe, "--log-level=error", *args], capture_output=True, timeout=timeout,
+                              env=_criu_env(), cwd=work_dir())
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _criu_errors(stderr: bytes) -> str:
     """The ``Error`` lines of the CRIU log that podman's message names (read before the container,
     and the log with it, may go)."""
@@ -259,21 +269,19 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         self._env = configure()
 
     def init_view(self) -> LaunchView:
-        return host_entry.init_view(self.init_pid(), C.ROOT)
+        return host_entry.init_view(self.entry(), C.ROOT)
 
     def checkpoint_export(self, path: Path, timeout: float = 300.0) -> None:
         """``podman container checkpoint --leave-running --export PATH``: the whole container (its
         processes through CRIU, its file changes) into one archive; the container goes on."""
         self._check()
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            # --file-locks: LibreOffice holds locks on its document and profile
-            argv = [self._exe, "--log-level=error", "container", "checkpoint", "--leave-running", "--file-locks",
-                    f"--export={path}", self.container_id]
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=_criu_env(), cwd=work_dir())
-        except subprocess.TimeoutExpired as e:
-            raise SubstrateError(f"podman: checkpoint of {self.container_id[:12]}: no answer within "
-                                 f"{timeout:.0f} s") from e
+        # --file-locks: LibreOffice holds locks on its document and profile
+        proc = _with_criu(self._exe, ["container", "checkpoint", "--leave-running", "--file-locks",
+                                      f"--export={path}", self.container_id], timeout)
+        if proc is None:
+            path.unlink(missing_ok=True)
+            raise SubstrateError(f"podman: checkpoint of {self.container_id[:12]}: no answer within {timeout:.0f} s")
         if proc.returncode != 0:
             path.unlink(missing_ok=True)
             raise SubstrateError(f"podman: checkpoint of {self.container_id[:12]} failed: "
@@ -537,17 +545,13 @@ class PodmanSubstrate(C.ContainerSubstrate):
         layer is podman's own: the tmpfs disk bound of ``create`` is not put on a restored container."""
         sid = C.new_sandbox_id()
         name = f"drumsbench-{self.run_id}-{sid}"
-        try:
-            argv = [self.exe, "--log-level=error", "container", "restore", "--file-locks", f"--import={archive}",
-                    f"--name={name}"]
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=_criu_env(), cwd=work_dir())
-        except subprocess.TimeoutExpired as e:
+        proc = _with_criu(self.exe, ["container", "restore", "--file-locks", f"--import={archive}",
+                                     f"--name={name}"], timeout)
+        cid = proc.stdout.decode().strip().splitlines()[-1] if proc is not None and proc.stdout.strip() else ""
+        if proc is None or proc.returncode != 0 or not cid:
             podman(["rm", "--force", "--time", "0", name], check=False)
-            raise SubstrateError(f"podman: restore of {archive.name}: no answer within {timeout:.0f} s") from e
-        cid = proc.stdout.decode().strip().splitlines()[-1] if proc.stdout.strip() else ""
-        if proc.returncode != 0 or not cid:
-            podman(["rm", "--force", "--time", "0", name], check=False)
-            raise SubstrateError(f"podman: restore of {archive.name} failed: {C.decode_tail(proc.stderr)}")
+            why = f"no answer within {timeout:.0f} s" if proc is None else f"failed: {C.decode_tail(proc.stderr)}"
+            raise SubstrateError(f"podman: restore of {archive.name}: {why}")
         return PodmanSandbox(self, cid, sid)
 
     def _bound_disk(self, cid: str, sid: str) -> Path | None:
