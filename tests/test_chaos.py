@@ -171,15 +171,28 @@ def test_container_kill_is_classified(tmp_path, env, engine):
     container whose monitor is gone."""
     require(registry.get(engine).missing())
     out = tmp_path / "chaos"
-    _, events, summary = chaos(out, env, "--substrate", engine, "--events", "container_kill", "--duration", "15s",
-                               "--every", "4s")
+    run_id, events, summary = chaos(out, env, "--substrate", engine, "--events", "container_kill",
+                                    "--duration", "15s", "--every", "4s")
     prefix = "container" if engine == "docker" else "conmon pid"
     assert summary.passed and any(e.target.startswith(prefix) for e in events), summary
     db = sqlite3.connect(out / "ledger.sqlite")
     causes = {r[0] for r in db.execute("SELECT cause FROM attempts WHERE cause IS NOT NULL")}
     assert causes <= {c.value for c in INFRA_CAUSES}, causes  # e.g. killed mid-verification
-    assert causes or engine == "podman", "no docker kill made an attempt invalid"
+    # the oracle solves every task: a 0 would be a kill taken for the policy's doing (the race of an
+    # exec ending 137 before the daemon records the stop once gave one; the classified check catches it)
+    assert not db.execute("SELECT COUNT(*) FROM attempts WHERE outcome = 'failed'").fetchone()[0]
     assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] >= 2
+    if engine == "podman":
+        return
+    assert causes, "no docker kill made an attempt invalid"
+    # positive control: a hit attempt scored 0 instead
+    seq = next(r[0] for e in events for r in db.execute(
+        "SELECT seq FROM attempts WHERE t_start <= ? AND ? <= t_end", (e.t, e.t)))
+    with db:
+        db.execute("UPDATE attempts SET outcome = 'failed', cause = NULL, reward = 0.0 WHERE seq = ?", (seq,))
+    db.close()
+    text = check_again(out, run_id, env)
+    assert "FAIL classified" in text and f"seq {seq} of the oracle policy scored 0" in text, text
 
 
 def test_killing_soffice_or_xvfb_makes_the_desktop_attempt_invalid(tmp_path, env):

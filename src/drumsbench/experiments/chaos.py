@@ -437,10 +437,16 @@ class Chaos:
         running = containers_of_run(engine, run_id, running_only=True)
         if not running:
             return "none", "no container of the run was running"
-        cid = self.rng.choice(sorted(running))
         if engine == "docker":
+            # a container with an exec running serves an attempt now; an idle one (a pool's spare, one
+            # being removed) is killed only when none is busy: a kill that hits no attempt tests nothing
+            counts = engine_cli("docker", ["inspect", "--format", "{{.Id}} {{len .ExecIDs}}", *running]).split("\n")
+            busy = [line.split()[0] for line in counts if len(line.split()) == 2 and line.split()[1] != "0"]
+            cid = self.rng.choice(sorted(c for c in running if any(b.startswith(c) for b in busy)) or sorted(running))
             proc = subprocess.run(["docker", "kill", cid], capture_output=True, text=True, timeout=60)
-            return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed"))[:200]
+            return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed")
+                                             + ("" if busy else " (no container had an exec running)"))[:200]
+        cid = self.rng.choice(sorted(running))
         conmon = engine_cli("podman", ["inspect", "--format", "{{.State.ConmonPid}}", cid]).strip()
         if not conmon.isdigit() or int(conmon) <= 1:
             return f"container {cid[:12]}", "no conmon found"

@@ -9,8 +9,9 @@
   kill or a stop on a full disk nothing recorded straddles the moment it was seen dead (in-flight attempts
   are dropped, never half written) and what ran after it took new seqs (the dropped work is retried
   under them); an attempt in flight when a sandbox, container or desktop process was killed is
-  recorded, and if invalid, with an infrastructure cause; events on the ledger alone (a reader, a
-  full disk it ran through) make no attempt invalid.
+  recorded, and if invalid, with an infrastructure cause, and if of the oracle policy, never failed
+  unless the event was one the policy could have caused itself (``sandbox_kill``); events on the
+  ledger alone (a reader, a full disk it ran through) make no attempt invalid.
 - ``ledger_intact``: ``PRAGMA integrity_check`` is ``ok`` at the end and after every full disk.
 """
 
@@ -25,6 +26,11 @@ from drumsbench.measure.artifacts import ChaosCheck, ChaosEventArtifact, RowsDig
 
 # events that kill something a running attempt uses
 SANDBOX_EVENTS = ("sandbox_kill", "container_kill", "desktop_kill", "vm_kill", "daemon_kill")
+# sandbox events the policy's own code could have caused alike (killing one of its own processes):
+# an attempt they hit may end failed; after any other sandbox event an attempt of a policy that
+# solves every task (``SOLVER``) must end success or invalid
+POLICY_REACHABLE_EVENTS = ("sandbox_kill",)
+SOLVER = "oracle"
 # events after which the harness is dead (and is resumed)
 STOP_EVENTS = ("harness_kill",)
 # the causes an attempt hit by a killed sandbox, container or desktop process may carry
@@ -56,6 +62,12 @@ def digest(ledger: Ledger, run_id: str, max_seq: int | None = None, gaps: list[i
 def _rows(ledger: Ledger, run_id: str) -> list[tuple[int, str, str | None, float, float]]:
     return [(int(r[0]), r[1], r[2], float(r[3]), float(r[4])) for r in ledger.db.execute(
         "SELECT seq, outcome, cause, t_start, t_end FROM attempts WHERE run_id = ? ORDER BY seq", (run_id,))]
+
+
+def _solver_seqs(ledger: Ledger, run_id: str) -> set[int]:
+    """The seqs whose policy solves every task by construction (``oracle``)."""
+    return {int(r[0]) for r in ledger.db.execute(
+        "SELECT seq FROM attempts WHERE run_id = ? AND policy = ?", (run_id, SOLVER))}
 
 
 def survived(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) -> ChaosCheck:
@@ -92,6 +104,7 @@ def classified(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) ->
     problems: list[str] = []
     touched: Counter[str] = Counter()
     # an attempt in flight at a kill is that kill's, even when it ends during a later reader's hold
+    solver = _solver_seqs(ledger, run_id)
     killed = {s for ev in events if ev.kind in SANDBOX_EVENTS for s, _, _, t0, t1 in rows if t0 <= ev.t <= t1}
     for ev in events:
         stopped = ev.kind in STOP_EVENTS or (ev.kind == "disk_full" and ev.harness_exit is not None)
@@ -109,6 +122,9 @@ def classified(ledger: Ledger, run_id: str, events: list[ChaosEventArtifact]) ->
             hit = [(s, o, c) for s, o, c, t0, t1 in rows if t0 <= ev.t <= t1]
             for s, o, c in hit:
                 touched[f"{o}/{c}" if c else o] += 1
+                if o == "failed" and s in solver and ev.kind not in POLICY_REACHABLE_EVENTS:
+                    problems.append(f"event {ev.index} ({ev.kind}): seq {s} of the {SOLVER} policy scored 0 (failed): "
+                                    f"an infrastructure fault taken for the policy's")
                 if c is not None and InvalidCause(c) not in INFRA_CAUSES:
                     problems.append(f"event {ev.index} ({ev.kind}): seq {s} invalid with {c}, not an "
                                     f"infrastructure cause")

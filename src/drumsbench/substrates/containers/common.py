@@ -387,6 +387,10 @@ def build_lock(name: str, wait: bool = True) -> Iterator[bool]:
         os.close(fd)
 
 
+SETTLE_S = 2.0  # how long a running record is read again before a probe calls the container alive
+SETTLE_POLL_S = 0.2
+
+
 def state_evidence(engine: str, state: Mapping[str, Any]) -> str | None:
     """What a container's ``State`` (``docker inspect`` / ``podman inspect``) says against it.
 
@@ -505,11 +509,31 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
         container's own pid namespace); files stay."""
         self._run_checked(END_ARGV, "ending the sandbox's processes", timeout=60.0)
 
-    def _state_evidence(self, state: Mapping[str, Any]) -> str | None:
-        # No liveness command besides the engine's record: it would run under the sandbox's own
-        # limits, which the policy can exhaust (a fork bomb), and so would not be evidence out of
-        # its reach.
-        return state_evidence(self.substrate, state)
+    @abc.abstractmethod
+    def _inspect_state(self, wait: float) -> Mapping[str, Any] | str:
+        """The engine's record of the container (its ``State``), or evidence as a sentence when the
+        engine does not know the container or does not answer within ``wait`` seconds."""
+
+    def probe(self, timeout: float = 5.0) -> str | None:
+        """The engine's record of the container (``State``: paused, not running; ``state_evidence``)
+        or the engine not answering. Never changes the container.
+
+        A container stopped from the host (``docker kill``) has its processes dead before the engine
+        records it: an exec ends with 137 while the record still says running. A record of a running
+        container is therefore read again for up to ``SETTLE_S`` seconds before it counts as alive.
+        No liveness command besides the record: it would run under the sandbox's own limits, which
+        the policy can exhaust (a fork bomb), and so would not be evidence out of its reach."""
+        if self._destroyed:
+            return f"{self.substrate}: sandbox {self.id} is destroyed"
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            state = self._inspect_state(timeout)
+            if isinstance(state, str):
+                return state
+            evidence = state_evidence(self.substrate, state)
+            if evidence or state.get("OOMKilled") or time.monotonic() >= deadline:
+                return evidence
+            time.sleep(SETTLE_POLL_S)
 
 
 class ContainerSubstrate(Substrate, ImageFlavors):

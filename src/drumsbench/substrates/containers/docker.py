@@ -315,20 +315,15 @@ class DockerSandbox(C.ContainerSandbox):
                 raise self._gone(e, f"cannot remove the container ({first})") from e
 
     # -- gate-side evidence ----------------------------------------------------------------------
-    def probe(self, timeout: float = 5.0) -> str | None:
-        """The daemon's record of the container (``State``: paused, not running, OOM-killed);
-        the daemon not answering. Never changes the container."""
-        if self._destroyed:
-            return f"docker: sandbox {self.id} is destroyed"
-        wait = max(timeout, 10.0)  # the daemon's own answer; a loaded host is slow, not absent
+    def _inspect_state(self, wait: float) -> Mapping[str, Any] | str:
+        wait = max(wait, 10.0)  # the daemon's own answer; a loaded host is slow, not absent
         try:
             resp = self._api._get(self._api._url("/containers/{0}/json", self.container_id), timeout=wait)
-            state = self._api._result(resp, True).get("State") or {}
+            return self._api._result(resp, True).get("State") or {}
         except docker.errors.NotFound:
             return f"docker: the container {self.container_id[:12]} is gone (the daemon does not know it)"
         except _api_errors() as e:
             return f"docker: the daemon did not answer an inspect of the container within {wait:g} s: {e}"
-        return self._state_evidence(state)
 
     # -- host-side freeze (fault injection only) -------------------------------------------------
     def freeze(self) -> None:

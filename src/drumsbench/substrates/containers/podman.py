@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -383,12 +384,8 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
             )
 
     # -- gate-side evidence ----------------------------------------------------------------------
-    def probe(self, timeout: float = 5.0) -> str | None:
-        """Podman's record of the container (``State``: paused, not running, OOM-killed); podman
-        not answering. Never changes the container."""
-        if self._destroyed:
-            return f"podman: sandbox {self.id} is destroyed"
-        wait = max(timeout, 15.0)  # a CLI process on a loaded host is slow, not absent
+    def _inspect_state(self, wait: float) -> Mapping[str, Any] | str:
+        wait = max(wait, 15.0)  # a CLI process on a loaded host is slow, not absent
         try:
             proc = podman(["container", "inspect", "--format", "json", self.container_id],
                           check=False, timeout=wait)
@@ -402,7 +399,7 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
             state = (json.loads(proc.stdout) or [{}])[0].get("State") or {}
         except (ValueError, IndexError, AttributeError) as e:
             return f"podman: unreadable inspect of the container: {e}"
-        return self._state_evidence(state)
+        return state if isinstance(state, dict) else f"podman: unreadable inspect of the container: {state!r}"
 
     # -- host-side freeze (fault injection only) -------------------------------------------------
     def freeze(self) -> None:
