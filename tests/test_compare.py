@@ -25,13 +25,13 @@ def test_coldstart_side_by_side(tmp_path, env):
     names = registry.names()
     for n in names:
         require(registry.get(n).missing())
-    cli("coldstart", "--substrates", ",".join(names), "-n", "5", "--idle", "2", "--reset-n", "3",
+    cli("coldstart", "--substrates", ",".join(names), "-n", "3", "--idle", "1", "--reset-n", "2",
         "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "c.json"), env=env, check=True)
     data = json.loads((tmp_path / "c.json").read_text())
     assert [r["substrate"] for r in data["results"]] == names
     for r in data["results"]:
         assert r["success"]["value"] == 1.0, r["errors"]
-        assert r["first_command"]["n"] == 5 and r["first_command"]["p50"]["value"] > 0
+        assert r["first_command"]["n"] == 3 and r["first_command"]["p50"]["value"] > 0
         assert r["floor"] is not None and r["ratio_to_floor"] > 0, r["substrate"]
         assert r["reset"], r["substrate"]
 

@@ -3,12 +3,15 @@ with its own cause, and nothing else is ever invalid."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import ResetStrategy
@@ -32,19 +35,31 @@ def substrate_name(request):
 
 @pytest.mark.parametrize("policy,expected", [("oracle", Outcome.SUCCESS), ("null", Outcome.FAILED)])
 def test_controls_on_every_builtin_task(substrate_name, policy, expected, state_dir, run_id):
-    slot = slot_on(substrate_name, run_id, state_dir)
+    """Every builtin task once, on two workers of one substrate as the harness runs them (one on
+    the vm: two TCG guests on two cores only slow each other)."""
+    first = slot_on(substrate_name, run_id, state_dir)
+    slots = [first] + ([] if substrate_name == "vm" else [Slot(first.substrate, CodingEnv(), worker=1)])
     canaries = CanaryRegistry()
     cfg = RolloutConfig(step_timeout_s=30, episode_timeout_s=120)
-    try:
-        outcomes = {}
-        for i, task in enumerate(load_suite("coding")):
+    tasks = list(enumerate(load_suite("coding")))
+
+    def play(k: int) -> dict[str, tuple[Outcome, str]]:
+        slot, done = slots[k], {}
+        for i, task in tasks[k::len(slots)]:
             rec = run_attempt(slot, task, make_policy(policy), cfg, canaries, run_id=run_id, seq=i, seed=0)
-            outcomes[task.id] = (rec.outcome, rec.detail)
+            done[task.id] = (rec.outcome, rec.detail)
+        return done
+
+    try:
+        with ThreadPoolExecutor(len(slots)) as pool:
+            outcomes = {t: o for part in pool.map(play, range(len(slots))) for t, o in part.items()}
     finally:
-        slot.destroy()
+        for slot in slots:
+            slot.destroy()
+    assert len(outcomes) == len(tasks)
     wrong = {t: o for t, o in outcomes.items() if o[0] is not expected}
     assert not wrong, f"{policy} on {substrate_name}: {wrong}"
-    assert not slot.substrate.leftovers()
+    assert not first.substrate.leftovers()
 
 
 def test_noisy_gives_both_valid_outcomes(state_dir, run_id):
