@@ -4,14 +4,17 @@ with the strategy named in the ledger, while the oracle still succeeds and null 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
 from drumsbench.core.outcome import Outcome
+from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.policies.adversary import STRATEGIES, Adversary
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
 
@@ -31,21 +34,29 @@ SAMPLE = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "ou
           "many_processes_then_hang", "fill_disk"]
 
 
-def _play(substrate: str, strategies: list[str], state_dir, run_id, cfg: RolloutConfig = CFG):
+def _play(substrate: str, strategies: list[str], state_dir, run_id, cfg: RolloutConfig = CFG, workers: int = 1):
+    """Each strategy once, on ``workers`` slots of one substrate side by side (as the harness runs
+    them: a strategy then has a live neighbour), then the oracle on the first slot."""
     require(registry.get(substrate).missing())
-    slot = slot_on(substrate, run_id, state_dir)
+    first = slot_on(substrate, run_id, state_dir)
+    slots = [first] + [Slot(first.substrate, CodingEnv(), worker=w) for w in range(1, workers)]
     task = load_suite("coding")[0]
     canaries = CanaryRegistry()
-    out = {}
+    order = list(enumerate(strategies))
+
+    def play(k: int) -> dict[str, Any]:
+        return {name: run_attempt(slots[k], task, Adversary([name]), cfg, canaries, run_id=run_id, seq=i, seed=0)
+                for i, name in order[k::workers]}
+
     try:
-        for i, name in enumerate(strategies):
-            rec = run_attempt(slot, task, Adversary([name]), cfg, canaries, run_id=run_id, seq=i, seed=0)
-            out[name] = rec
-        control = run_attempt(slot, task, make_policy("oracle"), cfg, canaries, run_id=run_id,
+        with ThreadPoolExecutor(workers) as pool:
+            out = {n: r for part in pool.map(play, range(workers)) for n, r in part.items()}
+        control = run_attempt(first, task, make_policy("oracle"), cfg, canaries, run_id=run_id,
                               seq=len(strategies), seed=0)
     finally:
-        slot.destroy()
-    assert not slot.substrate.leftovers()
+        for slot in slots:
+            slot.destroy()
+    assert not first.substrate.leftovers()
     return out, control
 
 
@@ -54,7 +65,7 @@ def test_no_strategy_reaches_success_or_invalid(substrate, state_dir, run_id):
     names = [s for s in (STRATEGIES if substrate in EVERY else SAMPLE)
              if not (substrate != "process" and s == "signal_harness")]
     harness = os.getpid()
-    out, control = _play(substrate, names, state_dir, run_id)
+    out, control = _play(substrate, names, state_dir, run_id, workers=2)
     escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}
     assert not escaped, f"strategies that did not end failed on {substrate}: {escaped}"
     assert all(r.extra.get("strategy") == n for n, r in out.items())
