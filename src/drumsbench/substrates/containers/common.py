@@ -520,9 +520,10 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
 
         A container stopped from the host (``docker kill``) has its processes dead before the engine
         records it: an exec ends with 137 while the record still says running. So when the record
-        says running but the container's pid 1 (the record's ``Pid``) is gone or a zombie on the
-        host, the record is read again for up to ``SETTLE_S`` seconds, and its verdict counts (a
-        stop, or ``OOMKilled``, which is not evidence). No liveness command besides the record: it
+        says running but the container's pid 1 (the record's ``Pid``) is gone, a zombie or exiting on
+        the host (``host_pid_alive``), the record is read again for up to ``SETTLE_S`` seconds, and
+        its verdict counts (a stop, or ``OOMKilled``, which is not evidence; a record that never
+        catches up is not evidence either). No liveness command besides the record: it
         would run under the sandbox's own limits, which the policy can exhaust (a fork bomb), and so
         would not be evidence out of its reach."""
         if self._destroyed:
