@@ -20,6 +20,12 @@ def slot_on(name: str, run_id: str, state_dir: Path) -> Slot:
     return Slot(registry.get(name)(run_id, state_dir), CodingEnv())
 
 
+def slots_on(name: str, run_id: str, state_dir: Path, workers: int) -> list[Slot]:
+    """``workers`` slots of one substrate of ``name``, as the harness's workers share it."""
+    first = slot_on(name, run_id, state_dir)
+    return [first] + [Slot(first.substrate, CodingEnv(), worker=w) for w in range(1, workers)]
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600, check: bool = False,
         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``drumsbench ARGS`` in a subprocess, exactly as a user would."""

@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 
 from drumsbench.core.outcome import Outcome
-from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.policies.adversary import STRATEGIES, Adversary
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
 
 from conftest import require
-from helpers import slot_on
+from helpers import slots_on
 
 # Short limits so that hanging strategies end quickly; the verifier still has room on a loaded host.
 CFG = RolloutConfig(step_timeout_s=3.0, episode_timeout_s=60.0, verify_timeout_s=10.0, max_steps=60)
@@ -38,8 +37,8 @@ def _play(substrate: str, strategies: list[str], state_dir, run_id, cfg: Rollout
     """Each strategy once, on ``workers`` slots of one substrate side by side (as the harness runs
     them: a strategy then has a live neighbour), then the oracle on the first slot."""
     require(registry.get(substrate).missing())
-    first = slot_on(substrate, run_id, state_dir)
-    slots = [first] + [Slot(first.substrate, CodingEnv(), worker=w) for w in range(1, workers)]
+    slots = slots_on(substrate, run_id, state_dir, workers)
+    first = slots[0]
     task = load_suite("coding")[0]
     canaries = CanaryRegistry()
     order = list(enumerate(strategies))

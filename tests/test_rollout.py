@@ -8,16 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from drumsbench.core.outcome import InvalidCause, Outcome
-from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry, positive_control
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import ResetStrategy
 
 from conftest import require
-from helpers import MINI, slot_on
+from helpers import MINI, slot_on, slots_on
 
 FAST = RolloutConfig(step_timeout_s=1.0, episode_timeout_s=2.5)
 
@@ -37,8 +36,7 @@ def substrate_name(request):
 def test_controls_on_every_builtin_task(substrate_name, policy, expected, state_dir, run_id):
     """Every builtin task once, on two workers of one substrate as the harness runs them (one on
     the vm: two TCG guests on two cores only slow each other)."""
-    first = slot_on(substrate_name, run_id, state_dir)
-    slots = [first] + ([] if substrate_name == "vm" else [Slot(first.substrate, CodingEnv(), worker=1)])
+    slots = slots_on(substrate_name, run_id, state_dir, 1 if substrate_name == "vm" else 2)
     canaries = CanaryRegistry()
     cfg = RolloutConfig(step_timeout_s=30, episode_timeout_s=120)
     tasks = list(enumerate(load_suite("coding")))
@@ -59,7 +57,7 @@ def test_controls_on_every_builtin_task(substrate_name, policy, expected, state_
     assert len(outcomes) == len(tasks)
     wrong = {t: o for t, o in outcomes.items() if o[0] is not expected}
     assert not wrong, f"{policy} on {substrate_name}: {wrong}"
-    assert not first.substrate.leftovers()
+    assert not slots[0].substrate.leftovers()
 
 
 def test_noisy_gives_both_valid_outcomes(state_dir, run_id):

@@ -440,8 +440,9 @@ class Chaos:
         if engine == "docker":
             # a container with an exec running serves an attempt now; an idle one (a pool's spare, one
             # being removed) is killed only when none is busy: a kill that hits no attempt tests nothing
-            counts = engine_cli("docker", ["inspect", "--format", "{{.Id}} {{len .ExecIDs}}", *running]).split("\n")
-            busy = [line.split()[0] for line in counts if len(line.split()) == 2 and line.split()[1] != "0"]
+            execs = (line.partition(" ") for line in
+                     engine_cli("docker", ["inspect", "--format", "{{.Id}} {{len .ExecIDs}}", *running]).splitlines())
+            busy = [full for full, _, n in execs if n.strip() not in ("", "0")]
             cid = self.rng.choice(sorted(c for c in running if any(b.startswith(c) for b in busy)) or sorted(running))
             proc = subprocess.run(["docker", "kill", cid], capture_output=True, text=True, timeout=60)
             return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed")

@@ -57,14 +57,32 @@ def kill_pids(pids: Sequence[int], wait_s: float = 5.0) -> None:
             time.sleep(0.02)
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of ``/proc/PID/stat`` (state, ppid, ..., flags at index 6; proc(5)), or None when
+    the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields or None
+
+
 def _has_memory(pid: int) -> bool:
     """Alive and not yet a zombie (a zombie has no environment left to match a label)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit
+
+
+def alive_not_exiting(pid: int) -> bool:
+    """Is ``pid`` a live process: not gone, not a zombie, and not exiting (``PF_EXITING``)? A pid
+    namespace's init that was killed stays in ``do_exit`` until every other process of the
+    namespace is gone, so the execs of a killed container end before its init does."""
+    fields = stat_fields(pid) if pid > 0 else None
+    return fields is not None and fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
 # -- per-sandbox identities and freezer cgroups (process, bwrap, overlay) ------------------------

@@ -50,6 +50,7 @@ from drumsbench.substrates.base import (
 )
 from drumsbench.substrates.containers import host_entry
 from drumsbench.substrates.exec_core import sandbox_env
+from drumsbench.substrates.hostproc import alive_not_exiting
 
 LABEL_RUN = "drumsbench.run"
 LABEL_SANDBOX = "drumsbench.sandbox"
@@ -520,10 +521,10 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
 
         A container stopped from the host (``docker kill``) has its processes dead before the engine
         records it: an exec ends with 137 while the record still says running. So when the record
-        says running but the container's pid 1 (the record's ``Pid``) is gone, a zombie or exiting on
-        the host (``host_pid_alive``), the record is read again for up to ``SETTLE_S`` seconds, and
-        its verdict counts (a stop, or ``OOMKilled``, which is not evidence; a record that never
-        catches up is not evidence either). No liveness command besides the record: it
+        says running but the container's pid 1 (the record's ``Pid``) is gone, a zombie or exiting
+        on the host (``hostproc.alive_not_exiting``), the record is read again for up to
+        ``SETTLE_S`` seconds, and its verdict counts (a stop, or ``OOMKilled``, which is not
+        evidence; a record that never catches up is not evidence either). No liveness command besides the record: it
         would run under the sandbox's own limits, which the policy can exhaust (a fork bomb), and so
         would not be evidence out of its reach."""
         if self._destroyed:
@@ -534,29 +535,12 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
             if isinstance(state, str):
                 return state
             evidence = state_evidence(self.substrate, state)
-            if evidence or state.get("OOMKilled") or host_pid_alive(state.get("Pid")):
+            pid = state.get("Pid")
+            if evidence or state.get("OOMKilled") or (isinstance(pid, int) and alive_not_exiting(pid)):
                 return evidence
             if time.monotonic() >= deadline:
                 return None  # (the record never caught up: not evidence)
             time.sleep(SETTLE_POLL_S)
-
-
-PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit
-
-
-def host_pid_alive(pid: object) -> bool:
-    """Is ``pid`` (a container's pid 1 as the engine records it, in the host's pid namespace) a
-    live process: not a zombie, and not exiting? A pid namespace's init that was killed stays in
-    ``do_exit`` (flag ``PF_EXITING``) until every other process of the namespace is gone, so the
-    execs of a killed container end before its init does. False for a missing or non-positive pid."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rindex(")") + 2:].split()  # fields 3.. of proc(5): state, ppid, ..., flags
-    return fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
 class ContainerSubstrate(Substrate, ImageFlavors):
