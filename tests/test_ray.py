@@ -108,6 +108,21 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
+def lose_node(c, node, everything: bool = False) -> None:
+    """Lose ``node`` as when its machine dies: SIGKILL its Ray workers and agents (the raylet's own
+    children) first, then the raylet and the rest of Ray's processes of the node; with
+    ``everything``, the workers' descendants too (otherwise what a worker started, e.g. a sandbox,
+    outlives it, for the driver's clean-up to find). Killing only the raylet is not enough: a worker
+    notices its raylet gone only later, and may hand in a result, or start new work, before it does."""
+    raylet = node.all_processes["raylet"][0].process.pid
+    below = _descendants(raylet) - {raylet}
+    workers = {p for p in below if _parent(p) == raylet}
+    for victim in [*workers, *(below - workers if everything else ())]:
+        with contextlib.suppress(OSError):
+            os.kill(victim, signal.SIGKILL)
+    c.remove_node(node, allow_graceful=False)
+
+
 def _is_loopback(addr: str) -> bool:
     host = addr.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
     return host.startswith("127.") or host == "::1"
@@ -140,7 +155,7 @@ def _run(out: Path, cfg: RunConfig, on_progress=None) -> tuple[Ledger, str, str]
 
 
 def _run_losing_node(c, node, out: Path, cfg: RunConfig, due: Callable[[Ledger], bool]) -> tuple[Ledger, str, float]:
-    """Run ``cfg`` on the cluster ``c`` and SIGKILL ``node`` (as when its machine dies) at the first
+    """Run ``cfg`` on the cluster ``c`` and lose ``node`` (``lose_node``: as when its machine dies) at the first
     progress tick where ``due(ledger)`` holds; the run must complete. Returns (ledger, run id, when
     the node was removed)."""
     ledger = open_ledger(out)
@@ -149,7 +164,7 @@ def _run_losing_node(c, node, out: Path, cfg: RunConfig, due: Callable[[Ledger],
 
     def kill_when_due(_progress) -> None:
         if not removed and due(ledger):
-            c.remove_node(node, allow_graceful=False)
+            lose_node(c, node)
             removed.append(time.time())
 
     ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())

@@ -1,5 +1,5 @@
 """``branch --executor ray`` when a node is lost mid-continuation (a real 3-node loopback cluster;
-the node's raylet is SIGKILLed, as when its machine dies).
+the node's workers and raylet are SIGKILLed, as when its machine dies).
 
 Its own file: the cluster of ``test_ray_branch.py`` must keep its nodes, and one process holds one
 Ray connection at a time.
@@ -11,7 +11,7 @@ import json
 import threading
 from pathlib import Path
 
-from test_ray import loopback_cluster
+from test_ray import loopback_cluster, lose_node
 from test_ray_desktop import HEALTH
 
 from drumsbench.core.outcome import Outcome
@@ -51,7 +51,7 @@ def test_a_node_lost_mid_continuation_is_recorded_invalid_and_its_share_goes_on(
             continuing.wait(600)
             while not stop.is_set():
                 if sandboxes3.is_dir() and any(sandboxes3.iterdir()):
-                    c.remove_node(node3, allow_graceful=False)
+                    lose_node(c, node3)  # its workers, then its raylet: the continuation cannot hand in
                     killed.append(node3.node_id)
                     return
                 stop.wait(0.01)

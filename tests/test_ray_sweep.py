@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_ray import loopback_cluster, ray_sockets_off_loopback
+from test_ray import loopback_cluster, lose_node, ray_sockets_off_loopback
 
 from drumsbench.core.machine import commit, machine_info
 from drumsbench.core.outcome import Outcome
@@ -149,7 +149,7 @@ def test_node_killed_mid_window_unconfirms_it_and_loses_no_attempt(cluster3, tmp
             n = db.db.execute("SELECT COUNT(*) FROM attempts WHERE window = 'N1' AND extra LIKE ?",
                               (f"%{victim.node_id}%",)).fetchone()[0]
             if n >= 2:
-                c.remove_node(victim, allow_graceful=False)  # SIGKILL of the node, as when a machine dies
+                lose_node(c, victim)  # as when a machine dies
                 killed.append(time.time())
                 return
             time.sleep(0.1)

@@ -89,13 +89,10 @@ def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
     lost); each of its in-flight attempts is recorded once, invalid/substrate_failure with
     ``lost_node`` and no decisions; the batch finishes on the other nodes and the run completes with
     every planned attempt recorded."""
-    import contextlib
-    import os
-    import signal
     import threading
     from pathlib import Path
 
-    from test_ray import _descendants, _parent
+    from test_ray import _descendants, lose_node
     from test_ray_desktop import HEALTH
 
     from drumsbench.substrates.process import RUN_VAR
@@ -124,15 +121,8 @@ def test_a_node_lost_mid_attempt_is_invalid_and_training_goes_on(tmp_path):
                     try:
                         if command_of_the_run(pid):
                             seen = Path(f"/proc/{pid}/cmdline").read_bytes()[:200]
-                            # the machine is lost at once: its workers first (an attempt this fast
-                            # could otherwise finish, or a new one start, while a worker notices
-                            # that its raylet is gone), then everything else on it
-                            below = _descendants(raylet) - {raylet}
-                            workers = {p for p in below if _parent(p) == raylet}
-                            for victim in [*workers, *(below - workers)]:
-                                with contextlib.suppress(OSError):
-                                    os.kill(victim, signal.SIGKILL)
-                            c.remove_node(node3, allow_graceful=False)
+                            # the machine is lost at once, everything on it (this attempt is fast)
+                            lose_node(c, node3, everything=True)
                             killed.append(time.time())
                             what.append(seen)
                             return
