@@ -101,6 +101,13 @@ runc = ["{runtime}"]
 driver = "overlay"
 graphroot = "{config_dir() / "storage"}"
 runroot = "{RUNTIME_DIR}/storage"
+
+[storage.options.overlay]
+# never bind the storage's overlay folder over itself: podman binds it (not recursively) when a
+# command starts and detaches it when one ends with no container running, so a disk-bound tmpfs
+# mounted over a container's layer folder between create and start would be shadowed by the next
+# command's bind (and its layer folder left undeletable)
+skip_mount_home = "true"
 """
     return {"containers.conf": containers_conf, "storage.conf": storage_conf}
 
