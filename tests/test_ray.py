@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from drumsbench.core import criu
 from drumsbench.core.machine import commit, machine_info
 from drumsbench.core.outcome import Outcome
 from drumsbench.core.records import AttemptRecord
@@ -85,27 +86,9 @@ def cluster():
         yield c, env
 
 
-def _parent(pid: int | str) -> int | None:
-    """``pid``'s parent pid, or None when it is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        ppid = _parent(pid)
-        if ppid is not None:
-            children.setdefault(ppid, []).append(int(pid))
-    out, todo = {root}, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
+    """``root`` and all its descendants."""
+    return set(criu.tree_pids(root))
 
 
 def lose_node(c, node, everything: bool = False) -> None:
@@ -115,7 +98,7 @@ def lose_node(c, node, everything: bool = False) -> None:
     outlives it, for the driver's clean-up to find). Killing only the raylet is not enough: a worker
     notices its raylet gone only later, and may hand in a result, or start new work, before it does."""
     raylet = node.all_processes["raylet"][0].process.pid
-    workers = _children(raylet)  # the kernel's list: no scan of /proc between the decision and the kill
+    workers = set(criu.all_children(raylet))  # the kernel's list: no scan of /proc before the kill
     for victim in workers:
         with contextlib.suppress(OSError):
             os.kill(victim, signal.SIGKILL)
@@ -124,15 +107,6 @@ def lose_node(c, node, everything: bool = False) -> None:
             with contextlib.suppress(OSError):
                 os.kill(victim, signal.SIGKILL)
     c.remove_node(node, allow_graceful=False)
-
-
-def _children(pid: int) -> set[int]:
-    """``pid``'s children, from ``/proc/PID/task/*/children``."""
-    out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out.update(int(c) for c in (task / "children").read_text().split())
-    return out
 
 
 def _is_loopback(addr: str) -> bool:

@@ -81,7 +81,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _all_children(pid: int) -> list[int]:
+def all_children(pid: int) -> list[int]:
     """Children of every thread of ``pid`` (a child forked by a secondary thread is listed only in
     that thread's ``children`` file: LibreOffice's oosplash starts soffice.bin from one)."""
     out: list[int] = []
@@ -101,7 +101,7 @@ def tree_pids(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         out.append(p)
-        todo.extend(_all_children(p))
+        todo.extend(all_children(p))
     return out
 
 
