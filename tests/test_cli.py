@@ -169,20 +169,6 @@ def test_main_job_needs_no_test_extra(tmp_path, env):
     assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("substrate", ["vm"])
-def test_an_environment_is_refused_up_front_where_its_needs_are_not_met(substrate, tmp_path, env):
-    """The desktop needs a launch view and a host launcher (process, bwrap, overlay, docker, podman):
-    on VMs `run` refuses at once, one line, exit 2, nothing in the ledger (never a run of invalid
-    attempts) — checked before the substrate's readiness, so it holds on a host without the engine."""
-    proc = cli("run", "--tasks", "desktop", "--substrate", substrate, "--attempts", "1",
-               "--out", str(tmp_path / "runs"), env=env)
-    line = _one_line_error(proc, f"--substrate {substrate}")
-    assert "needs sandboxes that are ViewLaunching and HostLaunching" in line
-    assert "choose process, bwrap, overlay, docker, podman" in line
-    db = tmp_path / "runs" / "ledger.sqlite"
-    assert not db.exists() or sqlite3.connect(db).execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
-
-
 def test_ctrl_c_stops_cleanly(tmp_path, env):
     from drumsbench.substrates.hostproc import pids_with_env
 

@@ -7,7 +7,7 @@ stale lock is ``dirty_reset``); a policy's shell action is not offered there (it
 view's CAP_DAC_OVERRIDE and reach the instance's sockets) and asking for one is the policy's failure,
 never an invalid attempt; and nothing is left afterwards (processes, mounts, sockets in the host's /tmp,
 sandbox folders, containers). In a container the instance has the container's bounds: its cgroups,
-its capability bounding set, no_new_privs. The refusal of vm is tested through the CLI (test_cli.py).
+its capability bounding set, no_new_privs. The vm (a guest instance) is tested in test_desktop_vm.py.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.plugins import Registry
-from drumsbench.envs.base import Action, ActionSpec, Environment, Resumable, Task
+from drumsbench.envs.base import Action, ActionSpec, Environment, MachineForks, Resumable, Task
 from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.base import Forking, PortableSnapshots, Snapshotting, Substrate
 
@@ -157,11 +157,14 @@ class NativeSnapshot(ForkMethod, Shippable):
 
     name = "snapshot"
     snapshot_id: str | None = None
+    handover: dict[str, object] | None = None  # a MachineForks parent's: what its continuations take over
 
     def prepare(self, parent: Slot) -> None:
         box = parent.sandbox
         if not isinstance(box, Snapshotting) or not isinstance(self.substrate, Forking):
             raise UsageError(f"--methods snapshot: substrate {self.substrate.name} has no snapshot/fork")
+        if isinstance(parent.env, MachineForks):
+            self.handover = parent.env.handover()
         self.snapshot_id = box.snapshot()
 
     def fork(self, parent_generation: int) -> Slot:
@@ -172,6 +175,12 @@ class NativeSnapshot(ForkMethod, Shippable):
         slot.sandbox = box
         slot.env.attach(box)
         slot.env.generation = parent_generation + 1
+        if isinstance(slot.env, MachineForks) and self.handover is not None:
+            try:  # the running instance the fork copied
+                slot.env.adopt_fork(self.task, list(self.recorded), self.handover)
+            except BaseException:
+                slot.destroy()
+                raise
         return slot
 
     def pack(self) -> bytes:

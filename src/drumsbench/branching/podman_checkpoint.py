@@ -68,7 +68,9 @@ class PodmanCheckpointFork(ForkMethod):
         env, box = parent.env, parent.sandbox
         if not isinstance(self.substrate, PodmanSubstrate) or not isinstance(box, PodmanSandbox):
             raise UsageError(f"--methods {self.name}: only on the podman substrate (--substrate podman)")
-        if not isinstance(env, DesktopEnv) or env.inst is None or not env.inst.in_init:
+        from drumsbench.envs.desktop.instance import DesktopInstance
+
+        if not isinstance(env, DesktopEnv) or not isinstance(env.inst, DesktopInstance) or not env.inst.in_init:
             raise UsageError(f"--methods {self.name}: only for the desktop environment started checkpointable")
         assert env.task is not None
         self.parent_task, self.history, self.settings = env.task, list(env.history), env.settings

@@ -196,6 +196,21 @@ class Resumable(ABC):
     def resume(self, task: Task) -> None: ...
 
 
+class MachineForks(ABC):
+    """Capability of an environment whose task lives in running processes that a whole-machine fork
+    copies as they are (the vm's ``snapshot`` fork method: RAM, devices and disk). ``handover``, on
+    the parent, says what a continuation needs to take the copy over (JSON-able: what names the
+    running instance inside the machine); ``adopt_fork`` takes it over in a continuation's attached
+    sandbox, with the task and the actions so far. The generation is left as the fork set it.
+    ``SubstrateError`` when the sandbox's fork did not copy the running processes."""
+
+    @abstractmethod
+    def handover(self) -> dict[str, object]: ...
+
+    @abstractmethod
+    def adopt_fork(self, task: Task, history: list[ActionSpec], handover: dict[str, object]) -> None: ...
+
+
 class RestoringReset(ABC):
     """Capability of an environment that can reset by restoring a checkpoint of the task's verified
     start (``--reset restore``) instead of building it again.

@@ -459,6 +459,19 @@ class InitLaunching(ABC):
         """Where and how to launch a tree under the sandbox's init; ``SubstrateError`` when destroyed."""
 
 
+class GuestLaunching(ABC):
+    """Capability of a sandbox that is a whole machine of its own (``vm``): its commands run as the
+    guest's root under a guest kernel no other sandbox shares, and the harness reaches the guest
+    only through the sandbox's own channel (``exec``, ``read_file``, ``put_files``). An environment
+    may keep its own long-lived processes there (the desktop's X server and LibreOffice)."""
+
+    @abstractmethod
+    def launch_detached(self, argv: Sequence[str], *, env: Mapping[str, str], log: str) -> int:
+        """Start ``argv`` in a session of its own that outlives the call (stdin /dev/null, stdout
+        and stderr to the guest file ``log``); returns its guest pid. It ends with the sandbox's
+        ``end_processes``, ``reset_in_place`` and ``destroy``, like every command's processes."""
+
+
 class ImageFlavors(ABC):
     """Capability of a substrate whose sandboxes run from an image it builds (``drumsbench.images``
     flavors): an environment that needs system parts beyond the base image (the desktop's X server

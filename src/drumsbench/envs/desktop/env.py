@@ -49,7 +49,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -67,12 +66,14 @@ from drumsbench.envs.base import (
     ActionSpec,
     BreakableObservation,
     Environment,
+    MachineForks,
     Observation,
     RestoringReset,
     Resumable,
     Task,
 )
 from drumsbench.envs.desktop import restore, xcb
+from drumsbench.envs.desktop.guest import GuestInstance
 from drumsbench.envs.desktop.instance import (
     HOSTNAME,
     SYSTEM_PYTHON,
@@ -82,8 +83,9 @@ from drumsbench.envs.desktop.instance import (
     frames_differ,
     screen_problem,
 )
+from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
-from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox, ViewLaunching
+from drumsbench.substrates.base import GuestLaunching, HostFolders, HostLaunching, Sandbox, ViewLaunching
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 OUTPUT_LIMIT = 16 * 1024
@@ -118,18 +120,24 @@ class ArtifactSink:
         return state.state_dir() / "artifacts"
 
 
-class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
-    # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay, docker, podman);
-    # VMs are refused up front (no guest image carries them)
+class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, MachineForks):
+    # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay, docker, podman:
+    # ``requires``), or inside the guest of a sandbox that is a machine of its own (vm: ``unmet``)
     requires = (ViewLaunching, HostLaunching)
     image_flavor = "desktop"  # a container sandbox runs the desktop image (images.DESKTOP_INCLUDE)
     kind = "desktop"
+
+    @classmethod
+    def unmet(cls, sandbox_class: type[Sandbox] | None) -> list[str]:
+        if sandbox_class is not None and issubclass(sandbox_class, GuestLaunching):
+            return []  # a guest instance (guest.py)
+        return super().unmet(sandbox_class)
 
     def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings()
         self.artifact_dir = artifact_dir
-        self.inst: DesktopInstance | None = None
+        self.inst: RunningDesktop | None = None
         self.task: DesktopTask | None = None
         self.observation_fault = "black"  # or "frozen"
         self.plant_stale_lock = False
@@ -153,8 +161,10 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         the parent's process — undo stack, cursor, selection, dialogs, unsaved edits — is lost,
         and ``capture()`` shows it. The generation is left as the fork set it."""
         assert isinstance(task, DesktopTask)
-        if not (self._host_path(self.box.paths.work) / task.document).exists():
-            raise SubstrateError(f"desktop: resume: no {task.document} in the work folder")
+        try:
+            self.box.read_file(f"{self.box.paths.work}/{task.document}", limit=1)
+        except OSError:
+            raise SubstrateError(f"desktop: resume: no {task.document} in the work folder") from None
         self._start(task, write_document=False)
 
     def _start(self, task: DesktopTask, write_document: bool) -> None:
@@ -163,27 +173,36 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         self.task = task
         self.history = []
         self.frames = []
-        inst = DesktopInstance(self.box, self.settings)
+        inst = self.new_instance(self.box)
         self.inst = inst
         t0 = time.monotonic()
-        self._clean(inst)
-        inst.work.mkdir(parents=True, exist_ok=True)
-        doc = inst.work / task.document
+        inst.remove_stale()
         if write_document:
-            doc.write_bytes(task.document_bytes)
+            inst.write_work(task.document, task.document_bytes)
         if self.plant_stale_lock:
             self.plant_stale_lock = False
             stale = ",someone,other-host,01.01.2024 00:00,file:///home/someone/.config/libreoffice/4;"
-            (inst.work / lock_name(task.document)).write_text(stale)
+            inst.write_work(lock_name(task.document), stale.encode())
         inst.prepare()
         self.start_phases = {"prepare": time.monotonic() - t0}
-        inst.launch(str(doc))
+        inst.launch(task.document)
         self._check_box(inst)
-        self._wait_ready(inst, task, t0 + self.settings.start_timeout_s)
+        self._wait_ready(inst, task, t0 + self.start_timeout_s(inst))
         self.last_start_s = time.monotonic() - t0
         self.start_phases["ready"] = self.last_start_s
-        # CPU seconds the instance's processes spent up to the ready screen (load-independent)
+        # CPU seconds the instance's processes spent up to the ready screen (load-independent; host
+        # processes only: a guest's are QEMU's)
         self.start_cpu_s = restore.tree_cpu_s(inst.holder_pid) if inst.holder_pid is not None else 0.0
+
+    def new_instance(self, box: Sandbox) -> RunningDesktop:
+        """The kind of instance ``box`` runs: inside its guest (``GuestLaunching``), else host processes."""
+        if isinstance(box, GuestLaunching):
+            return GuestInstance(box, self.settings)
+        return DesktopInstance(box, self.settings)
+
+    def start_timeout_s(self, inst: RunningDesktop) -> float:
+        """How long a start may take: a guest's settings allow for software emulation."""
+        return inst.settings.start_timeout_s if isinstance(inst, GuestInstance) else self.settings.start_timeout_s
 
     # -- reset by restore (``--reset restore``) ----------------------------------------------------------
     RESTORE_SCREEN_S = 2.5  # how long a restored screen may take to show the checkpoint's frame
@@ -342,46 +361,21 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
 
         threading.Thread(target=watch, name=f"watch-restored-{inst.holder_pid}", daemon=True).start()
 
-    def _host_path(self, path: str) -> Path:
-        """Where the harness reaches the sandbox's ``path``; ``SubstrateError`` once it is destroyed."""
-        box = self.box
-        if isinstance(box, HostFolders):
-            return box.host_path(path)
-        if not isinstance(box, ViewLaunching):
-            raise SubstrateError(f"desktop: substrate {box.substrate} has no launch view; the desktop runs on "
-                                 "process, bwrap and overlay")
-        view = box.launch_view()
-        return Path(view.host_root) / Path(path).relative_to(box.paths.root)
-
-    def _check_box(self, inst: DesktopInstance) -> None:
+    def _check_box(self, inst: RunningDesktop) -> None:
         """The sandbox may be destroyed behind our back (Ctrl-C destroys live sandboxes from another
         thread): then stop what we started and remove the folders we may have recreated."""
-        try:
-            self._host_path(self.box.paths.root)
-        except SubstrateError:
+        if inst.sandbox_gone():
             inst.stop()
             if isinstance(self.box, HostFolders):
                 shutil.rmtree(self.box.host_root, ignore_errors=True)
             raise SubstrateError(f"desktop: sandbox {self.box.id} was destroyed during start-up") from None
 
-    @staticmethod
-    def _clean(inst: DesktopInstance) -> None:
-        """Remove what an earlier attempt may have left: document locks, the profile and its lock,
-        the X socket."""
-        if inst.work.is_dir():
-            for p in inst.work.iterdir():
-                if LOCK_RE.match(p.name):
-                    p.unlink(missing_ok=True)
-        (inst.profile / ".lock").unlink(missing_ok=True)
-        (inst.x_dir / f"X{inst.display}").unlink(missing_ok=True)
-
-    def _wait_ready(self, inst: DesktopInstance, task: DesktopTask, deadline: float) -> None:
+    def _wait_ready(self, inst: RunningDesktop, task: DesktopTask, deadline: float) -> None:
         """Until the document's window is drawn (title and menu bar) and still, or another window
         (a dialog) has held the focus for a while: the fingerprint judges that.
 
         While LibreOffice starts, only the title and the menu bar's strip are polled (a full
         screenshot costs CPU that LibreOffice needs on a small host)."""
-        s = self.settings
         top, left = MENU_BAND[0].start, MENU_BAND[1].start
         height, width = MENU_BAND[0].stop - top, MENU_BAND[1].stop - left
         title = ""
@@ -389,15 +383,12 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         while time.monotonic() < deadline:
             self._check_box(inst)
             if not inst.alive():
-                try:
-                    said = inst.launch_log.read_text(errors="replace").strip()[-300:]
-                except OSError:
-                    said = ""
+                said = inst.launch_said()
                 raise SubstrateError("desktop: the instance exited during start-up (Xvfb or the namespaces failed)"
                                      + (f": {said}" if said else ""))
             try:
                 band, title = inst.region(left, top, width, height,
-                                          min(s.grab_timeout_s, max(0.2, deadline - time.monotonic())))
+                                          min(inst.settings.grab_timeout_s, max(0.2, deadline - time.monotonic())))
             except xcb.XError:
                 time.sleep(0.02)
                 continue
@@ -420,9 +411,9 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
                     return  # e.g. "Document in Use": the fingerprint turns it into dirty_reset
             time.sleep(0.03)
         if not title:
-            raise SubstrateError(f"desktop: LibreOffice showed no window within {s.start_timeout_s:g} s")
+            raise SubstrateError(f"desktop: LibreOffice showed no window within {self.start_timeout_s(inst):g} s")
 
-    def adopt(self, task: DesktopTask, inst: DesktopInstance, history: list[ActionSpec]) -> None:
+    def adopt(self, task: DesktopTask, inst: RunningDesktop, history: list[ActionSpec]) -> None:
         """Take over a live instance restored from a checkpoint of another environment's (the
         ``criu`` fork method): the task, the actions so far; the generation is left as the fork set it."""
         self.stop()
@@ -431,13 +422,35 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         self.frames = []
         self._ready_frame = None
 
+    def handover(self) -> dict[str, object]:
+        """``MachineForks``: a guest instance is named by its launcher's pid inside the guest (the
+        same in every copy of the machine); a host instance is not copied by a machine fork."""
+        if isinstance(self.inst, GuestInstance) and self.inst.launcher_pid is not None:
+            return {"guest_launcher_pid": self.inst.launcher_pid}
+        return {}
+
+    def adopt_fork(self, task: Task, history: list[ActionSpec], handover: dict[str, object]) -> None:
+        """``MachineForks``: take over the running desktop a vm fork copied (its X server and
+        LibreOffice continue where the parent's were when the snapshot was taken)."""
+        assert isinstance(task, DesktopTask)
+        box = self.box
+        pid = handover.get("guest_launcher_pid")
+        if not isinstance(box, GuestLaunching) or not isinstance(pid, int):
+            raise SubstrateError(f"desktop: a {box.substrate} snapshot copies files, not the running desktop; "
+                                 "fork it with file, criu (process) or podman-checkpoint (podman)")
+        inst = GuestInstance(box, self.settings)
+        inst.launcher_pid, inst.t_launch = pid, time.monotonic()
+        if not inst.alive():
+            raise SubstrateError(f"desktop: the fork of sandbox {box.id} holds no running desktop (pid {pid})")
+        self.adopt(task, inst, history)
+
     def stop(self) -> None:
         if self.inst is not None:
             self.inst.stop()
             self.inst = None
 
     @property
-    def instance(self) -> DesktopInstance:
+    def instance(self) -> RunningDesktop:
         if self.inst is None:
             raise SubstrateError("desktop: no instance running (reset first)")
         return self.inst
@@ -446,14 +459,11 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         inst, task = self.instance, self.task
         assert task is not None
         work: dict[str, str] = {}
-        for p in sorted(inst.work.rglob("*")):
-            if not p.is_file():
-                continue
-            rel = p.relative_to(inst.work).as_posix()
-            if LOCK_RE.match(p.name):
-                work[rel] = self._lock_state(p.read_text(errors="replace"), inst)
+        for rel, data in inst.work_files().items():
+            if LOCK_RE.match(rel.rsplit("/", 1)[-1]):
+                work[rel] = self._lock_state(data.decode(errors="replace"), inst)
             else:
-                work[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+                work[rel] = hashlib.sha256(data).hexdigest()
         try:
             title = inst.title()
         except xcb.XError as e:
@@ -461,30 +471,30 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         return state_digest(work, title, self._profile_lock_state(inst), (self.settings.width, self.settings.height))
 
     @staticmethod
-    def _lock_state(text: str, inst: DesktopInstance) -> str:
+    def _lock_state(text: str, inst: RunningDesktop) -> str:
         fields = parse_lock(text)
         own = fields["host"] == HOSTNAME and fields["profile"].rstrip("/") == inst.profile_inside.as_uri()
         return "own" if own else f"foreign ({fields['user']}@{fields['host']})"
 
     @staticmethod
-    def _profile_lock_state(inst: DesktopInstance) -> str:
-        path = inst.profile / ".lock"
-        if not path.exists():
+    def _profile_lock_state(inst: RunningDesktop) -> str:
+        text = inst.profile_lock()
+        if text is None:
             return "missing"
-        text = path.read_text(errors="replace")
         m = re.search(r"^Host=(.*)$", text, re.M)
         return "own" if m and m.group(1).strip() == HOSTNAME else "foreign"
 
     def fingerprint_details(self) -> dict[str, Any]:
         """What the fingerprint is made of (for a person reading a dirty_reset)."""
         inst = self.instance
-        locks = {p.name: self._lock_state(p.read_text(errors="replace"), inst)
-                 for p in inst.work.iterdir() if LOCK_RE.match(p.name)}
+        files = inst.work_files()
+        locks = {rel: self._lock_state(data.decode(errors="replace"), inst)
+                 for rel, data in files.items() if "/" not in rel and LOCK_RE.match(rel)}
         try:
             title = inst.title()
         except xcb.XError as e:
             title = f"<no display: {e}>"
-        return {"files": sorted(p.name for p in inst.work.iterdir()), "locks": locks, "title": title,
+        return {"files": sorted(rel for rel in files if "/" not in rel), "locks": locks, "title": title,
                 "profile_lock": self._profile_lock_state(inst)}
 
     # -- observations ----------------------------------------------------------------------------
@@ -508,7 +518,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         return Observation(self.generation, self.step_count, content, timed_out=timed_out)
 
     @staticmethod
-    def _app_closing(inst: DesktopInstance, grace_s: float = 2.0) -> bool:
+    def _app_closing(inst: RunningDesktop, grace_s: float = 2.0) -> bool:
         """True when LibreOffice exited normally (the policy closed it), waiting ``grace_s`` for an
         exit in progress: its window goes before its process does."""
         end = time.monotonic() + grace_s
@@ -524,10 +534,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         self._fault_armed = False
         inst = self.instance
         if self.observation_fault == "frozen":
-            pid = inst.xvfb_pid()
-            if pid is None:
-                raise SubstrateError("desktop: no Xvfb to freeze")
-            os.kill(pid, signal.SIGSTOP)
+            inst.freeze_display()
         else:
             inst.blank()
 
@@ -663,14 +670,12 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
     def stage_verifier(self, task: Task) -> None:
         assert isinstance(task, DesktopTask)
         box = self.box
-        exit_file = str(self.inst.app_exit_file) if self.inst is not None else ""
-        if self.inst is not None:
-            exit_file = self.inst.inside(exit_file)
-        work = self.inst.inside(box.paths.work) if self.inst is not None else box.paths.work
-        if self.inst is not None and self.inst.box.uid is not None:
+        exit_file = self.inst.app_exit_inside if self.inst is not None else ""
+        work = self.inst.work_inside if self.inst is not None else box.paths.work
+        if self.inst is not None and self.inst.policy_uid is not None:
             # whatever the policy's shell actions left running (as the sandbox's uid) ends before the
             # verifier is staged; LibreOffice, Xvfb and the holder run as root and stay
-            self.inst.exec_inside(["pkill", "-KILL", "-U", str(self.inst.box.uid)], 10.0, all_namespaces=True)
+            self.inst.exec_inside(["pkill", "-KILL", "-U", str(self.inst.policy_uid)], 10.0, all_namespaces=True)
         files = {"runner.py": RUNNER, **task.verify_files(work, exit_file)}
         box.put_files(box.paths.verify, files)
         self._keep_screenshots(task)
@@ -739,8 +744,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
         inst, task = self.instance, self.task
         assert task is not None
         folder = f"{self.box.paths.tmp}/.drumsbench-capture"
-        files = {"runner.py": RUNNER, **task.verify_files(inst.inside(self.box.paths.work),
-                                                          inst.inside(inst.app_exit_file))}
+        files = {"runner.py": RUNNER, **task.verify_files(inst.work_inside, inst.app_exit_inside)}
         self.box.put_files(folder, files)
         res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--capture"], timeout=30,
                                output_limit=1 << 20)
@@ -752,8 +756,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset):
             raise SubstrateError(f"desktop: capture failed (exit {res.exit_code}): "
                                  f"{res.stderr.decode(errors='replace')[-200:]}")
         frame, _settled = inst.settle(time.monotonic() + 5.0, quiet_s=0.8)
-        locks = {p.name: self._lock_state(p.read_text(errors="replace"), inst)
-                 for p in sorted(inst.work.iterdir()) if LOCK_RE.match(p.name)}
+        locks = {rel: self._lock_state(data.decode(errors="replace"), inst)
+                 for rel, data in sorted(inst.work_files().items()) if "/" not in rel and LOCK_RE.match(rel)}
         return {"screen": base64.b64encode(xcb.encode_png(frame.rgb)).decode(), "title": frame.title,
                 "locks": locks, "profile_lock": self._profile_lock_state(inst), **live}
 

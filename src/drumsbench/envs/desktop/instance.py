@@ -46,6 +46,7 @@ import numpy as np
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.envs.desktop import xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
+from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.settle import (
     SETTLE_MODES,
     Frame,
@@ -58,6 +59,7 @@ from drumsbench.envs.desktop.settle import frames_differ as frames_differ  # re-
 from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     ExecResult,
+    HostFolders,
     HostLaunching,
     InitLaunching,
     Sandbox,
@@ -162,7 +164,7 @@ def screen_problem(rgb: np.ndarray) -> str | None:
     return None
 
 
-class DesktopInstance:
+class DesktopInstance(RunningDesktop):
     """A running desktop for one sandbox that lets an environment launch its own processes with its
     confinement (``ViewLaunching``: process, bwrap, overlay, docker, podman; a checkpointable one on
     an ``InitLaunching`` sandbox, podman, under the sandbox's init) and run launchers on the host
@@ -176,6 +178,7 @@ class DesktopInstance:
                                  f"HostLaunching (process, bwrap, overlay, docker, podman); {box.substrate} is "
                                  "not supported yet (docs/desktop.md)")
         self.box = box
+        self.launching: HostLaunching = box  # the same sandbox, as the launcher of every client
         self.settings = settings or Settings()
         # a checkpointable instance in a sandbox its engine checkpoints whole (podman) runs in the
         # sandbox's own namespaces under its init: the engine's checkpoint carries it
@@ -250,6 +253,58 @@ class DesktopInstance:
     def profile_inside(self) -> Path:
         return Path(self.inside(self.profile))
 
+    @property
+    def work_inside(self) -> str:
+        return self.inside(self.work)
+
+    @property
+    def app_exit_inside(self) -> str:
+        return self.inside(self.app_exit_file)
+
+    @property
+    def policy_uid(self) -> int | None:
+        return self.launching.uid if isinstance(self.box, HostLaunching) else None
+
+    # -- files (RunningDesktop) --------------------------------------------------------------------
+    def work_files(self) -> dict[str, bytes]:
+        return {p.relative_to(self.work).as_posix(): p.read_bytes()
+                for p in sorted(self.work.rglob("*")) if p.is_file()}
+
+    def write_work(self, name: str, data: bytes) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        (self.work / name).write_bytes(data)
+
+    def remove_stale(self) -> None:
+        if self.work.is_dir():
+            for p in self.work.iterdir():
+                if p.name.startswith(".~lock.") and p.name.endswith("#"):
+                    p.unlink(missing_ok=True)
+        (self.profile / ".lock").unlink(missing_ok=True)
+        (self.x_dir / f"X{self.display}").unlink(missing_ok=True)
+
+    def profile_lock(self) -> str | None:
+        try:
+            return (self.profile / ".lock").read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def launch_said(self) -> str:
+        try:
+            return self.launch_log.read_text(errors="replace").strip()[-300:]
+        except OSError:
+            return ""
+
+    def sandbox_gone(self) -> bool:
+        box = self.box
+        try:  # both raise once the sandbox is destroyed
+            if isinstance(box, HostFolders):
+                box.host_path(box.paths.root)
+            elif isinstance(box, ViewLaunching):
+                box.launch_view()
+        except SubstrateError:
+            return True
+        return False
+
     # -- life cycle ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Private folders and a fresh profile copy (the profile's lock is never copied)."""
@@ -287,8 +342,10 @@ class DesktopInstance:
         return [[self.inside(self.tmp), "/tmp"], xkb]
 
     def launch(self, document: str) -> None:
-        """Start the namespaces, Xvfb, openbox and soffice on ``document`` (a host path in work),
-        through the sandbox's launch view: the instance's processes see the sandbox as its commands do."""
+        """Start the namespaces, Xvfb, openbox and soffice on ``document`` (its name in the work
+        folder), through the sandbox's launch view: the instance's processes see the sandbox as its
+        commands do."""
+        document = str(self.work / document)
         s = self.settings
         box = self.box
         env = {
@@ -511,6 +568,12 @@ class DesktopInstance:
                 proc.wait(timeout=5)
         self._release_host()
 
+    def freeze_display(self) -> None:
+        pid = self.xvfb_pid()
+        if pid is None:
+            raise SubstrateError("desktop: no Xvfb to freeze")
+        os.kill(pid, signal.SIGSTOP)
+
     def xvfb_pid(self) -> int | None:
         """Host pid of the instance's Xvfb (a child of the holder)."""
         if self.holder_pid is None:
@@ -612,7 +675,7 @@ class DesktopInstance:
         if self.holder_pid is None:
             raise SubstrateError("desktop: the instance is not running")
         ns = ["-m", "-n", "-u", "-i", "-p"] if all_namespaces else ["-m", "-n"]
-        uid = self.box.uid if as_sandbox_user else None
+        uid = self.launching.uid if as_sandbox_user else None
         confine: list[str] = []
         if as_sandbox_user:
             # A policy's shell action: never in the instance's network namespace (LibreOffice's UNO
@@ -638,7 +701,7 @@ class DesktopInstance:
         if not as_sandbox_user:
             env["DRUMSBENCH_UNO"] = self.uno_connection()
         # nsenter needs root: the sandbox runs its commands as its own uid, this launcher as root
-        return self.box.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, stdin=stdin,
+        return self.launching.exec_launcher(cmd, timeout=timeout, cwd=self.box.paths.work, env=env, stdin=stdin,
                                       output_limit=output_limit)
 
     def shell_unavailable(self) -> str | None:
@@ -646,13 +709,10 @@ class DesktopInstance:
         sandbox's own uid (process): on bwrap and overlay the sandbox's root keeps CAP_DAC_OVERRIDE,
         and the instance's X and LibreOffice sockets are reachable through other paths of the same
         folder, so a shell action there could drive or blank the screen or reach LibreOffice."""
-        if self.box.uid is None:
+        if self.launching.uid is None:
             return (f"shell actions are not offered on {self.box.substrate}: a shell action needs a uid of its "
                     "own to be kept from the instance's X server and LibreOffice (use process)")
         return None
-
-    def xdotool(self, args: list[str], timeout: float) -> ExecResult:
-        return self.exec_inside(["xdotool", *args], timeout)
 
 
 # Run as root in a policy shell action's own mount namespace before its privileges drop: covers the

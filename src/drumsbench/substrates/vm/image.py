@@ -8,14 +8,16 @@ temporary folder, then renamed):
   nothing is installed on the host). Debian's kernel has virtio, virtio_blk, virtio_console and
   ext4 as modules, so a small initramfs loads them in dependency order (read from each module's
   ``.modinfo``; the package ships no ``modules.dep``).
-- ``vm-disk-<hash>/base.qcow2``: ``mkfs.ext4 -d`` of ``images.ensure_rootfs()`` then ``qemu-img
-  convert``; the hash covers the rootfs recipe and ``IMAGE_RECIPE``.
+- ``vm-disk-<hash>/base.qcow2``: ``mkfs.ext4 -d`` of ``images.ensure_rootfs(flavor)`` then ``qemu-img
+  convert``; the hash covers the rootfs recipe and ``IMAGE_RECIPE``. One disk per rootfs flavor
+  (``images.FLAVORS``): ``base``, and ``desktop`` (Xvfb, openbox, LibreOffice, python3-uno added)
+  for the desktop environment; both boot the same kernel and initramfs.
 - ``vm-boot-<hash>/``: ``vmlinuz`` and ``initrd.img`` (busybox-static, those modules, ``/init`` and
   the guest agent, ``agent.c`` compiled static with the host's gcc); the hash covers the
   kernel version, the init script, the agent's source and its compiler flags.
 
-``python -m drumsbench.substrates.vm.image`` builds the image and the booted snapshot ahead of
-time (``scripts/setup-vm.sh`` calls it).
+``python -m drumsbench.substrates.vm.image [FLAVOR ...]`` builds the images and booted snapshots of
+those flavors ahead of time (default: every flavor; ``scripts/setup-vm.sh`` calls it).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class GuestImage:
     disk: Path  # base.qcow2: never written to, only used as a backing file
     key: str
     kernel_version: str
+    flavor: str = "base"  # the rootfs flavor the disk holds (``images.FLAVORS``)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -317,10 +320,11 @@ def missing_tools() -> str | None:
     return None
 
 
-def ensure_disk() -> Path:
-    """``vm-disk-<hash>/base.qcow2``: the shared rootfs as an ext4 disk (read-only backing file)."""
-    rootfs = images.ensure_rootfs()
-    target = images.cache_dir() / f"vm-disk-{disk_key(images.recipe_hash())}"
+def ensure_disk(flavor: str = "base") -> Path:
+    """``vm-disk-<hash>/base.qcow2``: the shared rootfs of ``flavor`` as an ext4 disk (a read-only
+    backing file). The desktop's rootfs (about 1.1 GB) fits the same 2 GB disk with room to write."""
+    rootfs = images.ensure_rootfs(flavor)
+    target = images.cache_dir() / f"vm-disk-{disk_key(images.recipe_hash(flavor))}"
     if not (target / ".complete").exists():
         tmp = new_build_dir("vm-disk")
         try:
@@ -330,26 +334,27 @@ def ensure_disk() -> Path:
             run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(tmp / "base.qcow2")], "qemu-img convert")
             raw.unlink()
             os.chmod(tmp / "base.qcow2", 0o444)
-            publish(tmp, target, {"rootfs": str(rootfs), "recipe": IMAGE_RECIPE})
+            publish(tmp, target, {"rootfs": str(rootfs), "recipe": IMAGE_RECIPE, "flavor": flavor})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return target / "base.qcow2"
 
 
-_image: GuestImage | None = None
+_images: dict[str, GuestImage] = {}
 
 
-def ensure_image() -> GuestImage:
-    """The cached guest (kernel, initramfs, disk), built first if missing; looked up once per process.
+def ensure_image(flavor: str = "base") -> GuestImage:
+    """The cached guest of rootfs ``flavor`` (kernel, initramfs, disk), built first if missing;
+    looked up once per process and flavor.
 
     About 20 s the first time (kernel download, mkfs), plus the rootfs if that is missing too.
     """
-    global _image
-    if _image is not None and (_image.folder / ".complete").exists():
-        return _image
+    known = _images.get(flavor)
+    if known is not None and (known.folder / ".complete").exists() and known.disk.exists():
+        return known
     with cache_lock("vm-image"):
-        disk = ensure_disk()
+        disk = ensure_disk(flavor)
         kernel_dir, kver = ensure_kernel()
         key = boot_key(kver)
         target = images.cache_dir() / f"vm-boot-{key}"
@@ -364,8 +369,9 @@ def ensure_image() -> GuestImage:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
     full_key = _key({"boot": key, "disk": disk.parent.name})
-    _image = GuestImage(target, target / "vmlinuz", target / "initrd.img", disk, full_key, kver)
-    return _image
+    image = GuestImage(target, target / "vmlinuz", target / "initrd.img", disk, full_key, kver, flavor)
+    _images[flavor] = image
+    return image
 
 
 if __name__ == "__main__":
@@ -374,8 +380,9 @@ if __name__ == "__main__":
 
     from drumsbench.substrates.vm.snapshot import ensure_snapshot
 
-    img = ensure_image()
-    print(f"vm image: {img.folder} (kernel {img.kernel_version})")
-    snap = ensure_snapshot(f"setup-{uuid.uuid4().hex[:8]}")
-    print(f"vm snapshot: {snap.folder} (accel {snap.accel}, boot {snap.boot_s:.1f} s)")
+    for flavor in sys.argv[1:] or images.FLAVORS:
+        img = ensure_image(flavor)
+        print(f"vm image ({flavor}): {img.folder}, disk {img.disk.parent.name} (kernel {img.kernel_version})")
+        snap = ensure_snapshot(f"setup-{uuid.uuid4().hex[:8]}", flavor)
+        print(f"vm snapshot ({flavor}): {snap.folder} (accel {snap.accel}, boot {snap.boot_s:.1f} s)")
     sys.exit(0)

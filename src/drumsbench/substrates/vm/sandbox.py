@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from drumsbench import images
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
@@ -56,6 +57,8 @@ from drumsbench.substrates.base import (
     ExecResult,
     Forking,
     Freezable,
+    GuestLaunching,
+    ImageFlavors,
     Isolation,
     ResetStrategy,
     Sandbox,
@@ -96,7 +99,7 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "vm" / run_id
 
 
-class VmSandbox(Sandbox, Freezable, Snapshotting):
+class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching):
     def __init__(self, substrate: VmSubstrate, sid: str, folder: Path, vm: Qemu,
                  cgroup: FreezerCgroup | None = None) -> None:
         self.cgroup = cgroup  # QEMU's pids and memory limit groups (its freezer group is not used)
@@ -207,6 +210,18 @@ class VmSandbox(Sandbox, Freezable, Snapshotting):
         except AgentError as e:
             raise SubstrateError(f"sandbox {self.id}: in-place reset failed: {e}") from e
 
+    def launch_detached(self, argv: Sequence[str], *, env: Mapping[str, str], log: str) -> int:
+        """``GuestLaunching``: ``setsid`` in the guest, backgrounded by a shell that prints its pid
+        and exits; the agent (the guest's init) adopts and reaps it."""
+        script = 'setsid "$@" </dev/null >"$LOG" 2>&1 & echo $!'
+        res = self._run(ExecRequest(argv=["/bin/sh", "-c", script, "launch", *argv], cwd="/",
+                                    env={**env, "LOG": log}, timeout=30.0, stdin=None, output_limit=4096))
+        out = res.stdout.decode(errors="replace").strip()
+        if res.exit_code != 0 or not out.isdigit():
+            raise SubstrateError(f"sandbox {self.id}: cannot start {argv[0]} in the guest (exit {res.exit_code}): "
+                                 f"{res.stderr.decode(errors='replace')[-200:]}")
+        return int(out)
+
     def end_processes(self) -> None:
         """Kill every guest process but the agent (PID 1), keeping files: ``containers.END_SCRIPT``
         run through the agent's exec (the agent's ``reset`` also kills them all, but empties the
@@ -314,7 +329,7 @@ def _disk_mib() -> int:
     return int(float(size.rstrip("KMGT")) * scale)
 
 
-class VmSubstrate(Substrate, Forking):
+class VmSubstrate(Substrate, Forking, ImageFlavors):
     name = "vm"
     sandbox_class = VmSandbox
     capabilities = Capabilities(
@@ -331,6 +346,7 @@ class VmSubstrate(Substrate, Forking):
         self._boxes: set[VmSandbox] = set()
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self.flavor = "base"  # the rootfs flavor of the guest disk (``use_flavor``)
         self._live_snaps: dict[str, Snapshot] = {}
         self.create_mode = os.environ.get(CREATE_VAR, "fork").strip().lower() or "fork"
         if self.create_mode not in ("fork", "boot"):
@@ -354,13 +370,24 @@ class VmSubstrate(Substrate, Forking):
                        "(+ qcow2 metadata)",
         }
 
+    def use_flavor(self, flavor: str) -> None:
+        """``ImageFlavors``: sandboxes created from now on boot (fork) the guest whose disk holds the
+        rootfs of ``flavor``; its image and booted snapshot are built on first use (``desktop``:
+        about a minute once, beside the rootfs)."""
+        if flavor not in images.FLAVORS:
+            raise SubstrateError(f"vm: unknown image flavor {flavor!r} (one of {', '.join(images.FLAVORS)})")
+        with self._lock:
+            if flavor != self.flavor:
+                self.flavor, self._snap = flavor, None
+
     # -- facts reports show ------------------------------------------------------------------
     def booted(self) -> Snapshot:
         """The booted snapshot every ``create()`` forks from (built on first use)."""
         if self._snap is None:
-            self._snap = ensure_snapshot(self.run_id)
+            self._snap = ensure_snapshot(self.run_id, self.flavor)
             self.capabilities = self.capabilities.model_copy(
-                update={"notes": f"{type(self).capabilities.notes}; accel={self._snap.accel} "
+                update={"notes": f"{type(self).capabilities.notes}; image flavor {self.flavor}; "
+                                 f"accel={self._snap.accel} "
                                  f"({self._snap.accel_why})"})
         return self._snap
 
@@ -463,7 +490,7 @@ class VmSubstrate(Substrate, Forking):
         """Boot the same kernel and initramfs to userspace, print a line, power off: the cost of a VM
         that runs one command, with no snapshot."""
         try:
-            image = ensure_image()
+            image = ensure_image(self.flavor)
         except SubstrateError:
             return None
         return probe_argv(image, self.accel)
