@@ -63,3 +63,14 @@ def no_ray_folder_left_at_the_end():
     yield
     time.sleep(1.0)
     _assert_no_new_ray_folder(before)
+
+
+@pytest.fixture(scope="session")
+def desktop_ready():
+    """The desktop's system parts are here (else skip, or fail under DRUMSBENCH_REQUIRE_ALL) and its
+    template profile is built (once, cached across runs: never during an attempt)."""
+    from drumsbench.envs.desktop import instance
+    from drumsbench.envs.desktop.profile import template_profile
+
+    require(instance.missing())
+    template_profile()

@@ -24,7 +24,7 @@ from drumsbench.core.errors import InvalidAttempt, UsageError
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs import suites
 from drumsbench.envs.base import Action, ActionSpec
-from drumsbench.envs.desktop import instance, odf
+from drumsbench.envs.desktop import odf
 from drumsbench.envs.desktop.env import DesktopEnv
 from drumsbench.envs.desktop.task import compute_fingerprints, load_suite, lock_name
 from drumsbench.policies import replay
@@ -32,8 +32,6 @@ from drumsbench.policies.scripted import Null, Oracle, Policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.process import ProcessSubstrate
-
-from conftest import require
 
 CFG = RolloutConfig(step_timeout_s=20, episode_timeout_s=120)
 TASKS = [t.id for t in load_suite("desktop")]
@@ -67,14 +65,6 @@ def wait_for(pred, timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def desktop_ready():
-    require(instance.missing())
-    from drumsbench.envs.desktop.profile import template_profile
-
-    template_profile()  # built once, shared by every test (and cached across runs)
 
 
 @pytest.fixture

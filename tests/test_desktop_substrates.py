@@ -18,7 +18,6 @@ import pytest
 from test_desktop import desktop_processes
 
 from drumsbench.core.outcome import InvalidCause, Outcome
-from drumsbench.envs.desktop import instance
 from drumsbench.envs.desktop.env import DesktopEnv
 from drumsbench.envs.desktop.instance import Settings
 from drumsbench.envs.desktop.task import load_suite
@@ -41,14 +40,6 @@ def host_tmp_sockets() -> set[str]:
     if x11.is_dir():
         found |= {str(p) for p in x11.iterdir()}
     return found
-
-
-@pytest.fixture(scope="module")
-def desktop_ready():
-    require(instance.missing())
-    from drumsbench.envs.desktop.profile import template_profile
-
-    template_profile()
 
 
 def _slot(name: str, state_dir: Path, run_id: str, tmp_path: Path):

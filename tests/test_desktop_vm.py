@@ -91,3 +91,32 @@ def test_an_environment_is_refused_up_front_where_its_needs_are_not_met(monkeypa
     assert "\n" not in line and line.startswith("--substrate vm: the desktop environment needs sandboxes that are "
                                                 "HostFolders")
     assert "choose process" in line and "vm" not in line.split("choose", 1)[1]
+
+
+def test_a_live_desktop_forks_with_its_vm(desktop_ready, tmp_path, state_dir, run_id):
+    """The vm's shared-RAM fork of the whole running machine (``--methods snapshot``): each
+    continuation takes over the running LibreOffice the fork copied (``MachineForks``) and is
+    faithful on every dimension; nothing is left (QEMU processes, live snapshots, folders)."""
+    from drumsbench.experiments.branch import BranchConfig, run_branch
+    from drumsbench.ledger import Ledger
+    from drumsbench.substrates.vm.sandbox import VmSubstrate
+
+    from conftest import require
+
+    require(VmSubstrate.missing())
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.create_run(run_id, "branch", {}, {}, "test")
+    sub = VmSubstrate(run_id, state_dir)
+    sub.use_flavor(DesktopEnv.image_flavor)
+    try:
+        cfg = BranchConfig(tasks="desktop", task="writer-bold-word", substrate="vm", k=3, ks=[], continuations=2,
+                           methods=["snapshot"], policy="oracle")
+        report = run_branch(cfg, sub, ledger, run_id)
+        (snap,) = report.methods
+        assert snap.method == "snapshot" and snap.valid == cfg.continuations, snap
+        assert snap.faithful_all.value == 1.0 and all(e.value == 1.0 for e in snap.faithful.values()), snap.faithful
+        assert report.prepared_unchanged
+        print("snapshot creation p50", snap.creation_sequential.p50.value, "s; errors", snap.errors)
+    finally:
+        sub.close()
+    assert not sub.leftovers(), sub.leftovers()

@@ -214,9 +214,10 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         restored instance must show the checkpoint's screen and pass the start fingerprint; when
         anything fails the task starts cold here instead, and ``reset_note`` says why."""
         assert isinstance(task, DesktopTask)
-        key = restore.IMAGES.key(self.box, task.id, self.settings)
+        key: tuple[str, str, str] | None = None
         made: list[float] = []
         try:
+            key = restore.IMAGES.key(self.box, task.id, self.settings)  # host folders only (else: cold)
             image = restore.IMAGES.get(key, lambda folder: self._make_start_image(task, spare, folder, made))
             try:
                 note: dict[str, object] = {"reset": "restore", **self._restore_start(task, image)}
@@ -225,7 +226,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             if made:
                 note["checkpoint_made_s"] = made[0]
         except Exception as e:  # any failure of the restore path: a cold start, recorded
-            if not isinstance(e, restore.ScreenMismatch):
+            if key is not None and not isinstance(e, restore.ScreenMismatch):
                 restore.IMAGES.forget(key)  # remade by the next reset
             self._stop_and_clear()
             t0 = time.monotonic()

@@ -13,8 +13,10 @@ Process tree (guest view)::
 - The screen: Xvfb keeps its framebuffer in a file (``-fbdir``, XWD format) that the harness reads
   through the guest agent (about 0.2 s for 1280x800 under TCG); the active window's title comes
   from ``xdotool`` (an X client: a stopped X server never answers it, which is how a frozen screen
-  shows, as on the host). Steps settle in "quiet" mode (``Settings.settle_mode``): the evidence mode
-  needs an X connection of the harness's own.
+  shows, as on the host). Steps settle in "quiet" mode (``Settings.settle_mode``: the evidence mode
+  needs an X connection of the harness's own), each grab taken once the X server and LibreOffice
+  are asleep (their ``/proc/<pid>/stat`` read through the agent): a still screen alone ended steps
+  while LibreOffice was still working through typed text.
 - The verifier and capture reach LibreOffice through UNO on a named pipe (a unix socket in the
   guest's /tmp): no network namespace has to be entered.
 - A policy's shell action is not offered: commands run as the guest's root, which could stop the X
@@ -91,6 +93,8 @@ def parse_xwd(data: bytes) -> np.ndarray:
 class GuestInstance(RunningDesktop):
     """A desktop in a VM guest (``GuestLaunching``): see the module's docstring."""
 
+    IDLE_WAIT_S = 3.0  # how long a settle's grab waits for the X server and LibreOffice to sleep
+
     def __init__(self, box: Sandbox, settings: Settings | None = None) -> None:
         if not isinstance(box, GuestLaunching):
             raise SubstrateError(f"desktop: a guest instance needs a GuestLaunching sandbox, not {box.substrate}")
@@ -109,6 +113,7 @@ class GuestInstance(RunningDesktop):
         self.log = f"{self.tmp}/.drumsbench-launch.err"
         self._exit_file = f"{self.tmp}/.drumsbench-app-exit"
         self.launcher_pid: int | None = None  # guest pid of unshare (its child is the holder)
+        self._busy_pids: list[int] = []  # guest pids of Xvfb and soffice.bin (``_busy``)
 
     # -- paths -----------------------------------------------------------------------------------
     def inside(self, path: str | Path) -> str:
@@ -257,6 +262,30 @@ class GuestInstance(RunningDesktop):
             raise xcb.XError("no framebuffer file (the X server is not running)")
         return parse_xwd(data)
 
+    def _busy(self) -> bool:
+        """Is the X server or LibreOffice running or runnable (state R), i.e. still working through
+        input, rather than asleep? Their guest pids are looked up when first needed."""
+        if not self._busy_pids:
+            out = self._sh("pgrep -x Xvfb; pgrep -x soffice.bin", 30.0).stdout.decode(errors="replace")
+            self._busy_pids = [int(p) for p in out.split() if p.isdigit()]
+        for pid in self._busy_pids:
+            stat = self._read(f"/proc/{pid}/stat")
+            if stat is None:
+                self._busy_pids = []  # gone (or not started yet): looked up again next time
+                return False
+            if stat.rsplit(b")", 1)[1].split()[0] == b"R":
+                return True
+        return False
+
+    def _grab_when_idle(self, timeout: float) -> Frame:
+        """A grab once the X server and LibreOffice are asleep (at most ``IDLE_WAIT_S``): under
+        software emulation LibreOffice may still be working through the input while the screen
+        looks still, and two equal grabs then would end a step too early."""
+        end = time.monotonic() + self.IDLE_WAIT_S
+        while self._busy() and time.monotonic() < end:
+            time.sleep(0.05)
+        return self.grab(timeout)
+
     def grab(self, timeout: float | None = None) -> Frame:
         rgb = self._pixels()
         return Frame(rgb, self.title(timeout))
@@ -269,7 +298,7 @@ class GuestInstance(RunningDesktop):
     def settle(self, deadline: float, first: Frame | None = None,
                quiet_s: float | None = None) -> tuple[Frame, bool]:
         s = self.settings
-        frame, report = settle_quiet(lambda t: self.grab(t), s.settle_params(), deadline, first,
+        frame, report = settle_quiet(self._grab_when_idle, s.settle_params(), deadline, first,
                                      s.settle_quiet_s if quiet_s is None else quiet_s)
         self.last_settle = report
         return frame, report.settled
