@@ -204,11 +204,19 @@ class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching):
         return base64.b64decode(res["data"])
 
     def reset_in_place(self) -> None:
+        """The agent's reset (every guest process killed, the sandbox's folders and the guest's
+        temp folders emptied), then ``sync && fstrim /``: the freed blocks are discarded down to the host
+        (the disk is attached with ``discard=unmap``), so a long-lived VM's qcow2 overlay does not
+        grow by what each attempt wrote and removed (a desktop sweep's leak check saw +139 MiB/h
+        without it). About 0.1 s under TCG."""
         p = self.paths
         try:
             self._call("reset", 60, dirs=[p.work, p.home, p.tmp, p.verify])
         except AgentError as e:
             raise SubstrateError(f"sandbox {self.id}: in-place reset failed: {e}") from e
+        # sync first: ext4 trims only blocks whose freeing its journal has committed
+        self._run_checked(["/bin/sh", "-c", "sync && fstrim /"], "discarding freed disk blocks (fstrim)",
+                          timeout=60.0)
 
     def launch_detached(self, argv: Sequence[str], *, env: Mapping[str, str], log: str) -> int:
         """``GuestLaunching``: ``setsid`` in the guest, backgrounded by a shell that prints its pid
