@@ -339,8 +339,12 @@ def test_verifier_unavailable_when_libreoffice_is_gone(slot):
     assert env.inst is not None
     soffice = [int(p.split()[0]) for p in desktop_processes(str(env.inst.home)) if p.endswith("soffice.bin")]
     assert soffice
+    assert DesktopEnv._app_died(env.instance, wait_s=0.2) is None  # running: no evidence
     for pid in soffice:
         os.kill(pid, signal.SIGKILL)
+    # what a verifier whose UNO call broke mid-check looks for: LibreOffice's non-zero exit status
+    died = DesktopEnv._app_died(env.instance)
+    assert died is not None and "during the verifier's call" in died, died
     env.stage_verifier(task)
     with pytest.raises(InvalidAttempt) as e:
         env.run_verifier(task, 20)

@@ -716,7 +716,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             # The runner reached LibreOffice; the task's check then read what the policy left. Only
             # the instance's or the sandbox's own failure makes this infrastructure.
             evidence = None if inst.alive() else "the desktop instance died"
-            evidence = evidence or self.box.probe()
+            evidence = evidence or (self._app_died(inst) if code is None else None) or self.box.probe()
             if evidence:
                 raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier gave no verdict: {evidence}")
             raise PolicyFault(f"the check gave no verdict on the document the policy left "
@@ -728,6 +728,24 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         raise PolicyFault(f"verifier: {verdict.get('why') or 'not done'}")
 
     last_verdict: dict[str, Any] | None = None
+
+    @staticmethod
+    def _app_died(inst: RunningDesktop, wait_s: float = 2.0) -> str | None:
+        """LibreOffice, running when the verifier started, has exited since with a status other than
+        0: killed or crashed under the verifier's call (its UNO bridge then fails mid-check). The
+        same evidence as a non-zero exit before the verifier: a policy's actions end LibreOffice
+        only by closing it (status 0). Its exit wrapper writes the status only once the dying
+        process is gone, so the status is awaited ``wait_s`` (called only when the check gave no
+        verdict); None when it still runs then, or exited 0."""
+        end = time.monotonic() + wait_s
+        while True:
+            after = inst.app_exit()
+            if after is not None:
+                return None if after == 0 else \
+                    f"LibreOffice exited with status {after} during the verifier's call (crashed or killed)"
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
 
     def failure_evidence(self) -> str | None:
         """The instance (Xvfb, LibreOffice, the holder: root, out of the policy's reach) died, or
