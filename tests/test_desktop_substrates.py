@@ -90,19 +90,25 @@ def test_oracle_succeeds_and_null_fails(slot, task_id):
     assert {p.name for p in shots.glob("*.png")} == {"start.png", "middle.png", "end.png"}
 
 
-def test_black_and_frozen_screens_and_a_stale_lock_are_invalid(slot):
+def assert_gates(slot: Slot, seq: int = 0) -> None:
+    """A black screen and a frozen one (the X server stopped) are bad_observation, a planted stale
+    lock is dirty_reset (attempts ``seq`` .. ``seq + 2``)."""
     env = slot.env
     assert isinstance(env, DesktopEnv)
-    black = attempt(slot, "writer-fix-typo", Oracle(), fault=InvalidCause.BAD_OBSERVATION)
+    black = attempt(slot, "writer-fix-typo", Oracle(), seq=seq, fault=InvalidCause.BAD_OBSERVATION)
     assert (black.outcome, black.cause) == (Outcome.INVALID, InvalidCause.BAD_OBSERVATION), black.detail
     assert "black screen" in black.detail
     env.observation_fault = "frozen"  # SIGSTOP the instance's X server
-    frozen = attempt(slot, "writer-fix-typo", Oracle(), seq=1, fault=InvalidCause.BAD_OBSERVATION)
+    frozen = attempt(slot, "writer-fix-typo", Oracle(), seq=seq + 1, fault=InvalidCause.BAD_OBSERVATION)
     assert (frozen.outcome, frozen.cause) == (Outcome.INVALID, InvalidCause.BAD_OBSERVATION), frozen.detail
     assert "frozen" in frozen.detail
     env.plant_stale_lock = True
-    stale = attempt(slot, "writer-fix-typo", Oracle(), seq=2)
+    stale = attempt(slot, "writer-fix-typo", Oracle(), seq=seq + 2)
     assert (stale.outcome, stale.cause) == (Outcome.INVALID, InvalidCause.DIRTY_RESET), stale.detail
+
+
+def test_black_and_frozen_screens_and_a_stale_lock_are_invalid(slot):
+    assert_gates(slot)
 
 
 def test_a_shell_action_is_not_offered_and_asking_for_one_is_the_policys_doing(slot):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_desktop_substrates import CFG, _slot, attempt
+from test_desktop_substrates import CFG, _slot, assert_gates, attempt
 
 from drumsbench.core.errors import UsageError
-from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.core.outcome import Outcome
 from drumsbench.envs.base import ActionSpec, Environment
 from drumsbench.envs.desktop import guest
 from drumsbench.envs.desktop.env import DesktopEnv
@@ -42,16 +42,7 @@ def test_oracle_null_gates_and_shell_in_a_guest(vm_slot):
     shots = env.artifact_dir / "screenshots" / vm_slot.substrate.run_id / "writer-fix-typo"
     assert {p.name for p in shots.glob("*.png")} == {"start.png", "middle.png", "end.png"}
 
-    black = attempt(vm_slot, "writer-fix-typo", Oracle(), seq=2, fault=InvalidCause.BAD_OBSERVATION)
-    assert (black.outcome, black.cause) == (Outcome.INVALID, InvalidCause.BAD_OBSERVATION), black.detail
-    assert "black screen" in black.detail
-    env.observation_fault = "frozen"  # SIGSTOP the guest's X server
-    frozen = attempt(vm_slot, "writer-fix-typo", Oracle(), seq=3, fault=InvalidCause.BAD_OBSERVATION)
-    assert (frozen.outcome, frozen.cause) == (Outcome.INVALID, InvalidCause.BAD_OBSERVATION), frozen.detail
-    assert "frozen" in frozen.detail
-    env.plant_stale_lock = True
-    stale = attempt(vm_slot, "writer-fix-typo", Oracle(), seq=4)
-    assert (stale.outcome, stale.cause) == (Outcome.INVALID, InvalidCause.DIRTY_RESET), stale.detail
+    assert_gates(vm_slot, seq=2)  # black, frozen (the guest's X server stopped), stale lock
 
     # the guest's commands run as its root: a policy's shell action is refused, its own failure
     asks = replay.Replay([ActionSpec("shell", {"command": "pkill -9 Xvfb; touch /sandbox/work/mine"}),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import struct
 import time
@@ -72,6 +73,14 @@ def for_guest(settings: Settings) -> Settings:
         settings, settle_mode="quiet", start_timeout_s=max(settings.start_timeout_s, 180.0),
         grab_timeout_s=max(settings.grab_timeout_s, 10.0), settle_max_s=max(settings.settle_max_s, 8.0),
         wm_first=True)
+
+
+@functools.cache
+def _profile_files(template: Path) -> dict[str, bytes]:
+    """The template profile's files (relative path -> bytes), read once per process: every reset
+    copies them into the guest."""
+    return {p.relative_to(template).as_posix(): p.read_bytes()
+            for p in sorted(template.rglob("*")) if p.is_file() and p.name != ".drumsbench-complete"}
 
 
 def parse_xwd(data: bytes) -> np.ndarray:
@@ -158,9 +167,7 @@ class GuestInstance(RunningDesktop):
 
     # -- life cycle ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        template = template_profile()
-        files = {p.relative_to(template).as_posix(): p.read_bytes()
-                 for p in sorted(template.rglob("*")) if p.is_file() and p.name != ".drumsbench-complete"}
+        files = _profile_files(template_profile())
         self._checked('rm -rf "$1" "$2" "$3" && mkdir -p "$4" "$2"', "preparing the folders",
                       self.profile, self.fb_dir, self._exit_file, self.work)
         self.box.put_files(self.profile, files)
@@ -184,11 +191,13 @@ class GuestInstance(RunningDesktop):
                 SYSTEM_PYTHON, "-I", holder, json.dumps(cfg)]
         self.launcher_pid = self.guest.launch_detached(argv, env={"PATH": GUEST_PATH}, log=self.log)
 
+    def _state(self, pid: int) -> bytes | None:
+        """The guest process's state letter (``/proc/<pid>/stat``), None when there is none."""
+        stat = self._read(f"/proc/{pid}/stat")
+        return stat.rsplit(b")", 1)[1].split()[0] if stat is not None and b")" in stat else None
+
     def alive(self) -> bool:
-        if self.launcher_pid is None:
-            return False
-        stat = self._read(f"/proc/{self.launcher_pid}/stat")
-        return stat is not None and b")" in stat and stat.rsplit(b")", 1)[1].split()[0] != b"Z"
+        return self.launcher_pid is not None and self._state(self.launcher_pid) not in (None, b"Z")
 
     def stop(self) -> None:
         pid, self.launcher_pid = self.launcher_pid, None
@@ -269,11 +278,11 @@ class GuestInstance(RunningDesktop):
             out = self._sh("pgrep -x Xvfb; pgrep -x soffice.bin", 30.0).stdout.decode(errors="replace")
             self._busy_pids = [int(p) for p in out.split() if p.isdigit()]
         for pid in self._busy_pids:
-            stat = self._read(f"/proc/{pid}/stat")
-            if stat is None:
+            state = self._state(pid)
+            if state is None:
                 self._busy_pids = []  # gone (or not started yet): looked up again next time
                 return False
-            if stat.rsplit(b")", 1)[1].split()[0] == b"R":
+            if state == b"R":
                 return True
         return False
 
