@@ -158,6 +158,25 @@ for o in gc.get_objects():
     "native_code": "import ctypes\nctypes.CDLL(None).kill(0, 9)\n",
     "read_parent_memory": "import os\nopen('/proc/%d/mem' % os.getppid(), 'rb').read(1)\n",
     "import_missing_module": "import drumsbench_no_such_module_anywhere\n",
+    # A faked missing dependency: the hidden test files being imported get an import of a module
+    # that exists nowhere appended on disk, then the import fails naming it — a runner that reads
+    # the tests' imports again after the code under test ran calls that infrastructure.
+    "fake_missing_dependency": """
+import os, sys
+_dirs = set()
+for _m in list(sys.modules.values()):
+    _f = getattr(_m, "__file__", None) or ""
+    if os.path.basename(_f).startswith("test_") and os.path.basename(os.path.dirname(_f)) == "tests":
+        _dirs.add(os.path.dirname(_f))
+for _d in _dirs:
+    for _n in os.listdir(_d):
+        try:
+            with open(os.path.join(_d, _n), "a") as _fh:
+                _fh.write("\\nimport drumsbench_faked_dependency\\n")
+        except OSError:
+            pass
+raise ModuleNotFoundError("No module named 'drumsbench_faked_dependency'", name="drumsbench_faked_dependency")
+""",
 }
 
 # Shell commands run as actions during the episode (before the submit).

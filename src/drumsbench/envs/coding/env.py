@@ -25,6 +25,7 @@ policy runs when they do; the kept server runs throughout, and nothing of the po
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import json
@@ -63,6 +64,20 @@ VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
 def runner_stdin(secret: bytes, config: dict[str, Any]) -> bytes:
     """What a verifier runner reads on stdin: the secret (hex), then the JSON config, a line each."""
     return secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
+
+
+def hidden_test_imports(hidden: dict[str, bytes]) -> set[str]:
+    """Top-level modules the hidden test files import themselves, read by syntax on the host from the
+    task's own bytes: the only list a ``missing_dependency`` verdict may name (the staged copies in
+    the sandbox are within the code under test's reach by the time it runs)."""
+    found: set[str] = set()
+    for name, source in hidden.items():
+        for node in ast.walk(ast.parse(source, filename=name)):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
 
 
 def chosen_verifier(verifier: str | None = None) -> str:
@@ -211,14 +226,15 @@ class CodingEnv(Environment, VerifierNotes):
         assert isinstance(task, CodingTask)
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
-                  "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files})}
+                  "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files}),
+                  "test_imports": sorted(hidden_test_imports(task.hidden))}
         server = self._server if self.verifier == "kept" and self._server_box is self.box else None
         if server is not None and server.alive():  # (not alive: it was started and has ended)
             self.verify_note = {"verifier": "kept"}
             res = server.call(b"go\n" + runner_stdin(secret, config), timeout=timeout, output_limit=OBS_LIMIT)
             lines = res.stdout.decode(errors="replace").splitlines()
             if saw_ready(lines, secret) or res.timed_out:
-                return self._decide(res, lines, secret, timeout)
+                return self._decide(task, res, lines, secret, timeout)
             why = f"kept server exit {res.exit_code}: {res.stdout.decode(errors='replace')[-120:]}"
             self.fallbacks.append(why)
             self.verify_note = {"verifier": "warm", "verifier_fallback": why}
@@ -242,9 +258,9 @@ class CodingEnv(Environment, VerifierNotes):
             secret = new_secret()
             res = self._exec_runner(secret, config, timeout, warm=False)
             lines = res.stdout.decode(errors="replace").splitlines()
-        return self._decide(res, lines, secret, timeout)
+        return self._decide(task, res, lines, secret, timeout)
 
-    def _decide(self, res: ExecResult, lines: list[str], secret: bytes, timeout: float) -> bool:
+    def _decide(self, task: CodingTask, res: ExecResult, lines: list[str], secret: bytes, timeout: float) -> bool:
         """The verdict of one runner's output (``run_verifier``'s contract)."""
         err = (res.stderr or res.stdout).decode(errors="replace")[-200:]
         if not saw_ready(lines, secret):
@@ -269,5 +285,11 @@ class CodingEnv(Environment, VerifierNotes):
         if status == "no_tests":
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, str(verdict.get("reason")))
         if status == "missing_dependency":
-            raise MissingDependency(str(verdict.get("module")), str(verdict.get("reason")))
+            module = str(verdict.get("module"))
+            if module not in hidden_test_imports(task.hidden):
+                # The runner names only modules of the harness's list; anything else came from the
+                # code under test (the report channel is in its process): its own failure.
+                raise PolicyFault(f"verifier: the code under test reported a missing module {module!r} that no "
+                                  "hidden test imports")
+            raise MissingDependency(module, str(verdict.get("reason")))
         raise PolicyFault(f"verifier: {verdict.get('reason') or 'tests did not pass'}")
