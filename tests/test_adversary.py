@@ -73,6 +73,33 @@ def test_no_strategy_reaches_success_or_invalid(substrate, state_dir, run_id):
     assert os.getpid() == harness
 
 
+@pytest.mark.parametrize("substrate", ["process", "docker", "podman"])
+def test_replayed_canaries_are_the_policys_own_doing(substrate, state_dir, run_id):
+    """``replay_canaries`` stashes its own canary where the slot's next attempt reads it (a
+    container's /run/lock, the host's shared places) and copies every stash into its work tree: three
+    attempts in one slot all end failed (an earlier attempt's canary is not a neighbour's; on process
+    the canary is unreadable to the sandbox uid), the oracle right after succeeds, and nothing of the
+    uid is left in the host's shared places. On main before the fix the 2nd and later ended
+    invalid/contamination."""
+    from drumsbench.core.host_places import shared_places
+
+    require(registry.get(substrate).missing())
+    (slot,) = slots_on(substrate, run_id, state_dir, 1)
+    task = load_suite("coding")[0]
+    canaries = CanaryRegistry()
+    try:
+        recs = [run_attempt(slot, task, Adversary(["replay_canaries"]), CFG, canaries, run_id=run_id, seq=i, seed=0)
+                for i in range(3)]
+        control = run_attempt(slot, task, make_policy("oracle"), CFG, canaries, run_id=run_id, seq=3, seed=0)
+    finally:
+        slot.destroy()
+    assert [(r.outcome, r.cause) for r in recs] == [(Outcome.FAILED, None)] * 3, [r.detail for r in recs]
+    assert control.outcome is Outcome.SUCCESS, control.detail
+    assert "/run/lock" in shared_places()
+    left = [p for place in shared_places() for p in os.listdir(place) if p.startswith(".drumsbench-stash-")]
+    assert not left, left
+
+
 def test_vm_a_sample_of_strategies_ends_failed(state_dir, run_id):
     """The guest runs the same runner; a sample keeps this under a few minutes under TCG."""
     sample = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "kill_own_shells",
@@ -96,11 +123,35 @@ def test_reasons_name_what_the_code_did(state_dir, run_id):
     assert "time limit" in out["hang_verifier"].detail
     assert "live sandbox" in out["hang_step"].detail
     assert "truncated" in out["run_past_max_steps"].detail
-    assert "leaked its own canary" in out["leak_own_canary"].detail
+    # the process substrate's canary is root's and unreadable to the sandbox uid: nothing to leak
+    assert out["leak_own_canary"].outcome is Outcome.FAILED
+    assert "leaked its own canary" not in out["leak_own_canary"].detail
     assert "refused" in out["kill_verifier"].detail
     assert "changed the test framework" in out["patch_asserts"].detail
     after = set(glob.glob("/tmp/drumsbench-leak-*") + glob.glob("/dev/shm/drumsbench-leak-*"))
     assert after <= before, f"the leaked canaries stayed in the host's shared places: {after - before}"
+
+
+def test_a_canary_in_the_hosts_shared_places_is_the_attempts_own_leak(state_dir, run_id):
+    """Gate 6's second half, where a policy can read its canary: the attempt's own canary found in
+    one of the host's shared places (/run/lock too) is its own leak — failed, never contamination."""
+    from drumsbench.core.errors import PolicyFault
+    from drumsbench.rollout import gates
+
+    (slot,) = slots_on("process", run_id, state_dir, 1)
+    canaries = CanaryRegistry()
+    token = canaries.issue("me")
+    leak = f"/run/lock/.drumsbench-test-leak-{os.getpid()}"
+    try:
+        slot.provision()
+        gates.check_isolation(slot.env, token, canaries)  # clean
+        with open(leak, "w") as f:
+            f.write(token)
+        with pytest.raises(PolicyFault, match="leaked its own canary to the host: " + leak):
+            gates.check_isolation(slot.env, token, canaries)
+    finally:
+        os.unlink(leak)
+        slot.destroy()
 
 
 def test_run_reports_the_red_team_line(tmp_path):

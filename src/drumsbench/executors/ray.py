@@ -183,7 +183,8 @@ class CanaryHub:
             self._retired.append(token)
 
     def others(self, token: str) -> list[str]:
-        return [t for t in (*self._live, *self._retired) if t != token]
+        """Live tokens of other attempts (``CanaryRegistry.others``: a retired one is not foreign)."""
+        return [t for t in self._live if t != token]
 
     def live_other(self, token: str) -> str | None:
         return next((t for t in self._live if t != token), None)
@@ -204,7 +205,9 @@ class ClusterCanaries(CanaryRegistry):
 
     def retire(self, token: str) -> None:
         super().retire(token)
-        self.hub.retire.remote(token)  # no wait: retired tokens stay in the hub's "others" anyway
+        # no wait: the hub runs one caller's calls in order, so this node's next token and gate
+        # see the retirement
+        self.hub.retire.remote(token)
 
     def others(self, token: str) -> list[str]:
         return list(self.get(self.hub.others.remote(token)))

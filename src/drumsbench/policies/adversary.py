@@ -201,6 +201,12 @@ SHELL: dict[str, list[str]] = {
     "delete_own_folders": ["cd .. && rm -rf work/* home/* tmp/* verify 2>&1; chmod 000 work 2>&1; echo done"],
     "leak_own_canary": ["cp \"$HOME/.drumsbench-canary\" /tmp/drumsbench-leak-$$ 2>&1; "
                         "cp \"$HOME/.drumsbench-canary\" /dev/shm/drumsbench-leak-$$ 2>&1; echo leaked"],
+    # Stash its own canary where the sandbox's next attempt (or a neighbour) can read it, and copy
+    # every stashed one into its work tree: earlier attempts' canaries look like a neighbour's.
+    "replay_canaries": ["for d in /run/lock /var/tmp /dev/shm /tmp; do "
+                        "cp \"$HOME/.drumsbench-canary\" \"$d/.drumsbench-stash-$(id -u)-$$\" 2>/dev/null; done; "
+                        "cat /run/lock/.drumsbench-stash-* /var/tmp/.drumsbench-stash-* /dev/shm/.drumsbench-stash-* "
+                        "/tmp/.drumsbench-stash-* > replayed.txt 2>/dev/null; wc -c replayed.txt"],
     "plant_fake_canary": ["echo DRUMSCANARY-0123456789abcdef > \"$TMPDIR/neighbour\"; "
                           "echo DRUMSCANARY-0123456789abcdef > note.txt"],
     "fill_disk": ["head -c 64M /dev/zero > \"$TMPDIR/fill\"; dd if=/dev/zero of=big bs=1M count=64 2>&1 | tail -1"],

@@ -15,14 +15,19 @@ from collections import deque
 from dataclasses import dataclass
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Sandbox, Substrate
+from drumsbench.core.host_places import shared_places
+from drumsbench.substrates.base import HostFolders, HostLaunching, Sandbox, Substrate
 
 CANARY_FILE = ".drumsbench-canary"
-SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 class CanaryRegistry:
-    """Thread-safe registry of the run's canaries: live ones and the most recently retired."""
+    """Thread-safe registry of the run's canaries: live ones and the most recently retired.
+
+    Only **live** canaries of other attempts are foreign (``others``): a retired one belonged to an
+    attempt of the same run that has ended, and the run's policy could have stashed it then (in a
+    place its next attempt reads, a container's ``/run/lock``) — finding it is no evidence of a
+    failure of isolation."""
 
     def __init__(self, keep_retired: int = 64) -> None:
         self._live: dict[str, str] = {}
@@ -41,8 +46,14 @@ class CanaryRegistry:
                 self._retired.append(token)
 
     def others(self, token: str) -> list[str]:
+        """The live canaries of other attempts."""
         with self._lock:
-            return [t for t in (*self._live, *self._retired) if t != token]
+            return [t for t in self._live if t != token]
+
+    def retired(self) -> list[str]:
+        """Canaries of ended attempts (most recent ``keep_retired``)."""
+        with self._lock:
+            return list(self._retired)
 
     def any_other(self, token: str) -> str:
         """A neighbour's canary (a live one if any); issues a decoy neighbour when there is none."""
@@ -54,14 +65,30 @@ class CanaryRegistry:
 
 
 def plant(box: Sandbox, token: str) -> None:
-    box.write_file(f"{box.paths.home}/{CANARY_FILE}", token.encode())
+    """Write the attempt's canary into the sandbox's home, before any action of the policy.
+
+    Where the sandbox's commands run as a host uid of their own (``process``), the canary is made
+    root's and unreadable to that uid: those sandboxes share the host's writable places, so a
+    canary the policy could read could be handed by one attempt of the run to a concurrent one,
+    which would then look contaminated (invalid) instead of failed. A canary no process of the
+    policy can read can reach another sandbox only through the infrastructure."""
+    path = f"{box.paths.home}/{CANARY_FILE}"
+    box.write_file(path, token.encode())
+    if isinstance(box, HostFolders) and isinstance(box, HostLaunching) and box.uid is not None:
+        fd = os.open(box.host_path(path), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
-def shared_places_hits(token: str, places: tuple[str, ...] = SHARED_PLACES, max_files: int = 500) -> list[str]:
-    """Files directly in the host's shared temp folders that contain ``token``."""
+def shared_places_hits(token: str, places: tuple[str, ...] | None = None, max_files: int = 500) -> list[str]:
+    """Files directly in the host's shared places (default: ``host_places.shared_places``) that
+    contain ``token``."""
     hits = []
     needle = token.encode()
-    for place in places:
+    for place in shared_places() if places is None else places:
         try:
             entries = list(os.scandir(place))[:max_files]
         except OSError:

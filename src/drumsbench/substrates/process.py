@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from drumsbench.core.canary_scan import scan_tokens
 from drumsbench.core.errors import SubstrateError
 from drumsbench.core.fingerprint import tree_digest
+from drumsbench.core.host_places import shared_places
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
@@ -428,15 +429,12 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
             self.lease.release()
 
 
-# The host's shared places a sandbox uid can write to; what it left there goes with the sandbox.
-SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-def remove_owned_by(uid: int, places: Sequence[str] = SHARED_PLACES) -> list[str]:
-    """Remove the entries directly in ``places`` owned by ``uid`` (a sandbox's own uid: nothing
-    else owns files with it); returns what was removed."""
+def remove_owned_by(uid: int, places: Sequence[str] | None = None) -> list[str]:
+    """Remove the entries directly in ``places`` (default: every one of the host's shared places,
+    ``host_places.shared_places``) owned by ``uid`` (a sandbox's own uid: nothing else owns files
+    with it); returns what was removed."""
     removed = []
-    for place in places:
+    for place in shared_places() if places is None else places:
         try:
             entries = list(os.scandir(place))
         except OSError:
