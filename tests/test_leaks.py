@@ -298,3 +298,19 @@ def test_run_watch_samples_leaks_beside_a_plain_run_and_reports_them(tmp_path):
     cli("run", "--attempts", "2", "--out", str(out), "--json", str(tmp_path / "plain.json"), "--no-progress",
         env=env, check=True)
     assert "leaks" not in json.loads((tmp_path / "plain.json").read_text())
+
+
+def test_the_sampler_counts_every_shared_place_a_sandbox_uid_can_write():
+    """/run/lock and /var/tmp are written by sandbox uids as /tmp is (a stash there outlived its
+    sandbox): they count in ``tmp_entries``, each place once."""
+    sampler = leak_sampler.LeakSampler("process")
+    assert {"/tmp", "/var/tmp", "/run/lock"} <= set(sampler.tmp_roots) and "/dev/shm" not in sampler.tmp_roots
+    assert not any(a != b and a.startswith(b + "/") for a in sampler.tmp_roots for b in sampler.tmp_roots)
+    before, _ = leak_sampler._walk("/run/lock", leak_sampler.ENTRY_CAP)
+    path = Path(f"/run/lock/.drumsbench-test-{os.getpid()}")
+    path.write_text("x")
+    try:
+        after, _ = leak_sampler._walk("/run/lock", leak_sampler.ENTRY_CAP)
+    finally:
+        path.unlink()
+    assert before is not None and after == before + 1

@@ -11,8 +11,10 @@ reads, from ``/proc`` and the file system:
   lines when no run id is given. On a shared host other users mount and unmount all the time (a
   30-minute desktop soak saw the host's table grow by 15 while other engineers' tests ran), and
   what is not the run's is not its leak;
-- ``tmp_entries`` / ``shm_entries``: entries under the host's ``/tmp`` and ``/dev/shm``, recursively,
-  on their own file system, counted up to ``ENTRY_CAP`` (a note says when the cap was hit);
+- ``tmp_entries`` / ``shm_entries``: entries under the host's ``/tmp`` (with every other shared place
+  a sandbox uid can write: ``/var/tmp``, ``/run/lock``, ..., ``host_places.shared_places``) and under
+  ``/dev/shm``, recursively, each on its own file system, counted up to ``ENTRY_CAP`` (a note says
+  when the cap was hit);
 - ``store_mib``: disk use (allocated blocks) of the sandbox store, ``state.state_dir()``;
 - ``daemon_mib``: on docker, the RSS of ``dockerd``; on podman, the summed RSS of its ``conmon``
   processes (podman has no daemon; conmon watches each container).
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from drumsbench.core import host_state as state
+from drumsbench.core.host_places import shared_places
 from drumsbench.measure.artifacts import LeakSamplesArtifact
 from drumsbench.measure.leaks import QUANTITIES
 
@@ -117,6 +120,10 @@ class LeakSampler:
         self.run_mark = run_id.encode() if run_id else None
         self.pid = pid or os.getpid()
         self.tmp, self.shm = tmp or HOST_TMP, shm or HOST_SHM
+        # tmp_entries: /tmp and the host's other shared places (each once: none inside another)
+        places = [self.tmp] if self.tmp != "/tmp" else [p for p in shared_places() if p != self.shm] + [self.tmp]
+        self.tmp_roots = sorted({p for p in places
+                                 if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in places)})
         self.store = store if store is not None else state.state_dir()
         self.daemons = DAEMONS.get(substrate, ())
         self.columns = ["t"] + [q.key for q in QUANTITIES if q.key != "daemon_mib" or self.daemons]
@@ -149,9 +156,11 @@ class LeakSampler:
                 v["mounts"] = float(sum(1 for line in f if self.run_mark is None or self.run_mark in line))
         except OSError:
             v["mounts"] = None
-        for key, root in (("tmp_entries", self.tmp), ("shm_entries", self.shm)):
-            v[key], capped = _walk(root, ENTRY_CAP)
-            if capped:
+        for key, roots in (("tmp_entries", self.tmp_roots), ("shm_entries", [self.shm])):
+            counts = [_walk(root, ENTRY_CAP) for root in roots]
+            seen = [c for c, _ in counts if c is not None]
+            v[key] = sum(seen) if seen else None
+            if any(capped for _, capped in counts):
                 self.notes.add(f"{key}: counting stopped at {ENTRY_CAP} entries")
         v["store_mib"], capped = _walk(str(self.store), 10 * ENTRY_CAP, blocks=True)
         if capped:

@@ -188,6 +188,7 @@ def leaks_table(runs: Sequence[RunData]) -> str:
                      ", ".join(f"{k} {v:+.3g}" for k, v in lv.left.items() if v is not None)])
     tol = ", ".join(f"{q.key} {q.tolerance_per_h:g}" for q in QUANTITIES)
     return (f'<p class="note">Leak check: {escape(METHOD)}. Tolerances per hour: {escape(tol)}. Sampled: fds of '
-            "the harness, processes and zombies under it, its mounts, entries in the host's /tmp and /dev/shm, "
+            "the harness, processes and zombies under it, its mounts, entries in the host's shared places and "
+            "/dev/shm, "
             "the sandbox store's disk use, dockerd / conmon RSS on docker / podman.</p>"
             + table(head, rows, "num small", left={0, 1, 4 + len(shown), 5 + len(shown)}))
