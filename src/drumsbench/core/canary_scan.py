@@ -18,8 +18,15 @@ from collections.abc import Sequence
 
 
 def scan_tokens(folders: list[str], tokens: list[str], max_file_bytes: int = 8 << 20) -> set[str]:
-    """Tokens found in regular files (not followed links, at most ``max_file_bytes``) below ``folders``."""
+    """Tokens found in regular files (not followed links, at most ``max_file_bytes``) below ``folders``.
+
+    Only regular files are opened, and never in a way that can block: a fifo, socket or device the
+    sandbox's code left (or swapped in for a file meanwhile) is passed over — ``O_NONBLOCK`` and
+    ``O_NOFOLLOW`` on the open, the type and size checked again on the open file, the read bounded
+    (a fifo opened for reading would otherwise wait for a writer for ever: the gate of a run whose
+    code under test made one never ended)."""
     import os
+    import stat
 
     wanted = [t.encode() for t in tokens if t]
     hits: set[str] = set()
@@ -28,10 +35,15 @@ def scan_tokens(folders: list[str], tokens: list[str], max_file_bytes: int = 8 <
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 try:
-                    if os.path.islink(path) or os.path.getsize(path) > max_file_bytes:
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode) or st.st_size > max_file_bytes:
                         continue
-                    with open(path, "rb") as f:
-                        data = f.read()
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with open(fd, "rb") as f:
+                        st = os.fstat(fd)
+                        if not stat.S_ISREG(st.st_mode) or st.st_size > max_file_bytes:
+                            continue
+                        data = f.read(max_file_bytes)
                 except OSError:
                     continue
                 hits.update(t.decode() for t in wanted if t in data)

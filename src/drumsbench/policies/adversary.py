@@ -207,6 +207,10 @@ SHELL: dict[str, list[str]] = {
                         "cp \"$HOME/.drumsbench-canary\" \"$d/.drumsbench-stash-$(id -u)-$$\" 2>/dev/null; done; "
                         "cat /run/lock/.drumsbench-stash-* /var/tmp/.drumsbench-stash-* /dev/shm/.drumsbench-stash-* "
                         "/tmp/.drumsbench-stash-* > replayed.txt 2>/dev/null; wc -c replayed.txt"],
+    # Fifos where the harness reads from the host (the canary scan, the shared places): opening one
+    # for reading waits for a writer for ever.
+    "plant_fifos": ["mkfifo pipe-in-work \"$HOME/pipe-in-home\" \"$TMPDIR/pipe-in-tmp\" "
+                    "/tmp/.drumsbench-fifo-$(id -u)-$$ /run/lock/.drumsbench-fifo-$(id -u)-$$ 2>&1; ls -l"],
     "plant_fake_canary": ["echo DRUMSCANARY-0123456789abcdef > \"$TMPDIR/neighbour\"; "
                           "echo DRUMSCANARY-0123456789abcdef > note.txt"],
     "fill_disk": ["head -c 64M /dev/zero > \"$TMPDIR/fill\"; dd if=/dev/zero of=big bs=1M count=64 2>&1 | tail -1"],

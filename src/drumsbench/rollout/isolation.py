@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -96,8 +97,10 @@ def shared_places_hits(token: str, places: tuple[str, ...] | None = None, max_fi
         for entry in entries:
             try:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_size < (1 << 20):
-                    with open(entry.path, "rb") as f:
-                        if needle in f.read():
+                    # a file of another uid may be swapped for a fifo meanwhile: never wait on it
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with open(fd, "rb") as f:
+                        if stat.S_ISREG(os.fstat(fd).st_mode) and needle in f.read(1 << 20):
                             hits.append(entry.path)
             except OSError:
                 continue

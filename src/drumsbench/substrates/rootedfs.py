@@ -16,6 +16,7 @@ import abc
 import ctypes
 import errno
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -118,9 +119,14 @@ class RootedFS:
                 os.close(fd)
 
     def read(self, rel: str, limit: int | None = None) -> bytes:
+        """The bytes of the regular file at ``rel`` (``limit`` at most). Opened non-blocking and
+        checked on the open file: a fifo, socket or device a sandbox left there is refused
+        (``OSError`` EINVAL), never waited on."""
         with self._rootfd() as rootfd:
-            fd = self._open(rootfd, rel, os.O_RDONLY)
+            fd = self._open(rootfd, rel, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", rel)
             return f.read(-1 if limit is None else limit)
 
     def is_dir(self, rel: str) -> bool:
