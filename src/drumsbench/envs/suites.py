@@ -28,7 +28,8 @@ class EnvKind:
     ``environment``: the ``Environment`` subclass; ``load_suite(name_or_path) -> Sequence[Task]``;
     ``fingerprints(name_or_path) -> dict[task id, fingerprint]`` (the start states, unchecked);
     ``task_checks`` (optional): the kind's own proof about every task, run by ``drumsbench tasks
-    check`` after the environment checker, ``(suite, substrates, state_dir, progress) -> [TaskCheck]``."""
+    check`` after the environment checker, ``(suite, substrates, state_dir, progress, repeat) ->
+    [TaskCheck]`` (``repeat``: how many times each verification is run, to find flaky tasks)."""
 
     name: str
     environment: str
