@@ -70,7 +70,8 @@ def tasks_check(
         if c.ok:
             console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)
         else:
-            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False)
+            # one line however long: a problem is grepped for, never wrapped
+            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False, soft_wrap=True)
 
     failures = total = 0
     with tempfile.TemporaryDirectory(prefix="drumsbench-taskcheck-") as tmp:
