@@ -104,10 +104,9 @@ def check_task(env: CodingEnv, task: CodingTask, repeat: int = DEFAULT_REPEAT) -
             problem = make(env, task)
             if problem:
                 return (runs["start"] or [""])[0], "", problem
-            runs[label].append(_verify(env, task))
-    start, golden = runs["start"][0], runs["golden"][0]
-    for label, verdicts in runs.items():
-        for verdict in verdicts:
+            verdict = _verify(env, task)
+            runs[label].append(verdict)
+            start, golden = runs["start"][0], (runs["golden"] or [""])[0]
             if verdict.startswith("missing dependency"):
                 return start, golden, f"hidden tests need a module the image lacks ({verdict}); add it to the image"
             if verdict.startswith("unavailable"):
