@@ -167,7 +167,7 @@ def read_toml(spec_file: Path, root: Path) -> dict[str, Any]:
         raise UsageError(f"{_shown(spec_file)}: not valid TOML ({e}); fix the syntax") from None
 
 
-def _entries(folder: Path, root: Path) -> Iterator[tuple[Path, os.stat_result]]:
+def _entries(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
     """Every entry under ``folder`` (not following links), with its lstat, in sorted order; folders
     are walked, never yielded. Refuses special files and a folder that cannot be listed; more than
     ``MAX_ENTRIES`` entries is refused."""
@@ -203,7 +203,7 @@ def _entries(folder: Path, root: Path) -> Iterator[tuple[Path, os.stat_result]]:
 def check_folder(folder: Path, root: Path) -> None:
     """Refuse ``folder`` if anything under it is a symlink that leaves ``root`` (``folder`` itself or
     a folder holding it) or does not resolve, or a special file (module contract)."""
-    for path, st in _entries(folder, root):
+    for path, st in _entries(folder):
         if stat.S_ISLNK(st.st_mode):
             _link_target(path, root)
 
@@ -215,7 +215,7 @@ def read_tree(folder: Path, root: Path, skip: Callable[[str], bool] = lambda _re
     The caller has checked ``folder`` itself (``inside``)."""
     out: dict[str, bytes] = {}
     total = 0
-    for path, st in _entries(folder, root):
+    for path, st in _entries(folder):
         rel = path.relative_to(folder).as_posix()
         if skip(rel):
             continue
