@@ -16,6 +16,21 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI = str(ROOT / "tests" / "data" / "mini")
 
 
+def one_task_suite(tmp_path: Path, task_id: str = "textstats-empty-summary") -> Path:
+    """A suite folder in ``tmp_path`` holding one built-in coding task and its project (to damage)."""
+    import tomllib
+
+    from drumsbench.envs.coding.task import BUILTIN_ROOT
+
+    builtin = BUILTIN_ROOT / "coding"
+    suite = tmp_path / "suite"
+    shutil.copytree(builtin / task_id, suite / task_id)
+    name = tomllib.loads((builtin / task_id / "task.toml").read_text())["project"]
+    shutil.copytree(builtin / "projects" / name, suite / "projects" / name,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return suite
+
+
 def slot_on(name: str, run_id: str, state_dir: Path) -> Slot:
     return Slot(registry.get(name)(run_id, state_dir), CodingEnv())
 

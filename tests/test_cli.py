@@ -15,7 +15,7 @@ import pytest
 
 from drumsbench.core.outcome import InvalidCause
 
-from helpers import MINI, ROOT, cli
+from helpers import MINI, ROOT, cli, one_task_suite
 
 
 @pytest.fixture
@@ -60,6 +60,35 @@ def test_malformed_task_toml_and_unwritable_out(tmp_path, env):
     blocker.write_text("x")
     _one_line_error(cli("run", "--tasks", MINI, "--out", str(blocker / "sub"), env=env), "--out")
     _one_line_error(cli("report", "nosuchrun", "--out", str(tmp_path / "empty"), env=env), "no ledger")
+
+
+def _symlink_to_a_host_folder(suite: Path, tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret.txt").write_text("the host's\n")
+    os.symlink(host, suite / "projects" / "textstats" / "textstats" / "host")
+
+
+def _task_toml_not_utf8(suite: Path, tmp_path: Path) -> None:
+    toml = suite / "textstats-empty-summary" / "task.toml"
+    toml.write_bytes(toml.read_bytes().replace(b"description = \"", b"description = \"\xe9t\xe9 "))
+
+
+@pytest.mark.parametrize("damage,needle", [(_symlink_to_a_host_folder, "a symlink to"),
+                                           (_task_toml_not_utf8, "not UTF-8 text")])
+def test_a_task_folder_pointing_outside_or_not_utf8_is_one_line_exit_2(damage, needle, tmp_path, env):
+    """A suite whose project links to a host folder, or whose task.toml is not UTF-8, is refused by
+    every command that reads it: one line naming the file, exit 2, no traceback, nothing run."""
+    suite = one_task_suite(tmp_path)
+    damage(suite, tmp_path)
+    out = tmp_path / "runs"
+    for args in (["tasks", "list", str(suite)], ["tasks", "fingerprint", str(suite)],
+                 ["tasks", "check", str(suite), "--substrate", "process"],
+                 ["run", "--tasks", str(suite), "--out", str(out), "--duration", "2s"]):
+        line = _one_line_error(cli(*args, env=env), needle)
+        assert str(suite) in line, line
+    ledger = out / "ledger.sqlite"
+    assert not ledger.exists() or sqlite3.connect(ledger).execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
 
 
 def test_injection_over_400_attempts(tmp_path, env):

@@ -16,7 +16,7 @@ from drumsbench.rollout.attempt import RolloutConfig, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 
 from conftest import require
-from helpers import MINI, cli, slot_on
+from helpers import MINI, cli, one_task_suite, slot_on
 
 CFG = RolloutConfig(step_timeout_s=10, episode_timeout_s=60, verify_timeout_s=20)
 
@@ -104,3 +104,54 @@ def test_loader_refuses_two_hidden_files_with_one_name(tmp_path):
     shutil.copy(suite / "add-sign" / "hidden" / "test_add.py", suite / "add-sign" / "more" / "test_add.py")
     proc = cli("tasks", "list", str(suite))
     assert proc.returncode == 2 and "two files are named 'test_add.py'" in proc.stderr, proc.stderr
+
+
+# A coin flip: fails about half the time whatever the code under test does (a test that depends on
+# timing, ordering or a shared resource, as real suites' flaky tests do).
+FLAKY = """
+
+class ZFlakyTest(unittest.TestCase):
+    def test_coin(self):
+        import os
+        self.assertLess(os.urandom(1)[0], 128, "lost the coin flip")
+"""
+
+
+def test_a_flaky_hidden_test_is_refused_by_check_naming_it(tmp_path):
+    """A hidden test that fails at random on the golden fix is refused, named. With p = 1/2 and 30
+    runs of the golden state, all 30 agree with probability 2**-29: this test does not flake."""
+    suite = one_task_suite(tmp_path)
+    hidden = suite / "textstats-empty-summary" / "hidden" / "test_empty_summary.py"
+    hidden.write_text(hidden.read_text() + FLAKY)
+    proc = cli("tasks", "check", str(suite), "--substrate", "process", "--repeat", "30")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # (the environment checker's oracle and the host's data checks may see the coin flip too)
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL process  textstats-empty-summary:")]
+    assert "FAIL process  textstats-empty-summary: flaky: the verdict on the golden state changed between 30 runs" \
+        in line, proc.stdout
+    assert "(flaky test: test_empty_summary.ZFlakyTest.test_coin)" in line, line
+    assert "x 'passed'" in line, line  # how often each verdict came
+    assert proc.stdout.rstrip().endswith("(coding environment, process)")
+
+
+def test_a_repeat_below_1_is_one_line_exit_2():
+    proc = cli("tasks", "check", MINI, "--substrate", "process", "--repeat", "0")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --repeat: 0 runs check nothing"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("verdicts,problem", [
+    (["passed"] * 5, ""),
+    (["failed: verifier: 1 of 3 expected tests passed; t.A.test_x: fail"] * 5, ""),
+    (["passed", "failed: verifier: 2 of 3 expected tests passed; t.A.test_x: fail", "passed"],
+     "flaky test: t.A.test_x)"),
+    (["failed: verifier: 1 of 3 expected tests passed; t.A.test_x: fail",
+      "failed: verifier: 0 of 3 expected tests passed; t.A.test_x: fail"],
+     "flaky test: not named: the verifier names only the first test that did not pass (t.A.test_x) in every run"),
+])
+def test_flaky_problem_names_the_test_that_changes(verdicts, problem):
+    from drumsbench.experiments.taskcheck import flaky_problem
+
+    got = flaky_problem("golden", verdicts)
+    assert (problem in got) if problem else got == "", got
+    assert "\n" not in got

@@ -54,7 +54,7 @@ def main() -> None:
     try:
         app()
     except DrumsError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, whatever it quotes
         sys.exit(2)
     except sqlite3.OperationalError as e:  # the ledger refused a write outside an attempt's (e.g. a full disk
         # while a run starts); what was committed stays, SQLite rolled back the rest

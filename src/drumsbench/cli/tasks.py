@@ -34,11 +34,15 @@ def tasks_check(
     substrate: o.Substrates = None,
     substrates: o.SubstratesAlias = None,
     task: Annotated[str | None, typer.Option(help="Task for the environment checker (default: the first).")] = None,
+    repeat: Annotated[int, typer.Option(
+        "--repeat", help="Verify each task's start and golden state this many times; a verdict that changes "
+                         "between runs of one state is a flaky task, refused.")] = 5,
 ) -> None:
     """The environment checker on each substrate (reset and fingerprint, stale actions refused, capture
     round trip, oracle succeeds and null fails, broken observation and verifier classified), then the
     kind's own task checks (coding: every task fails at its start and passes with its golden patch on
-    each substrate's image). Exit 1 on a problem."""
+    each substrate's image, the same verdict in each of --repeat runs of each state, else it is refused
+    as flaky, naming the test). Exit 1 on a problem."""
     import tempfile
 
     from drumsbench.core.plugins import load_spec
@@ -47,6 +51,8 @@ def tasks_check(
     from drumsbench.experiments.taskcheck import TaskCheck
     from drumsbench.substrates import registry
 
+    if repeat < 1:
+        raise UsageError(f"--repeat: {repeat} runs check nothing; give 1 or more (default 5)")
     kind = suites.KINDS.load(suites.suite_kind(suite))
     loaded = suites.load(suite)
     names = substrate_names(substrate, substrates)
@@ -59,11 +65,13 @@ def tasks_check(
         raise UsageError(f"--task: no task {task!r} in {suite}; `drumsbench tasks list {suite}` shows them")
 
     def show(c: TaskCheck) -> None:
-        what = "data checks" if c.substrate == "host" else "fails on the start state, passes with the golden patch"
+        what = ("data checks" if c.substrate == "host" else
+                f"fails on the start state, passes with the golden patch ({repeat} runs of each, same verdict)")
         if c.ok:
             console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)
         else:
-            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False)
+            # one line however long: a problem is grepped for, never wrapped
+            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False, soft_wrap=True)
 
     failures = total = 0
     with tempfile.TemporaryDirectory(prefix="drumsbench-taskcheck-") as tmp:
@@ -78,7 +86,7 @@ def tasks_check(
                 sub.close()
         if kind.task_checks is not None:
             task_checks = cast(Callable[..., list[TaskCheck]], load_spec(kind.task_checks))
-            results = task_checks(suite, names, Path(tmp), progress=show)
+            results = task_checks(suite, names, Path(tmp), progress=show, repeat=repeat)
             total += len(results)
             failures += sum(not c.ok for c in results)
     console.print(f"{total - failures} of {total} checks passed ({kind.name} environment, {', '.join(names)})")

@@ -10,7 +10,6 @@ factory with the tasks, so experiments never need to know which kind they run.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -19,6 +18,7 @@ from drumsbench.core.errors import UsageError
 from drumsbench.core.plugins import Registry, load_spec
 from drumsbench.envs.base import Environment, Task
 from drumsbench.envs.coding.task import suite_dir
+from drumsbench.envs.suite_folders import read_toml, task_folders
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class EnvKind:
     ``environment``: the ``Environment`` subclass; ``load_suite(name_or_path) -> Sequence[Task]``;
     ``fingerprints(name_or_path) -> dict[task id, fingerprint]`` (the start states, unchecked);
     ``task_checks`` (optional): the kind's own proof about every task, run by ``drumsbench tasks
-    check`` after the environment checker, ``(suite, substrates, state_dir, progress) -> [TaskCheck]``."""
+    check`` after the environment checker, ``(suite, substrates, state_dir, progress, repeat) ->
+    [TaskCheck]`` (``repeat``: how many times each verification is run, to find flaky tasks)."""
 
     name: str
     environment: str
@@ -73,10 +74,7 @@ def suite_kind(name_or_path: str) -> str:
     meta = folder / "suite.toml"
     if not meta.exists():
         return "coding"
-    try:
-        kind = str(tomllib.loads(meta.read_text()).get("env", "coding"))
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{meta}: not valid TOML ({e}); fix the syntax") from None
+    kind = str(read_toml(meta, folder).get("env", "coding"))
     if kind not in KINDS:
         raise UsageError(f"{meta}: field 'env': unknown environment {kind!r}; choose one of {', '.join(KINDS.names())}")
     return kind
@@ -90,4 +88,7 @@ def load(name_or_path: str) -> Suite:
 
 def fingerprints(name_or_path: str) -> dict[str, str]:
     """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
-    return KINDS.load(suite_kind(name_or_path)).start_fingerprints(name_or_path)
+    kind = KINDS.load(suite_kind(name_or_path))
+    # every kind's task folders pass the shared checks first (no link out, readable UTF-8 TOML)
+    task_folders(suite_dir(name_or_path), "docs/tasks.md" if kind.name == "coding" else "docs/desktop.md")
+    return kind.start_fingerprints(name_or_path)

@@ -2,7 +2,10 @@
 
 Contract: ``load_suite(name_or_path)`` returns the suite's tasks sorted by id, each with its start
 state in memory and its start fingerprint checked; any problem raises ``UsageError`` naming the
-file, the field and the fix. Built-in suites are folders under ``drumsbench/tasks/``.
+file, the field and the fix. Built-in suites are folders under ``drumsbench/tasks/``. A suite is
+untrusted: every file a task names is read inside its task folder, its project inside
+``<suite>/projects/<project>``, by the readers of ``suite_folders`` (no symlink leading out, no
+special file, size bounds, UTF-8 text); a patch that creates a symlink is refused.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,7 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from drumsbench.core.errors import UsageError
 from drumsbench.core.fingerprint import files_digest
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
-from drumsbench.envs.suite_folders import StartFingerprint, TaskId, load_folders
+from drumsbench.envs.suite_folders import (
+    StartFingerprint,
+    TaskId,
+    inside,
+    load_folders,
+    read_text,
+    read_toml,
+    read_tree,
+    task_folders,
+)
 
 BUILTIN_ROOT = Path(__file__).resolve().parents[2] / "tasks"
 _SKIP_PARTS = {"__pycache__", ".git"}
@@ -118,12 +129,33 @@ def suite_dir(name_or_path: str) -> Path:
     raise UsageError(f"--tasks: {name_or_path!r} is neither a folder nor a built-in suite ({', '.join(names)})")
 
 
+def _skipped(rel: str) -> bool:
+    return bool(_SKIP_PARTS & set(rel.split("/"))) or rel.endswith(".pyc")
+
+
 def _read_tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not (_SKIP_PARTS & set(p.relative_to(root).parts)) and p.suffix != ".pyc":
-            out[p.relative_to(root).as_posix()] = p.read_bytes()
-    return out
+    """The project files under ``root`` (``suite_folders.read_tree``: nothing pointing outside ``root``)."""
+    return read_tree(root, root, _skipped)
+
+
+def project_files(suite: Path, spec_file: Path, project: object) -> dict[str, bytes]:
+    """The files of the project a task.toml names: a folder directly under ``<suite>/projects``."""
+    where = f"{spec_file}: field 'project'"
+    if not isinstance(project, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", project):
+        raise UsageError(f"{where}: {project!r} is not a folder name (letters, digits, _ . -); name a folder "
+                         f"under {suite / 'projects'}")
+    folder = inside(suite / "projects", project, where)
+    if not folder.is_dir():
+        raise UsageError(f"{where}: no folder {folder}")
+    return _read_tree(folder)
+
+
+def task_text(folder: Path, spec_file: Path, rel: object, fld: str) -> str:
+    """The UTF-8 text of the file a task.toml field names, inside the task's folder."""
+    p = inside(folder, rel, f"{spec_file}: field {fld!r}")
+    if not os.path.lexists(p):
+        raise UsageError(f"{spec_file}: field {fld!r}: file {rel!r} does not exist in {folder}")
+    return read_text(p, folder)
 
 
 PATCH_PREFIX = "drumsbench-patch-"
@@ -148,11 +180,16 @@ def apply_patch_to_files(files: dict[str, bytes], patch: str, where: str) -> dic
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_bytes(data)
         root.mkdir(exist_ok=True)
+        # git never looks for a repository above the folder (a patch applies to the project only)
         proc = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=root, input=patch.encode(),
-                              capture_output=True)
+                              capture_output=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": tmp})
         if proc.returncode != 0:
-            raise UsageError(f"{where}: does not apply to the project ({proc.stderr.decode().strip()[:200]}); "
-                             "regenerate it with git diff")
+            why = " ".join(proc.stderr.decode(errors="replace").split())[:200]
+            raise UsageError(f"{where}: does not apply to the project ({why}); regenerate it with git diff")
+        links = [p for p in root.rglob("*") if p.is_symlink()]
+        if links:
+            raise UsageError(f"{where}: creates the symlink {links[0].relative_to(root).as_posix()!r}; a task's "
+                             "start state holds files only, remove it from the patch")
         return _read_tree(root)
 
 
@@ -173,26 +210,20 @@ def _field(spec_file: Path, e: ValidationError) -> str:
 
 
 def load_task(folder: Path, suite: Path) -> CodingTask:
+    """One task folder of ``suite`` (module contract): every file it names is read inside the task
+    folder, the project inside ``<suite>/projects/<project>``; ``UsageError`` on any problem."""
     spec_file = folder / "task.toml"
-    try:
-        raw = tomllib.loads(spec_file.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{spec_file}: not valid TOML ({e}); fix the syntax") from None
+    raw = read_toml(spec_file, folder)
     try:
         spec = TaskSpec.model_validate(raw)
     except ValidationError as e:
         raise UsageError(_field(spec_file, e) + "; see docs/tasks.md") from None
 
     def text(rel: str, fld: str) -> str:
-        p = folder / rel
-        if not p.is_file():
-            raise UsageError(f"{spec_file}: field {fld!r}: file {rel!r} does not exist in {folder}")
-        return p.read_text()
+        return task_text(folder, spec_file, rel, fld)
 
-    project = suite / "projects" / spec.project
-    if not project.is_dir():
-        raise UsageError(f"{spec_file}: field 'project': no folder {project}")
-    files = apply_patch_to_files(_read_tree(project), text(spec.bug_patch, "bug_patch"), f"{folder / spec.bug_patch}")
+    files = apply_patch_to_files(project_files(suite, spec_file, spec.project), text(spec.bug_patch, "bug_patch"),
+                                 f"{folder / spec.bug_patch}")
     digest = files_digest(files)
     if digest != spec.start_fingerprint:
         raise UsageError(f"{spec_file}: field 'start_fingerprint' is {spec.start_fingerprint} but the start state "
@@ -228,12 +259,13 @@ def compute_fingerprints(name_or_path: str) -> dict[str, str]:
     """Start fingerprint of every task folder of a suite, without checking the stored values."""
     suite = suite_dir(name_or_path)
     out = {}
-    for spec_file in sorted(suite.glob("*/task.toml")):
-        raw = tomllib.loads(spec_file.read_text())
-        project = suite / "projects" / str(raw.get("project", ""))
-        bug = (spec_file.parent / str(raw.get("bug_patch", "bug.patch"))).read_text()
-        out[str(raw.get("id", spec_file.parent.name))] = files_digest(
-            apply_patch_to_files(_read_tree(project), bug, str(spec_file.parent)))
+    for folder in task_folders(suite, "docs/tasks.md"):
+        spec_file = folder / "task.toml"
+        raw = read_toml(spec_file, folder)
+        bug_rel = raw.get("bug_patch", "bug.patch")
+        bug = task_text(folder, spec_file, bug_rel, "bug_patch")
+        out[str(raw.get("id", folder.name))] = files_digest(
+            apply_patch_to_files(project_files(suite, spec_file, raw.get("project")), bug, f"{folder / str(bug_rel)}"))
     return out
 
 
