@@ -8,7 +8,8 @@ the sandbox (``process.remove_owned_by``), and gate 6 looks there for a sandbox'
 The list is found by walking the host's tree once per process (about 0.2 s): a folder counts when
 it is writable by others and every folder above it is searchable by others (a world-writable
 folder inside a folder the sandbox uid cannot enter, such as docker's layers under the 0710
-``/var/lib/docker``, is out of its reach). ``/proc`` and ``/sys`` are not walked; nor are the
+``/var/lib/docker``, is out of its reach). ``/proc``, ``/sys`` and the sandboxes' own folders
+(``/var/lib/drumsbench``) are not walked; nor are the
 folders below a world-writable one (what a uid makes there is its own and removed with it), except
 world-writable folders of another owner inside it (``/tmp/.X11-unix``).
 """
@@ -21,7 +22,8 @@ import stat
 
 # Always looked at, even where the walk does not reach them.
 KNOWN = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-NOT_WALKED = ("/proc", "/sys")
+# /var/lib/drumsbench: the sandboxes' own folders (their tmp is world-writable, and theirs alone)
+NOT_WALKED = ("/proc", "/sys", "/var/lib/drumsbench")
 MAX_DEPTH = 6
 
 
