@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -339,18 +340,81 @@ def test_verifier_unavailable_when_libreoffice_is_gone(slot):
     assert env.inst is not None
     soffice = [int(p.split()[0]) for p in desktop_processes(str(env.inst.home)) if p.endswith("soffice.bin")]
     assert soffice
-    assert DesktopEnv._app_died(env.instance, wait_s=0.2) is None  # running: no evidence
+    assert DesktopEnv.instance_failed(env.instance, wait_s=0.2) is None  # running: no evidence
     for pid in soffice:
         os.kill(pid, signal.SIGKILL)
     # what a verifier whose UNO call broke mid-check looks for: LibreOffice's non-zero exit status
-    died = DesktopEnv._app_died(env.instance)
-    assert died is not None and "during the verifier's call" in died, died
+    # (its root exit wrapper's: soffice.bin killed -> oosplash exits 137, no restart)
+    died = DesktopEnv.instance_failed(env.instance, wait_s=2.0)
+    assert died is not None and "status 137" in died, died
+    assert not env.instance.app_running()
     env.stage_verifier(task)
     with pytest.raises(InvalidAttempt) as e:
         env.run_verifier(task, 20)
     assert e.value.cause is InvalidCause.VERIFIER_UNAVAILABLE
     rec = attempt(slot, "calc-bold-header", Oracle(), fault=InvalidCause.VERIFIER_UNAVAILABLE)
     assert (rec.outcome, rec.cause) == (Outcome.INVALID, InvalidCause.VERIFIER_UNAVAILABLE), rec.detail
+
+
+
+def _kill_soffice_after(env: DesktopEnv, delay_s: float) -> threading.Thread:
+    """SIGKILL the instance's soffice.bin from outside ``delay_s`` after the episode's first step
+    began (as the chaos run's ``desktop_kill`` does); the thread returns once it struck."""
+    def strike() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and (env.inst is None or env.step_count == 0):
+            time.sleep(0.02)
+        time.sleep(delay_s)
+        inst = env.inst
+        assert inst is not None
+        for p in desktop_processes(str(inst.home)):
+            if p.endswith("soffice.bin"):
+                os.kill(int(p.split()[0]), signal.SIGKILL)
+
+    t = threading.Thread(target=strike, daemon=True)
+    t.start()
+    return t
+
+
+def test_libreoffice_killed_under_a_step_that_awaits_a_title_is_invalid_not_the_policys_hang(slot):
+    """A chaos run's ``desktop_kill`` under an oracle's ``wait`` for a dialog's title: the title never
+    comes, and that is no hang of the policy's (before: a step timeout in a live sandbox, failed).
+    The evidence is LibreOffice's exit status 137 from its root exit wrapper."""
+    plan = [ActionSpec("key", {"keys": "ctrl+h"}), ActionSpec("wait", {"title": "^a window that never comes$"})]
+    striker = _kill_soffice_after(slot.env, 1.0)  # the kill lands during the wait
+    t0 = time.monotonic()
+    rec = attempt(slot, "writer-fix-typo", replay.Replay(plan),
+                  cfg=RolloutConfig(step_timeout_s=8, episode_timeout_s=60))
+    striker.join(10)
+    assert rec.outcome is Outcome.INVALID and rec.cause is InvalidCause.BAD_OBSERVATION, (rec.outcome, rec.detail)
+    assert "status 137" in rec.detail, rec.detail
+    assert time.monotonic() - t0 < 30  # seen at once, not after the step timeout
+    # what the rollout asks on a step or episode timeout (``_timed_out``) names the kill too
+    env = slot.env
+    assert isinstance(env, DesktopEnv) and env.inst is not None
+    assert "status 137" in (env.failure_evidence() or ""), env.failure_evidence()
+
+
+def test_a_status_file_the_policy_wrote_is_no_evidence_of_a_kill(slot):
+    """The exit status lies in the sandbox's tmp, which the policy's shell (its own uid) may write: a
+    137 it writes there is no evidence of a kill (a file of its uid). Positive control: LibreOffice
+    killed from outside afterwards; its exit wrapper replaces the file with its own (root's)."""
+    task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    slot.provision()
+    env.reset(task)
+    forge = 'f="$TMPDIR/.drumsbench-app-exit"; rm -f "$f"; echo 137 > "$f"; stat -c %u "$f"'
+    obs = env.step(Action.of(ActionSpec("shell", {"command": forge}), env.generation), 30)
+    inst = env.instance
+    assert obs.content["result"]["stdout"].strip() == str(inst.policy_uid), obs.content["result"]
+    assert inst.app_exit() is None and env.instance_failed(inst) is None and env.failure_evidence() is None
+    for p in desktop_processes(str(inst.home)):
+        if p.endswith("soffice.bin"):
+            os.kill(int(p.split()[0]), signal.SIGKILL)
+    died = env.instance_failed(inst, wait_s=5.0)
+    assert died is not None and "status 137" in died, died
+    assert os.stat(inst.app_exit_file).st_uid == 0
 
 
 # -- nothing left behind -------------------------------------------------------------------------------

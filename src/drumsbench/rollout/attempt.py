@@ -273,9 +273,11 @@ class _Episode:
         return Verdict.failed(reason)
 
     def _timed_out(self, cause: InvalidCause, what: str) -> None:
-        """Attribute a timeout: evidence from the sandbox's own state -> invalid; a live sandbox ->
-        the policy's hang (failed, the sandbox destroyed)."""
-        evidence = self.env.box.probe()
+        """Attribute a timeout: evidence out of the policy's reach -> invalid (the sandbox's own
+        state, ``Sandbox.probe``, and what the environment runs around it: a desktop whose
+        LibreOffice was killed under a step that awaited its window); none -> the policy's hang
+        (failed, the sandbox destroyed)."""
+        evidence = self.env.failure_evidence()
         if evidence:
             raise InvalidAttempt(cause, f"{what}: {evidence}")
         raise PolicyFault(f"{what} in a live sandbox (the policy's action hung)", destroy=True)

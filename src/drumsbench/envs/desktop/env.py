@@ -651,14 +651,23 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
     def _wait(self, p: dict[str, Any], deadline: float) -> Observation:
         if "title" in p:
             pattern = re.compile(str(p["title"]))
+            inst = self.instance
+            checked = time.monotonic()
             while True:
                 try:
-                    if pattern.search(self.instance.title()):
+                    if pattern.search(inst.title()):
                         return self._look(deadline)
                 except xcb.XTimeout as e:
                     return self._observation(None, False, f"frozen screen: {e}")
+                except xcb.XError as e:
+                    return self._observation(None, False, f"no screen: {e}")
                 if time.monotonic() >= deadline:
                     return self._observation(None, False, None, timed_out=True)
+                if time.monotonic() - checked >= 0.5:  # a killed LibreOffice shows no title, ever
+                    checked = time.monotonic()
+                    died = self.instance_failed(inst)
+                    if died:
+                        return self._observation(None, False, f"awaiting a title: {died}")
                 time.sleep(0.03)
         seconds = float(p.get("seconds", 0.1))
         if time.monotonic() + seconds > deadline:
@@ -715,8 +724,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         if verdict is None:
             # The runner reached LibreOffice; the task's check then read what the policy left. Only
             # the instance's or the sandbox's own failure makes this infrastructure.
-            evidence = None if inst.alive() else "the desktop instance died"
-            evidence = evidence or (self._app_died(inst) if code is None else None) or self.box.probe()
+            evidence = self.instance_failed(inst, wait_s=2.0 if code is None else 0.0) or self.box.probe()
             if evidence:
                 raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier gave no verdict: {evidence}")
             raise PolicyFault(f"the check gave no verdict on the document the policy left "
@@ -730,28 +738,33 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
     last_verdict: dict[str, Any] | None = None
 
     @staticmethod
-    def _app_died(inst: RunningDesktop, wait_s: float = 2.0) -> str | None:
-        """LibreOffice, running when the verifier started, has exited since with a status other than
-        0: killed or crashed under the verifier's call (its UNO bridge then fails mid-check). The
-        same evidence as a non-zero exit before the verifier: a policy's actions end LibreOffice
-        only by closing it (status 0). Its exit wrapper writes the status only once the dying
-        process is gone, so the status is awaited ``wait_s`` (called only when the check gave no
-        verdict); None when it still runs then, or exited 0."""
+    def instance_failed(inst: RunningDesktop, wait_s: float = 0.0) -> str | None:
+        """Evidence out of the policy's reach that the desktop failed under the attempt: the instance
+        died (its holder, pid 1 and root, ends it when Xvfb dies), or LibreOffice exited with a
+        status other than 0 (killed or crashed) as its root exit wrapper recorded it
+        (``RunningDesktop.app_exit``: a file the policy's uid wrote is not taken). A policy's keys
+        end LibreOffice only by closing it (status 0: a valid end), its shell cannot signal root's
+        processes. Polled for ``wait_s``: the wrapper writes the status once the dying process is
+        gone, and the holder exits a moment after Xvfb; None when nothing shows by then."""
         end = time.monotonic() + wait_s
         while True:
-            after = inst.app_exit()
-            if after is not None:
-                return None if after == 0 else \
-                    f"LibreOffice exited with status {after} during the verifier's call (crashed or killed)"
+            if not inst.alive():
+                return "the desktop instance died (its X server or holder is gone)"
+            code = inst.app_exit()
+            if code is not None and code != 0:
+                return f"LibreOffice exited with status {code} (crashed or killed)"
             if time.monotonic() >= end:
                 return None
             time.sleep(0.05)
 
     def failure_evidence(self) -> str | None:
-        """The instance (Xvfb, LibreOffice, the holder: root, out of the policy's reach) died, or
-        the sandbox's own records."""
-        if self.inst is not None and not self.inst.alive():
-            return "the desktop instance died"
+        """The instance (Xvfb, the holder: root, out of the policy's reach) died or LibreOffice was
+        killed (``instance_failed``), or the sandbox's own records. The rollout asks it when a step
+        failed or timed out: a title awaited from a killed LibreOffice never comes."""
+        if self.inst is not None:
+            evidence = self.instance_failed(self.inst)
+            if evidence:
+                return evidence
         return super().failure_evidence()
 
     # -- branching: the live state a continuation must reproduce ------------------------------------

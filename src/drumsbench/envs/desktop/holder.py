@@ -135,8 +135,10 @@ def main() -> int:
     app = list(cfg.get("app") or ["true"])
     if cfg.get("app_exit_file"):
         # a shell waits for the application and writes its exit status: 0 when the user (the
-        # policy) closed it, anything else when it crashed or was killed
-        app = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', cfg["app_exit_file"], *app]
+        # policy) closed it, anything else when it crashed or was killed. The file is made anew
+        # (noclobber: O_EXCL, no link followed): one the policy's shell put there first goes, and
+        # the status file is always root's (the harness takes no other as evidence)
+        app = ["/bin/sh", "-c", '"$@"; s=$?; rm -f "$0"; set -C; echo $s > "$0"', cfg["app_exit_file"], *app]
     if cfg.get("wm_first", True):
         # the application starts once openbox manages windows (openbox runs --startup then)
         subprocess.Popen(["openbox", "--startup", shlex.join(app)], env=env,

@@ -452,6 +452,14 @@ class DesktopInstance(RunningDesktop):
                 with contextlib.suppress(OSError):
                     if stat.S_ISSOCK(os.lstat(path).st_mode):
                         os.unlink(path)
+        elif self.inside_root is None and not self.in_init and all(dst != "/tmp" for _, dst in self._binds()):
+            # a sandbox below the host's /tmp keeps the host's /tmp (``_binds``): LibreOffice's
+            # single-instance pipe is made there, and one killed (not closed) leaves it behind. Its
+            # name is this profile's (no other instance's); the instance is dead by now.
+            pipe = f"/tmp/{single_office_pipe(os.getuid(), self.profile_inside.as_uri())}"
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(os.lstat(pipe).st_mode):
+                    os.unlink(pipe)
         if self._x11_claimed:
             self._x11_claimed = False
             _HOST_X11.release()
@@ -484,11 +492,23 @@ class DesktopInstance(RunningDesktop):
                              + (f": {said}" if said else ""))
 
     def app_exit(self) -> int | None:
-        """LibreOffice's exit status once it has exited (0: closed by the user), else None."""
+        """LibreOffice's exit status once it has exited (0: closed by the user), else None. Only
+        as its exit wrapper (root) wrote it: the file lies in the sandbox's tmp, where the policy's
+        shell (its own uid) may put one of its own, never one owned by another uid; a file of the
+        policy's uid, or a link, is no status."""
         try:
-            return int(self.app_exit_file.read_text().strip() or "-1")
+            fd = os.open(self.app_exit_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (self.policy_uid is not None and st.st_uid == self.policy_uid):
+                return None
+            return int(os.read(fd, 64).decode(errors="replace").strip() or "-1")
         except (OSError, ValueError):
             return None
+        finally:
+            os.close(fd)
 
     def app_running(self) -> bool:
         """Is a LibreOffice process (``soffice.bin``) alive in this instance's pid namespace?"""
@@ -512,7 +532,10 @@ class DesktopInstance(RunningDesktop):
     def alive(self) -> bool:
         if self.restored or self.in_init:
             return self.holder_pid is not None and _running(self.holder_pid)
-        return self.proc is not None and self.proc.poll() is None
+        # the holder itself, not only its launcher: ``unshare`` exits a moment after it (while it
+        # lives the holder's pid, a zombie at worst, cannot be another process's)
+        return self.proc is not None and self.proc.poll() is None and \
+            (self.holder_pid is None or _running(self.holder_pid))
 
     def stop(self) -> None:
         """Kill the whole instance (SIGKILL to the namespace's pid 1) and reap it. Idempotent."""
