@@ -6,6 +6,9 @@ The model name picks the behaviour:
 - ``rate-limited`` (429), ``broken`` (500), ``unauthorized`` (401), ``too-long`` (400);
 - ``slow``: answers after ``SLOW_S`` seconds;
 - ``no-tool``, ``unknown-tool``, ``bad-args``: well-formed answers that are not valid actions;
+- ``args-object``, ``name-list``: a tool call whose arguments are an object or whose name is a list
+  (the model's malformed step); ``usage-string``, ``choices-object``: an envelope that is not a chat
+  completion's (token counts that are not numbers, choices that are not a list: the endpoint's);
 - ``not-json``: a 200 whose body is not JSON.
 ``requests[model]`` counts the requests each model received (the client's retries included).
 """
@@ -86,6 +89,15 @@ class LoopbackOpenAI:
             return 200, {}, self._completion(model, call=("rm_everything", "{}"))
         if model == "bad-args":
             return 200, {}, self._completion(model, call=("shell", "{not json"))
+        if model == "args-object":  # arguments as an object, not the JSON string the API promises
+            return 200, {}, self._completion(model, call=("shell", {"command": "ls"}))
+        if model == "name-list":
+            return 200, {}, self._completion(model, call=(["shell"], "{}"))
+        if model == "usage-string":
+            return 200, {}, {**self._completion(model, call=("shell", '{"command": "ls"}')),
+                             "usage": {"prompt_tokens": "many", "completion_tokens": 20}}
+        if model == "choices-object":
+            return 200, {}, {**self._completion(model, call=("shell", '{"command": "ls"}')), "choices": {"0": {}}}
         task = self.tasks[messages[1]["content"].removeprefix("Task: ")]
         plan = task.oracle_plan()
         i = turns - (1 if model == "flaky-oracle" else 0)
@@ -93,7 +105,7 @@ class LoopbackOpenAI:
         return 200, {}, self._completion(model, call=(spec.kind, json.dumps(spec.payload)))
 
     @staticmethod
-    def _completion(model: str, content: str | None = None, call: tuple[str, str] | None = None) -> dict[str, Any]:
+    def _completion(model: str, content: str | None = None, call: tuple[Any, Any] | None = None) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if call is not None:
             message["tool_calls"] = [{"id": f"call_{time.monotonic_ns()}", "type": "function",

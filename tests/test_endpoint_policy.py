@@ -70,7 +70,8 @@ def test_a_bad_answer_is_a_failed_step_the_policy_sees_and_the_attempt_goes_on(e
 
 
 @pytest.mark.parametrize("model,problem", [("no-tool", "called no tool"), ("unknown-tool", "unknown tool"),
-                                           ("bad-args", "not JSON")])
+                                           ("bad-args", "not JSON"), ("args-object", "not a JSON string (a dict)"),
+                                           ("name-list", "unknown tool [\"shell\"]")])
 def test_answers_that_are_not_actions_are_the_policys_failure(endpoint, state_dir, run_id, model, problem):
     rec = attempt(state_dir, run_id, EndpointPolicy(endpoint.url, model, timeout_s=10, retries=0))
     assert rec.outcome is Outcome.FAILED and rec.reward == 0.0, rec.detail
@@ -79,7 +80,7 @@ def test_answers_that_are_not_actions_are_the_policys_failure(endpoint, state_di
 
 
 @pytest.mark.parametrize("model,requests", [("rate-limited", 3), ("broken", 3), ("unauthorized", 1),
-                                            ("not-json", 1)])
+                                            ("not-json", 1), ("usage-string", 1), ("choices-object", 1)])
 def test_endpoint_faults_after_bounded_retries_are_policy_unavailable(endpoint, state_dir, run_id, model, requests):
     before = endpoint.requests[model]
     rec = attempt(state_dir, run_id, EndpointPolicy(endpoint.url, model, timeout_s=10, retries=2))

@@ -149,20 +149,31 @@ class EndpointPolicy(Policy):
         self._tool_call_id, self._problem = None, None
         answer = self._call()
         msg = answer.choices[0].message
-        calls = msg.tool_calls or []
+        content = msg.content if isinstance(msg.content, str) else ""
+        calls = msg.tool_calls if isinstance(msg.tool_calls, list) else []
         if not calls:
-            self.messages.append({"role": "assistant", "content": msg.content or ""})
+            self.messages.append({"role": "assistant", "content": content})
             return self._malformed(obs, "the answer called no tool")
+        # What the model generated is read by type, never trusted to be what the API promises (the
+        # client builds its objects without validating them): a wrong type is the model's malformed
+        # step, which it is told about, never a Python error blamed on the infrastructure.
         call = calls[0]
-        self.messages.append({"role": "assistant", "content": msg.content or "", "tool_calls": [{
-            "id": call.id, "type": "function",
-            "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
-        self._tool_call_id = call.id
-        name = call.function.name
-        if name not in REQUIRED:
-            return self._malformed(obs, f"unknown tool {name!r}; the tools are {', '.join(REQUIRED)}")
+        function = getattr(call, "function", None)
+        call_id = getattr(call, "id", None)
+        name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        call_id = call_id if isinstance(call_id, str) and call_id else f"call_{len(self.calls)}"
+        shown_name = name if isinstance(name, str) else json.dumps(name, default=str)[:80]
+        shown_args = arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)[:2000]
+        self.messages.append({"role": "assistant", "content": content, "tool_calls": [{
+            "id": call_id, "type": "function", "function": {"name": shown_name, "arguments": shown_args}}]})
+        self._tool_call_id = call_id
+        if not isinstance(name, str) or name not in REQUIRED:
+            return self._malformed(obs, f"unknown tool {shown_name}; the tools are {', '.join(REQUIRED)}")
+        if arguments is not None and not isinstance(arguments, str):
+            return self._malformed(obs, f"the arguments of {name} are not a JSON string "
+                                        f"(a {type(arguments).__name__})")
         try:
-            args = json.loads(call.function.arguments or "{}")
+            args = json.loads(arguments or "{}")
         except json.JSONDecodeError as e:
             return self._malformed(obs, f"the arguments of {name} are not JSON ({e.msg})")
         if not isinstance(args, dict):
@@ -200,11 +211,18 @@ class EndpointPolicy(Policy):
         except (oa.OpenAIError, ValueError) as e:  # an answer that is not a chat completion
             raise self._unavailable(entry, t0, f"{type(e).__name__}: {str(e)[:200]}") from None
         entry["latency_s"] = round(time.monotonic() - t0, 4)
-        if not getattr(answer, "choices", None) or getattr(answer.choices[0], "message", None) is None:
+        # The envelope is the endpoint's: one that is not a chat completion is the endpoint's fault
+        # (policy_unavailable), whatever the client made of it.
+        choices = getattr(answer, "choices", None)
+        if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
             raise self._unavailable(entry, t0, "the answer is not a chat completion (no choices)")
         usage = getattr(answer, "usage", None)
-        entry["prompt_tokens"] = int(getattr(usage, "prompt_tokens", 0) or 0)
-        entry["completion_tokens"] = int(getattr(usage, "completion_tokens", 0) or 0)
+        tokens = {k: getattr(usage, k, 0) if usage is not None else 0 for k in ("prompt_tokens", "completion_tokens")}
+        bad = {k: v for k, v in tokens.items() if v is not None and (type(v) is not int or v < 0)}
+        if bad:
+            raise self._unavailable(entry, t0, "the answer's usage is not token counts: "
+                                               + ", ".join(f"{k}={v!r}"[:60] for k, v in bad.items()))
+        entry.update({k: v or 0 for k, v in tokens.items()})
         return answer
 
     def _unavailable(self, entry: dict[str, Any], t0: float, what: str) -> PolicyUnavailable:
