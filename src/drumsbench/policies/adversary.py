@@ -205,6 +205,9 @@ _FILL_WAIT = ("i=0; while [ ! -e \"$TMPDIR/fill.done\" ] && [ $i -lt 20 ]; do sl
 # Shell commands run as actions during the episode (before the submit).
 SHELL: dict[str, list[str]] = {
     "lose_end_marker": [_LOSE_MARKER] * 40,
+    # where the command is the container's root: the next step's outer shell cannot start (the
+    # runtime's own 127, not the shell's status), and the next attempt's in-place reset cannot run
+    "remove_outer_shell": ["rm -f /bin/sh /usr/bin/sh 2>&1; echo removed", "echo next"],
     "fill_memory": [_FILL_MEMORY, *[_FILL_WAIT] * 8],
     "background_rewrites_verifier": [
         "mkdir -p ../verify && cat > ../forged_runner.py <<'EOF'\n"

@@ -178,7 +178,8 @@ class _Episode:
         self.slot, self.env, self.task, self.policy, self.cfg = slot, slot.env, task, policy, cfg
         self.canaries, self.rng, self.inject, self.prepared = canaries, rng, injector, prepared
         self.phases: dict[str, float] = {}
-        self.reset_note: dict[str, object] = {}  # a reset by restore: how it went (recorded in extra)
+        # a reset by restore, or an in-place reset that failed and was replaced: how it went (in extra)
+        self.reset_note: dict[str, object] = {}
         self.verify_note: dict[str, object] = {}  # how the verifier reached its verdict (recorded in extra)
         self.steps: list[float] = []
         self.token: str | None = None
@@ -302,7 +303,15 @@ class _Episode:
         else:
             t0 = time.monotonic()
             if strategy is ResetStrategy.IN_PLACE:
-                slot.sandbox.reset_in_place()
+                try:
+                    slot.sandbox.reset_in_place()
+                except SubstrateError as e:
+                    # An earlier attempt may have spoiled what the reset runs inside (a container's
+                    # root removed /bin/sh): its sabotage must not reach this attempt. A fresh
+                    # sandbox instead; a substrate that cannot make one fails here, as always.
+                    self.reset_note = {"reset_in_place_failed": str(e)[:200]}
+                    slot.destroy()
+                    slot.provision()
             else:
                 slot.destroy()
                 slot.provision()
