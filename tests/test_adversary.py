@@ -30,7 +30,8 @@ EVERY = ("process", "docker")
 SAMPLE = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "output_after_marker", "exec_away",
           "kill_own_shells", "hang_step", "stop_own_step", "delete_own_folders", "leak_own_canary",
           "read_neighbours", "background_rewrites_verifier", "plant_links", "write_through_link",
-          "many_processes_then_hang", "fill_disk", "fake_missing_dependency", "plant_fifos"]
+          "many_processes_then_hang", "fill_disk", "lose_end_marker", "fill_memory",
+          "remove_outer_shell", "fake_missing_dependency", "plant_fifos"]
 
 
 def _play(substrate: str, strategies: list[str], state_dir, run_id, cfg: RolloutConfig = CFG, workers: int = 1):

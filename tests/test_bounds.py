@@ -27,6 +27,10 @@ def test_limits_setting_defaults_off_and_bad_input():
     assert SandboxLimits.from_env({}) == SandboxLimits(2048, 4096, 4096)
     env = {LIMIT_VARS["pids"]: "100", LIMIT_VARS["memory_mb"]: "0", LIMIT_VARS["disk_mb"]: " "}
     assert SandboxLimits.from_env(env) == SandboxLimits(100, None, 4096)
+    # the disk bound enforced stays below the memory bound by the verifier's reserve (never below half)
+    assert SandboxLimits().disk_bound_mb == 3584 and "kept 512 MiB below" in SandboxLimits().describe()
+    assert SandboxLimits(64, 128, 64).disk_bound_mb == 64 and SandboxLimits(64, 128, 100).disk_bound_mb == 64
+    assert SandboxLimits(100, None, 4096).disk_bound_mb == 4096 and SandboxLimits(1, 1024, None).disk_bound_mb is None
     for bad in ("-1", "lots", "1.5"):
         with pytest.raises(UsageError) as e:
             SandboxLimits.from_env({LIMIT_VARS["disk_mb"]: bad})

@@ -111,6 +111,31 @@ def test_timeouts_destroy_the_sandbox(state_dir, run_id):
         slot.destroy()
 
 
+@pytest.mark.parametrize("cause", list(InvalidCause), ids=lambda c: c.value)
+def test_a_sandbox_that_ended_an_attempt_invalid_is_never_handed_on(cause, state_dir, run_id):
+    """Whatever the cause, the sandbox of an invalid attempt is destroyed and the next attempt gets
+    a new one (a dead container once went on to the next attempt after a bad_observation, whose
+    correct fix then ended invalid/substrate_failure with 0 steps)."""
+    if cause in (InvalidCause.STEP_TIMEOUT, InvalidCause.EPISODE_TIMEOUT):
+        pytest.skip("test_timeouts_destroy_the_sandbox")
+    slot = slot_on("process", run_id, state_dir)
+    task = load_suite(MINI)[0]
+    canaries = CanaryRegistry()
+    try:
+        run_attempt(slot, task, make_policy("oracle"), FAST, canaries, run_id=run_id, seq=0, seed=0)
+        first = slot.sandbox
+        rec = run_attempt(slot, task, make_policy("oracle"), FAST, canaries, run_id=run_id, seq=1, seed=0, fault=cause)
+        assert rec.cause is cause, rec.detail
+        assert slot.sandbox is None and first is not None
+        with pytest.raises(Exception, match="destroyed"):
+            first.exec("true", timeout=1)
+        after = run_attempt(slot, task, make_policy("oracle"), FAST, canaries, run_id=run_id, seq=2, seed=0)
+        assert after.outcome is Outcome.SUCCESS, after.detail
+        assert slot.sandbox is not None and slot.sandbox.id != first.id
+    finally:
+        slot.destroy()
+
+
 @pytest.mark.parametrize("strategy", list(ResetStrategy))
 def test_reset_strategies_both_verify(strategy, state_dir, run_id):
     slot = slot_on("process", run_id, state_dir)

@@ -179,8 +179,55 @@ raise ModuleNotFoundError("No module named 'drumsbench_faked_dependency'", name=
 """,
 }
 
+# ``lose_end_marker``: the step's stdout is one open pipe shared with the harness's outer shell;
+# the command makes it non-blocking, shrinks the pipe to a page and keeps it full (CPU hogs slow
+# the reader) within the output limit, so the outer shell's end-marker write can fail (EAGAIN).
+# Each step races the harness's reader: a few per cent of steps win, so the strategy runs many.
+_LOSE_MARKER = """exec python3 - <<'DRUMSBENCH_PY'
+import fcntl, os, time
+fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)
+try:
+    fcntl.fcntl(1, 1031, 4096)  # F_SETPIPE_SZ
+except OSError:
+    pass
+for _ in range(4):
+    if os.fork() == 0:
+        os.setsid()
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+budget = 14000  # under the observation's limit: a truncated output is not a lost marker
+def fill():
+    global budget
+    for size in (4096, 512, 64, 8, 1):
+        while budget > 0:
+            try:
+                budget -= os.write(1, b"x" * min(size, budget))
+            except BlockingIOError:
+                break
+fill()
+if os.fork() == 0:
+    end = time.monotonic() + 0.3
+    while budget > 0 and time.monotonic() < end:
+        fill()
+os._exit(0)
+DRUMSBENCH_PY"""
+
+# ``fill_memory``: the sandbox's tmpfs (its disk bound, whose pages its memory group is charged for)
+# filled to the brim by a detached writer, then waited for; nothing of it runs at the verifier.
+_FILL_MEMORY = ("setsid nohup sh -c 'dd if=/dev/zero of=\"$TMPDIR/fill\" bs=1M 2>\"$TMPDIR/fill.err\"; "
+                "echo $? > \"$TMPDIR/fill.done\"' >/dev/null 2>&1 & echo started")
+_FILL_WAIT = ("i=0; while [ ! -e \"$TMPDIR/fill.done\" ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; "
+              "du -sm \"$TMPDIR/fill\" 2>&1; cat \"$TMPDIR/fill.err\" 2>/dev/null | tail -1")
+
 # Shell commands run as actions during the episode (before the submit).
 SHELL: dict[str, list[str]] = {
+    "lose_end_marker": [_LOSE_MARKER] * 40,
+    # where the command is the container's root: the next step's outer shell cannot start (the
+    # runtime's own 127, not the shell's status), and the next attempt's in-place reset cannot run
+    "remove_outer_shell": ["rm -f /bin/sh /usr/bin/sh 2>&1; echo removed", "echo next"],
+    "fill_memory": [_FILL_MEMORY, *[_FILL_WAIT] * 8],
     "background_rewrites_verifier": [
         "mkdir -p ../verify && cat > ../forged_runner.py <<'EOF'\n"
         f"print('DRUMSBENCH_READY ' + '0' * 64)\nprint('DRUMSBENCH_VERDICT ' + '0' * 64 + ' ' + {FORGED!r})\n"

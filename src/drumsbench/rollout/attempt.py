@@ -14,8 +14,11 @@ test does during verification is reported by the runner (``PolicyFault``: failed
 Faults are injected by the attempt's ``faults.Injector`` at fixed points; this module has no
 branch per injected cause.
 
-After a timeout, a substrate failure, contamination or a verifier fault the sandbox is destroyed,
-never reused, so no straggling process can race the next verifier.
+A sandbox that ended an attempt invalid (whatever the cause) is destroyed, never handed to the
+next attempt: an invalid attempt is one the harness could not account for, and whatever made it
+so (a dead container, a spoiled shell, a full memory group, a straggling process) must not reach
+the successor's outcome. So is one the policy's own doing ended early (``PolicyFault.destroy``:
+a hang, a dead container).
 """
 
 from __future__ import annotations
@@ -45,14 +48,6 @@ from drumsbench.rollout import gates
 from drumsbench.rollout.faults import Injector, injector_for
 from drumsbench.rollout.isolation import CanaryRegistry, plant
 from drumsbench.substrates.base import ResetStrategy, Sandbox, SandboxFrozen, Substrate
-
-DESTROY_AFTER = {
-    InvalidCause.STEP_TIMEOUT,
-    InvalidCause.EPISODE_TIMEOUT,
-    InvalidCause.SUBSTRATE_FAILURE,
-    InvalidCause.CONTAMINATION,
-    InvalidCause.VERIFIER_UNAVAILABLE,
-}
 
 
 class RolloutConfig(BaseModel, frozen=True):
@@ -138,7 +133,7 @@ def run_attempt(
     if ep.token:
         canaries.retire(ep.token)
     teardown = 0.0
-    if verdict.cause in DESTROY_AFTER or destroy:
+    if verdict.outcome is Outcome.INVALID or destroy:
         try:
             teardown = slot.destroy()
         except Exception as e:  # the attempt stays invalid; say that the destroy failed too
@@ -183,7 +178,8 @@ class _Episode:
         self.slot, self.env, self.task, self.policy, self.cfg = slot, slot.env, task, policy, cfg
         self.canaries, self.rng, self.inject, self.prepared = canaries, rng, injector, prepared
         self.phases: dict[str, float] = {}
-        self.reset_note: dict[str, object] = {}  # a reset by restore: how it went (recorded in extra)
+        # a reset by restore, or an in-place reset that failed and was replaced: how it went (in extra)
+        self.reset_note: dict[str, object] = {}
         self.verify_note: dict[str, object] = {}  # how the verifier reached its verdict (recorded in extra)
         self.steps: list[float] = []
         self.token: str | None = None
@@ -309,7 +305,15 @@ class _Episode:
         else:
             t0 = time.monotonic()
             if strategy is ResetStrategy.IN_PLACE:
-                slot.sandbox.reset_in_place()
+                try:
+                    slot.sandbox.reset_in_place()
+                except SubstrateError as e:
+                    # An earlier attempt may have spoiled what the reset runs inside (a container's
+                    # root removed /bin/sh): its sabotage must not reach this attempt. A fresh
+                    # sandbox instead; a substrate that cannot make one fails here, as always.
+                    self.reset_note = {"reset_in_place_failed": str(e)[:200]}
+                    slot.destroy()
+                    slot.provision()
             else:
                 slot.destroy()
                 slot.provision()

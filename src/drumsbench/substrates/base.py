@@ -47,13 +47,25 @@ class SandboxLimits:
 
     ``pids``: processes (and threads) at once; ``memory_mb``: resident memory in MiB, including a
     sandbox's tmpfs pages; ``disk_mb``: what the sandbox may write, in MiB. Each substrate states
-    its mechanism per bound (``Substrate.limit_mechanisms``; docs/substrates.md has the table); a
+    its mechanism per bound (``Substrate.limit_mechanisms``; docs/substrates.md has the table); the
+    disk bound enforced is ``disk_bound_mb`` (below the memory bound by the verifier's reserve); a
     bound the substrate cannot enforce on this host is named there as not enforced, never claimed.
     The settings are environment variables (``LIMIT_VARS``; ``0`` turns a bound off)."""
 
     pids: int | None = 2048
     memory_mb: int | None = 4096
     disk_mb: int | None = 4096
+
+    @property
+    def disk_bound_mb(self) -> int | None:
+        """The disk bound a substrate enforces: ``disk_mb``, but with the memory bound on at most
+        ``memory_mb - VERIFIER_RESERVE_MB`` (never below half the memory bound). A tmpfs disk bound's
+        pages are charged to the sandbox's memory group, and the verifier runs in that group after the
+        policy's turn: filled to the brim, the group would leave the verifier nothing (an escape from
+        a 0: the policy's own writes made the verification impossible). The reserve keeps it room."""
+        if self.disk_mb is None or self.memory_mb is None:
+            return self.disk_mb
+        return min(self.disk_mb, max(self.memory_mb - VERIFIER_RESERVE_MB, self.memory_mb // 2))
 
     @classmethod
     def off(cls) -> SandboxLimits:
@@ -86,8 +98,19 @@ class SandboxLimits:
         def one(v: int | None, unit: str) -> str:
             return "off" if v is None else f"{v}{unit}"
         return (f"pids {one(self.pids, '')}, memory {one(self.memory_mb, ' MiB')}, "
-                f"disk {one(self.disk_mb, ' MiB')}")
+                f"disk {one(self.disk_bound_mb, ' MiB')}{self.reserve_note()}")
 
+    def reserve_note(self) -> str:
+        """"" or, when the disk bound is below its setting, a parenthesis saying why."""
+        bound = self.disk_bound_mb
+        if bound == self.disk_mb or bound is None or self.memory_mb is None:
+            return ""
+        return (f" (the setting {self.disk_mb} MiB, kept {self.memory_mb - bound} MiB below the memory bound "
+                "for the verifier)")
+
+
+# MiB of the memory bound the disk bound leaves free for the verifier (``SandboxLimits.disk_bound_mb``).
+VERIFIER_RESERVE_MB = 512
 
 LIMIT_VARS = {"pids": "DRUMSBENCH_LIMIT_PIDS", "memory_mb": "DRUMSBENCH_LIMIT_MEMORY_MB",
               "disk_mb": "DRUMSBENCH_LIMIT_DISK_MB"}

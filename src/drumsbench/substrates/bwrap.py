@@ -265,8 +265,8 @@ class BwrapSubstrate(Substrate):
         root = self._folder / sid
         try:
             root.mkdir(parents=True)
-            if self.limits.disk_mb is not None and self.freezer:
-                mount_limited(root, self.limits.disk_mb)  # /sandbox and /tmp inside
+            if self.limits.disk_bound_mb is not None and self.freezer:
+                mount_limited(root, self.limits.disk_bound_mb)  # /sandbox and /tmp inside
             for sub in SANDBOX_FOLDERS:
                 (root / sub).mkdir()
             (root / "tmp").chmod(0o1777)

@@ -190,8 +190,9 @@ def host_limit_mechanisms(limits: SandboxLimits, cgroups: bool, disk_scope: str)
         value = getattr(limits, field)
         out[field] = ("off (setting)" if value is None else
                       f"{value}: {what}" if ok else "not enforced: the v1 pids/memory hierarchies are missing")
-    out["disk_mb"] = ("off (setting)" if limits.disk_mb is None else
-                      f"{limits.disk_mb} MiB: a tmpfs of that size on {disk_scope}; ENOSPC inside it")
+    out["disk_mb"] = ("off (setting)" if limits.disk_bound_mb is None else
+                      f"{limits.disk_bound_mb} MiB{limits.reserve_note()}: a tmpfs of that size on {disk_scope}; "
+                      "ENOSPC inside it")
     return out
 
 
@@ -564,8 +565,8 @@ class ProcessSubstrate(Substrate):
         try:
             _make_reachable(root.parent)
             root.mkdir(mode=0o755)
-            if self.limits.disk_mb is not None and self.freezer:
-                mount_limited(root, self.limits.disk_mb)
+            if self.limits.disk_bound_mb is not None and self.freezer:
+                mount_limited(root, self.limits.disk_bound_mb)
             if self.separate_uids:
                 lease = UidLease.acquire(self.run_id, f"{self.name}-{sid}", root)
             if self.freezer:

@@ -78,7 +78,7 @@ def limit_mechanisms(limits: SandboxLimits, disk: str) -> dict[str, str]:
         "pids": on(limits.pids, f"{limits.pids}: the container's pids cgroup (--pids-limit)"),
         "memory_mb": on(limits.memory_mb, f"{limits.memory_mb} MiB: the container's memory cgroup (--memory; "
                                           "OOM kill inside it)"),
-        "disk_mb": on(limits.disk_mb, disk),
+        "disk_mb": on(limits.disk_bound_mb, disk + limits.reserve_note()),
     }
 
 

@@ -183,8 +183,14 @@ class DockerSandbox(C.ContainerSandbox):
                 sock.close()
         code = -9 if timed_out else self._exit_code(eid)
         if code == 126 and not err and out.startswith(b"OCI runtime exec failed"):
-            # The runtime could not start the program: say so on stderr, as a shell (and podman)
-            # would, with 127 when it does not exist.
+            # The runtime could not start the program. In a container that stopped meanwhile
+            # ("cannot exec in a stopped container") that is the sandbox's failure, never the
+            # command's status: raised, for the caller to attribute from the engine's record (a
+            # container its own memory limit killed is the policy's doing). Else say so on stderr,
+            # as a shell (and podman) would, with 127 when the program does not exist.
+            if not self._running():
+                raise SubstrateError(f"docker: sandbox {self.id} ({self.container_id[:12]}): the container "
+                                     f"stopped under the exec: {C.decode_tail(out)}")
             out, err = b"", out
             totals = [0, len(err)]
             if b"not found" in err or b"no such file" in err:
@@ -198,6 +204,13 @@ class DockerSandbox(C.ContainerSandbox):
             timed_out=timed_out,
             duration_s=time.monotonic() - t0,
         )
+
+    def _running(self) -> bool:
+        """The engine's record: does the container run? (False also when the engine does not know it.)"""
+        try:
+            return bool(self._api.inspect_container(self.container_id)["State"].get("Running"))
+        except _api_errors():
+            return False
 
     @staticmethod
     def _send_stdin(raw: socket.socket, data: bytes) -> None:
@@ -487,7 +500,7 @@ class DockerSubstrate(C.ContainerSubstrate):
     def disk_mode(self) -> tuple[str, str]:
         """("quota" | "tmpfs" | "none", the mechanism's text), decided once."""
         if self._disk is None:
-            lim = self.limits.disk_mb
+            lim = self.limits.disk_bound_mb
             quota = self.disk_quota()
             tmpfs = None if quota is None else self.disk_tmpfs()
             if quota is None:
@@ -567,13 +580,13 @@ class DockerSubstrate(C.ContainerSubstrate):
                                "pids_limit": lim.pids if lim.pids is not None else -1}
         if lim.memory_mb is not None:
             cfg["mem_limit"] = f"{lim.memory_mb}m"
-        if lim.disk_mb is not None and self.disk_mode()[0] == "quota":
-            cfg["storage_opt"] = {"size": f"{lim.disk_mb}m"}
+        if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
+            cfg["storage_opt"] = {"size": f"{lim.disk_bound_mb}m"}
         return cfg
 
     def _bound_disk(self, cid: str, sid: str) -> None:
         """The tmpfs disk bound over the created (not started) container's layer folder."""
-        if self.limits.disk_mb is None or self.disk_mode()[0] != "tmpfs":
+        if self.limits.disk_bound_mb is None or self.disk_mode()[0] != "tmpfs":
             return
         errors: tuple[type[BaseException], ...] = (KeyError, TypeError, *_api_errors())
         try:
@@ -581,7 +594,7 @@ class DockerSubstrate(C.ContainerSubstrate):
             upper, work = Path(data["UpperDir"]), Path(data["WorkDir"])
         except errors as e:
             raise SubstrateError(f"docker: cannot find the layer folder of {cid[:12]}: {e}") from e
-        C.bound_container_layer("docker", cid, upper, work, self.limits.disk_mb, C.disk_source(self.run_id, sid))
+        C.bound_container_layer("docker", cid, upper, work, self.limits.disk_bound_mb, C.disk_source(self.run_id, sid))
 
     def _containers(self, label: str) -> list[dict[str, Any]]:
         return self.client.api.containers(all=True, filters={"label": label})

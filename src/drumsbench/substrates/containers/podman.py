@@ -457,7 +457,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
         """("quota" | "tmpfs" | "none", the mechanism's text): podman's own quota where its storage
         takes one, else (root: podman is a CLI in this mount namespace) a tmpfs of the bound's size
         over the container's layer folder, mounted between ``podman create`` and ``podman start``."""
-        lim = self.limits.disk_mb
+        lim = self.limits.disk_bound_mb
         quota = self.disk_quota()
         if quota is None:
             return "quota", f"{lim} MiB: --storage-opt size (the storage's per-container quota)"
@@ -476,8 +476,8 @@ class PodmanSubstrate(C.ContainerSubstrate):
         args = ["--pids-limit", str(lim.pids if lim.pids is not None else -1)]
         if lim.memory_mb is not None:
             args += ["--memory", f"{lim.memory_mb}m"]
-        if lim.disk_mb is not None and self.disk_mode()[0] == "quota":
-            args += ["--storage-opt", f"size={lim.disk_mb}m"]
+        if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
+            args += ["--storage-opt", f"size={lim.disk_bound_mb}m"]
         return args
 
     @classmethod
@@ -561,7 +561,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
     def _bound_disk(self, cid: str, sid: str) -> Path | None:
         """The tmpfs disk bound over the created (not started) container's layer folder; returns
         that folder (None: no tmpfs bound)."""
-        if self.limits.disk_mb is None or self.disk_mode()[0] != "tmpfs":
+        if self.limits.disk_bound_mb is None or self.disk_mode()[0] != "tmpfs":
             return None
         proc = podman(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}} {{.GraphDriver.Data.WorkDir}}",
                        cid], check=False)
@@ -569,7 +569,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
         if proc.returncode != 0 or len(parts) != 2:
             raise SubstrateError(f"podman: cannot find the layer folder of {cid[:12]}: {C.decode_tail(proc.stderr)}")
         upper, work = Path(parts[0]), Path(parts[1])
-        return C.bound_container_layer("podman", cid, upper, work, self.limits.disk_mb,
+        return C.bound_container_layer("podman", cid, upper, work, self.limits.disk_bound_mb,
                                        C.disk_source(self.run_id, sid))
 
     def raw_floor(self) -> list[str] | None:

@@ -18,7 +18,7 @@ next) until reset, snapshot or destroy.
 
 The overlay and its submounts exist only in the holder's private mount namespace and vanish
 with it, however the run ends. Holders die with the fork server, which dies when the harness
-closes its stdin (also on a crash). The one host mount is the disk bound (``limits.disk_mb``,
+closes its stdin (also on a crash). The one host mount is the disk bound (``limits.disk_bound_mb``,
 on by default): a tmpfs of that size on the sandbox's folder ``sb/<id>``, which holds its upper
 and work layers, so that everything the sandbox writes ends at ENOSPC there; ``destroy``,
 ``close`` and ``gc`` (after a crash) unmount it. With the bound on, ``snapshot()`` copies the
@@ -140,9 +140,9 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
         self.cgroup = cgroup
         try:
             self._dir.mkdir(parents=True)
-            if sub.limits.disk_mb is not None and sub.freezer:
+            if sub.limits.disk_bound_mb is not None and sub.freezer:
                 # the disk bound: upper and work layers live on a tmpfs of that size
-                mount_limited(self._dir, sub.limits.disk_mb)
+                mount_limited(self._dir, sub.limits.disk_bound_mb)
             (self._dir / "m").mkdir()
         except (OSError, SubstrateError) as e:
             unmount_below(self._dir)
