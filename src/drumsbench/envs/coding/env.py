@@ -28,7 +28,6 @@ policy runs when they do; the kept server runs throughout, and nothing of the po
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import json
@@ -76,20 +75,6 @@ VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
 def runner_stdin(secret: bytes, config: dict[str, Any]) -> bytes:
     """What a verifier runner reads on stdin: the secret (hex), then the JSON config, a line each."""
     return secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
-
-
-def hidden_test_imports(hidden: dict[str, bytes]) -> set[str]:
-    """Top-level modules the hidden test files import themselves, read by syntax on the host from the
-    task's own bytes: the only list a ``missing_dependency`` verdict may name (the staged copies in
-    the sandbox are within the code under test's reach by the time it runs)."""
-    found: set[str] = set()
-    for name, source in hidden.items():
-        for node in ast.walk(ast.parse(source, filename=name)):
-            if isinstance(node, ast.Import):
-                found.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
-    return found
 
 
 def chosen_verifier(verifier: str | None = None) -> str:
@@ -241,7 +226,7 @@ class CodingEnv(Environment, VerifierNotes):
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
                   "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files}),
-                  "test_imports": sorted(hidden_test_imports(task.hidden))}
+                  "test_imports": sorted(task.test_imports)}
         server = self._server if self.verifier == "kept" and self._server_box is self.box else None
         if server is not None and server.alive():  # (not alive: it was started and has ended)
             self.verify_note = {"verifier": "kept"}
@@ -300,7 +285,7 @@ class CodingEnv(Environment, VerifierNotes):
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, str(verdict.get("reason")))
         if status == "missing_dependency":
             module = str(verdict.get("module"))
-            if module not in hidden_test_imports(task.hidden):
+            if module not in task.test_imports:
                 # The runner names only modules of the harness's list; anything else came from the
                 # code under test (the report channel is in its process): its own failure.
                 raise PolicyFault(f"verifier: the code under test reported a missing module {module!r} that no "

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -76,6 +77,9 @@ class CodingTask(Task):
         self.wrong_patches = wrong
         self.verify_timeout = spec.verify.timeout_s
         self._read_targets = sorted(p for p in files if p.endswith(".py"))[:2] or sorted(files)[:2]
+        # read once, here: the harness parses no source in its worker threads (CPython 3.11's ast
+        # is not thread-safe: "AST constructor recursion depth mismatch" under two workers)
+        self.test_imports: frozenset[str] = hidden_test_imports(hidden)
 
     def oracle_plan(self) -> list[ActionSpec]:
         reads = [ActionSpec("shell", {"command": f"cat {p}"}) for p in self._read_targets]
@@ -193,10 +197,39 @@ def apply_patch_to_files(files: dict[str, bytes], patch: str, where: str) -> dic
         return _read_tree(root)
 
 
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: bytes, name: str) -> ast.Module:
+    """``ast.parse`` one at a time in this process: CPython 3.11's parser state is not thread-safe
+    ("SystemError: AST constructor recursion depth mismatch" when two worker threads load tasks)."""
+    with _AST_LOCK:
+        return ast.parse(source, filename=name)
+
+
+def hidden_test_imports(hidden: dict[str, bytes]) -> frozenset[str]:
+    """Top-level modules the hidden test files import themselves, read by syntax on the host from the
+    task's own bytes: the only names a ``missing_dependency`` verdict may give (the staged copies in
+    the sandbox are within the code under test's reach by the time it runs). A file that does not
+    parse imports nothing here (the verifier reports it)."""
+    found: set[str] = set()
+    for name, source in hidden.items():
+        try:
+            tree = _parse(source, name)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return frozenset(found)
+
+
 def _defines_tests(source: bytes) -> bool:
     """Does a test file define a test method (``class ...: def test_*``), read by syntax only?"""
     try:
-        tree = ast.parse(source)
+        tree = _parse(source, "<hidden test>")
     except SyntaxError:
         return False
     return any(isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith("test")
