@@ -95,7 +95,8 @@ def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
     parts: list[RenderableType] = [t]
     for r in report.ratios:
         parts.append(Text(f"{r.method} / {r.baseline} valid continuations per host-hour (end to end): "
-                          f"{_times(r.end_to_end)}; {r.baseline} / {r.method} creation time (restore included): "
+                          f"{_times(r.end_to_end)}"))
+        parts.append(Text(f"  beside it, {r.baseline} / {r.method} creation time (restore included): "
                           f"{_times(r.creation)}"))
     if not report.ratios and any(m.handover_sequential is None for m in report.methods) and len(report.methods) > 1:
         parts.append(Text("(a ledger written before creation and hand-over were kept apart: its creation is the "
