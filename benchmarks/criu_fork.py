@@ -8,8 +8,9 @@ One parent (the desktop task, checkpointable, k oracle actions), then side by si
 for seconds; the pause lets the pool refill, as it would). Per fork: creation (``ForkMethod.fork_cost``:
 the cost of making it, restore included, wherever it was paid), the hand-over (what the caller
 waited: for ``criu`` a continuation restored ahead by the pool) and the phases — sandbox provision,
-image copy (``cp -a`` of the frozen folder), ``criu restore``, adopt — then the first screenshot, the restored tree's page faults up to it, and the
-capture + faithfulness check against the parent's capture. The checkpoint's own dump and folder
+image copy (``cp -a`` of the frozen folder), ``criu restore``, adopt — then the first screenshot,
+the restored tree's page faults up to it, and the capture + faithfulness check against the
+parent's capture. The checkpoint's own dump and folder
 copy are printed too. The load average is printed before and after.
 """
 
