@@ -320,13 +320,16 @@ def test_branch_section_keeps_hand_over_apart_and_compares_end_to_end(tmp_path):
     page = build_html(led, ["full"])
     criu = arts.branch["criu"]
     assert criu.handover_sequential is not None and criu.capture is not None
-    cell = re.search(r'data-key="full/branch/criu/handover_p50_ms">([^<]*)', page)
-    assert cell and float(cell.group(1).replace(",", "")) == pytest.approx(criu.handover_sequential.p50.value * 1000, rel=2e-3)
+
+    def ms_cell(name: str) -> float:
+        cell = re.search(rf'data-key="full/branch/criu/{name}">([^<]*)', page)
+        assert cell, name
+        return float(cell.group(1).replace(",", ""))
+
+    assert ms_cell("handover_p50_ms") == pytest.approx(criu.handover_sequential.p50.value * 1000, rel=2e-3)
     assert f"({criu.made_ahead} of {criu.continuations})" in page.split('full/branch/criu/handover_p50_ms')[1][:400]
-    cell = re.search(r'data-key="full/branch/criu/creation_p50_ms">([^<]*)', page)
-    assert cell and float(cell.group(1).replace(",", "")) == pytest.approx(criu.creation_sequential.p50.value * 1000, rel=2e-3)
-    cell = re.search(r'data-key="full/branch/criu/capture_p50_ms">([^<]*)', page)
-    assert cell and float(cell.group(1).replace(",", "")) == pytest.approx(criu.capture.p50.value * 1000, rel=2e-3)
+    assert ms_cell("creation_p50_ms") == pytest.approx(criu.creation_sequential.p50.value * 1000, rel=2e-3)
+    assert ms_cell("capture_p50_ms") == pytest.approx(criu.capture.p50.value * 1000, rel=2e-3)
     summary = arts.branch_summary
     assert summary is not None and {r.method for r in summary.ratios} == {"file", "criu"}
     for r in summary.ratios:
