@@ -131,7 +131,8 @@ def rate_ratio(times_a: Sequence[float], span_a: float, times_b: Sequence[float]
 
         def means(times: Sequence[float], span: float, k: int) -> np.ndarray:
             counts = np.histogram(np.clip(times, 0, span), bins=k, range=(0, span))[0]
-            return rng.choice(counts, size=(2000, k), replace=True).mean(axis=1) / (span / k)
+            drawn: np.ndarray = rng.choice(counts, size=(2000, k), replace=True).mean(axis=1) / (span / k)
+            return drawn
 
         a, b = means(times_a, span_a, k_a), means(times_b, span_b, k_b)
         with np.errstate(divide="ignore", invalid="ignore"):
