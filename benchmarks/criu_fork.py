@@ -5,10 +5,12 @@
 One parent (the desktop task, checkpointable, k oracle actions), then side by side in one run:
 ``replay`` (3 forks), ``criu-cold`` and ``criu`` (the pool restored ahead of demand) with
 ``--forks`` forks each, one at a time with a pause between them (an RL trainer's continuation runs
-for seconds; the pause lets the pool refill, as it would). Per fork: creation (what the caller
-waits for) and its phases — sandbox provision, image copy (``cp -a`` of the frozen folder), ``criu
-restore``, adopt — then the first screenshot, the restored tree's page faults up to it, and the
-capture + faithfulness check against the parent's capture. The checkpoint's own dump and folder
+for seconds; the pause lets the pool refill, as it would). Per fork: creation (``ForkMethod.fork_cost``:
+the cost of making it, restore included, wherever it was paid), the hand-over (what the caller
+waited: for ``criu`` a continuation restored ahead by the pool) and the phases — sandbox provision,
+image copy (``cp -a`` of the frozen folder), ``criu restore``, adopt — then the first screenshot,
+the restored tree's page faults up to it, and the capture + faithfulness check against the
+parent's capture. The checkpoint's own dump and folder
 copy are printed too. The load average is printed before and after.
 """
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench.branching.desktop_criu import CriuFork
-from drumsbench.branching.methods import METHODS, ForkMethod
+from drumsbench.branching.methods import METHODS, ForkMethod, costed_fork
 from drumsbench.core.criu import tree_pids
 from drumsbench.envs import suites
 from drumsbench.envs.desktop.env import DesktopEnv
@@ -75,9 +77,8 @@ def main() -> None:
                     row_prepare = time.monotonic() - t0
                     for _ in range(n):
                         time.sleep(args.pause)
-                        t1 = time.monotonic()
-                        child = method.fork(parent.env.generation)
-                        row: dict[str, float] = {"creation_s": time.monotonic() - t1}
+                        child, cost = costed_fork(method, parent.env.generation)
+                        row: dict[str, float] = {"creation_s": cost.creation_s, "handover_s": cost.handover_s}
                         try:
                             env = child.env
                             assert isinstance(env, DesktopEnv) and env.inst is not None
@@ -107,6 +108,7 @@ def main() -> None:
                     "prepare_s": round(row_prepare, 3), **extra,
                     "creation_p50": quantile([r["creation_s"] for r in rows], 0.5).fmt(".3f", "s"),
                     "creation_p50_s": quantile([r["creation_s"] for r in rows], 0.5).value,
+                    "handover_p50": quantile([r["handover_s"] for r in rows], 0.5).fmt(".4f", "s"),
                     "faithful": f"{sum(r.get('faithful', 0) for r in rows):.0f}/{len(rows)}",
                     "median": {k: round(statistics.median(r[k] for r in rows if k in r), 4) for k in keys}}
         finally:
@@ -119,7 +121,8 @@ def main() -> None:
     replay = out["methods"]["replay"]["creation_p50_s"]
     for name, m in out["methods"].items():
         ratio = replay / m["creation_p50_s"] if m["creation_p50_s"] else float("nan")
-        print(f"{name:10s} creation p50 {m['creation_p50']} ({ratio:.1f}x replay), faithful {m['faithful']}, "
+        print(f"{name:10s} creation p50 {m['creation_p50']} ({ratio:.1f}x replay), hand-over p50 "
+              f"{m['handover_p50']}, faithful {m['faithful']}, "
               f"prepare {m['prepare_s']} s, medians {m['median']}")
         if "checkpoint" in m:
             print(f"{'':10s} checkpoint {m['checkpoint']}, pool errors {m['fill_errors']}")

@@ -4,12 +4,17 @@ are recorded with their method and parent, and the prepared state is never chang
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from rich.console import Console
 
-from drumsbench.branching.methods import METHODS, FileCopy
+from drumsbench.branching.methods import METHODS, FileCopy, ForkCost
 from drumsbench.experiments.branch import BranchConfig, run_branch
 from drumsbench.ledger import Ledger
+from drumsbench.measure.artifacts import BranchSummaryArtifact
+from drumsbench.measure.stats import rate_ratio
+from drumsbench.report.tables import branch_group
 from drumsbench.substrates.process import ProcessSubstrate
 
 from helpers import cli
@@ -44,6 +49,79 @@ def test_replay_and_file_continuations(ledger, state_dir):
     extra = [json.loads(r[1]) for r in rows]
     assert {e["fork_method"] for e in extra} == {"replay", "file"}
     assert all(e["k"] == 5 and e["parent"] and e["faithful"] == {"files": True} for e in extra)
+    for m in report.methods:
+        # made on demand: the caller waited the whole creation, and nothing was made ahead
+        assert m.handover_sequential is not None and m.made_ahead == 0
+        assert m.handover_sequential.samples_s == m.creation_sequential.samples_s
+        assert m.capture is not None and m.capture.n == 3  # the faithfulness check of every continuation
+        assert len(m.valid_times_s) == m.valid and m.span_s and max(m.valid_times_s) <= m.span_s
+    assert all(e["creation_s"] == e["handover_s"] and not e["made_ahead"] for e in extra)
+    replay, file = report.methods
+    (ratio,) = report.ratios
+    assert (ratio.method, ratio.baseline) == ("file", "replay")
+    # end to end = the two methods' valid continuations per host-hour, divided, with its own interval
+    assert ratio.end_to_end == rate_ratio(file.valid_times_s, file.span_s, replay.valid_times_s, replay.span_s)
+    assert abs(ratio.end_to_end.value - file.valid_per_host_hour.value / replay.valid_per_host_hour.value) < 1e-9
+    assert ratio.end_to_end.low <= ratio.end_to_end.value <= ratio.end_to_end.high
+    assert abs(ratio.creation.value - replay.creation_sequential.p50.value / file.creation_sequential.p50.value) < 1e-9
+    # a ledger written before these fields existed still reads, and its table says what its creation was
+    old = report.model_dump(mode="json", by_alias=True)
+    old.pop("ratios")
+    for m in old["methods"]:
+        for f in ("handover_sequential", "handover_parallel", "made_ahead", "made_ahead_parallel",
+                  "creation_phases", "capture", "span_s", "valid_times_s"):
+            m.pop(f)
+    back = BranchSummaryArtifact.model_validate(old)
+    assert back.methods[0].handover_sequential is None and back.ratios == []
+    console = Console(width=250, record=True)
+    console.print(branch_group(back, [1, 5]))
+    text = console.export_text()
+    assert "wall time of fork()" in text and "creation time" not in text.split("┘")[-1]
+
+
+class AheadCopy(FileCopy):
+    """A file fork that makes its continuations ahead of demand (as criu's pool does): creation is
+    what making each one cost at ``prepare``, the hand-over what ``fork`` cost the caller."""
+
+    name = "ahead"
+
+    def prepare(self, parent):
+        super().prepare(parent)
+        self.ready, self.made = [], {}
+        for _ in range(2):
+            t0 = time.monotonic()
+            slot = super().fork(parent.env.generation)
+            self.made[id(slot)] = time.monotonic() - t0
+            self.ready.append(slot)
+
+    def fork(self, parent_generation):
+        return self.ready.pop(0) if self.ready else super().fork(parent_generation)
+
+    def fork_cost(self, slot, wall_s):
+        made = self.made.pop(id(slot), None)
+        return super().fork_cost(slot, wall_s) if made is None else ForkCost(made, wall_s, ahead=True)
+
+    def close(self):
+        for slot in self.ready:
+            slot.destroy()
+
+
+def test_creation_is_paid_where_it_is_made_and_hand_over_apart(ledger, state_dir, monkeypatch):
+    """Continuations made ahead of demand report the cost of making them as creation, the caller's
+    wait as the hand-over; the ones made on demand (the pool ran dry) the wall time for both."""
+    monkeypatch.setitem(METHODS, "ahead", AheadCopy)
+    cfg = BranchConfig(continuations=3, ks=[5], methods=["ahead"])
+    report = _branch(cfg, state_dir, ledger)
+    (m,) = report.methods
+    assert m.made_ahead == 2 and m.valid == 3 and not m.errors, m
+    extra = [json.loads(r[0]) for r in ledger.attempts("b", ("extra",))]
+    assert [e["made_ahead"] for e in extra] == [True, True, False]
+    assert [e["creation_s"] for e in extra] == m.creation_sequential.samples_s
+    assert [e["handover_s"] for e in extra] == m.handover_sequential.samples_s
+    ahead = [e for e in extra if e["made_ahead"]]
+    assert all(e["creation_s"] != e["handover_s"] for e in ahead)  # two different clocks
+    assert extra[2]["creation_s"] == extra[2]["handover_s"]  # made while the caller waited
+    assert report.ratios == []  # no replay to compare with
 
 
 class LossyCopy(FileCopy):
@@ -73,7 +151,10 @@ def test_branch_cli(tmp_path):
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["schema"] == "drumsbench.branch-report/2"
     assert [m["method"] for m in data["methods"]] == ["replay", "file"]
-    assert "replay / file creation time" in proc.stdout
+    out = " ".join(proc.stdout.split())  # rich wraps long lines at the terminal's width
+    assert "replay / file creation time (restore included)" in out
+    assert "file / replay valid continuations per host-hour (end to end)" in out
+    assert "hand-over p50" in out and "faithfulness check p50" in out
     bad = cli("branch", "--methods", "teleport", "--out", str(tmp_path / "runs"),
               env={"DRUMSBENCH_STATE": str(tmp_path / "state")})
     assert bad.returncode == 2 and "unknown fork method 'teleport'" in bad.stderr

@@ -307,3 +307,32 @@ def test_binom_ppf_is_scipy_stats():
         for p in (0.01, 0.5, 0.95, 0.99):
             for q in (0.025, 0.975):
                 assert binom_ppf(q, n, p) == float(sst.binom.ppf(q, n, p)), (q, n, p)
+
+
+def test_branch_section_keeps_hand_over_apart_and_compares_end_to_end(tmp_path):
+    """criu's continuations are made ahead of demand: its creation cell is the restore's cost, its
+    hand-over its own cell; each method against replay end to end, beside the creation ratio."""
+    from drumsbench.measure.artifacts import load_run
+
+    led = Ledger(tmp_path / "ledger.sqlite")
+    synthesize(led, "full", 300, seed=2, soak=False)
+    arts = load_run(led, "full")
+    page = build_html(led, ["full"])
+    criu = arts.branch["criu"]
+    assert criu.handover_sequential is not None and criu.capture is not None
+
+    def ms_cell(name: str) -> float:
+        cell = re.search(rf'data-key="full/branch/criu/{name}">([^<]*)', page)
+        assert cell, name
+        return float(cell.group(1).replace(",", ""))
+
+    assert ms_cell("handover_p50_ms") == pytest.approx(criu.handover_sequential.p50.value * 1000, rel=2e-3)
+    assert f"({criu.made_ahead} of {criu.continuations})" in page.split('full/branch/criu/handover_p50_ms')[1][:400]
+    assert ms_cell("creation_p50_ms") == pytest.approx(criu.creation_sequential.p50.value * 1000, rel=2e-3)
+    assert ms_cell("capture_p50_ms") == pytest.approx(criu.capture.p50.value * 1000, rel=2e-3)
+    summary = arts.branch_summary
+    assert summary is not None and {r.method for r in summary.ratios} == {"file", "criu"}
+    for r in summary.ratios:
+        for what, e in (("end_to_end", r.end_to_end), ("creation", r.creation)):
+            got = re.search(rf'data-key="full/branch/ratio/{r.method}/{what}">([^<]*)', page)
+            assert got and float(got.group(1).split()[0]) == pytest.approx(e.value, rel=2e-3), (r.method, what)

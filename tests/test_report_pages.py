@@ -189,6 +189,8 @@ def test_branch_page_matches_its_json(runs, name):
         key = f"{rid}/branch/{m['method']}"
         assert close(cells[f"{key}/creation_p50_ms"], m["creation_sequential"]["p50"]["value"] * 1000)
         assert close(cells[f"{key}/creation_parallel_p50_ms"], m["creation_parallel"]["p50"]["value"] * 1000)
+        assert close(cells[f"{key}/handover_p50_ms"], m["handover_sequential"]["p50"]["value"] * 1000)
+        assert close(cells[f"{key}/capture_p50_ms"], m["capture"]["p50"]["value"] * 1000)
         for dim, share in m["faithful"].items():
             assert share["total"] > 0
             assert cells[f"{key}/faithful/{dim}"] == f"{share['faithful']}/{share['total']}"
@@ -197,6 +199,9 @@ def test_branch_page_matches_its_json(runs, name):
         usd = m["usd_per_valid_continuation"]["value"]
         assert (cells[f"{key}/usd_per_valid"] == "n/a") if usd is None else close(cells[f"{key}/usd_per_valid"], usd)
     assert cells[f"{rid}/branch/unchanged"] == str(data["prepared_unchanged"])
+    (ratio,) = data["ratios"]  # file against replay: end to end, beside the creation ratio
+    for what in ("end_to_end", "creation"):
+        assert close(cells[f"{rid}/branch/ratio/file/{what}"], ratio[what]["value"]), what
 
 
 def test_desktop_branch_page_has_the_prepared_screen_and_one_per_method(runs):

@@ -317,7 +317,9 @@ def test_fork_and_scratch_arms_see_the_same_episodes(tmp_path, state_dir, run_id
                                                               r["cause"])
             forked += "fork" in r["extra"]
             if "fork" in r["extra"]:
-                assert t["start"] == "fork" and r["extra"]["fork"]["method"] == "file"
+                fork = r["extra"]["fork"]
+                assert t["start"] == "fork" and fork["method"] == "file"
+                assert fork["creation_s"] == fork["handover_s"]  # a file copy is made while the caller waits
     assert forked == 6 and len(seen["exclude"]) == 6
     assert seen["exclude+fork"] == seen["exclude"]
     assert all(v[1][:2] == ("read", "test") for v in seen["exclude"].values())

@@ -33,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from drumsbench.branching.methods import ForkMethod, Shippable
+from drumsbench.branching.methods import ForkCost, ForkMethod, Shippable
 from drumsbench.core import criu
 from drumsbench.core import criu_binary as criu_install
 from drumsbench.core.errors import UsageError
@@ -50,7 +50,9 @@ class CriuFork(ForkMethod, Shippable):
     """Continuations restored from one checkpoint; ``POOL`` of them are restored ahead of demand
     (``prepare`` fills the pool, a background thread refills it after each ``fork``), so a
     ``fork`` that finds one ready only hands it over. ``timings`` has where each continuation's
-    time went (seconds: provision, copy, restore, adopt; ``wait`` for the caller: 0 from the pool)."""
+    time went (seconds: provision, copy, restore, adopt; ``wait`` for the caller: 0 from the pool).
+    ``fork_cost``: creation is the sum of those phases, wherever they ran (in the pool's thread
+    ahead of demand, or while the caller waited); the caller's wait is the hand-over."""
 
     name = "criu"
     POOL = 3  # continuations kept restored ahead of demand (>= ``BranchConfig.growth_forks``)
@@ -142,6 +144,7 @@ class CriuFork(ForkMethod, Shippable):
         self.timings: list[dict[str, float]] = []
         self.fill_errors: list[str] = []
         self._pool: list[tuple[Slot, dict[str, float]]] = []  # restored ahead, with their timings
+        self._handed: dict[int, dict[str, float]] = {}  # id(slot) -> its timings, until ``fork_cost``
         self._pending = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -228,7 +231,18 @@ class CriuFork(ForkMethod, Shippable):
         phases["wait_s"] = time.monotonic() - t0
         with self._cond:
             self.timings.append(phases)
+            self._handed[id(slot)] = phases
         return slot
+
+    MAKING = ("provision_s", "copy_s", "restore_s", "adopt_s")  # the phases that make a continuation
+
+    def fork_cost(self, slot: Slot, wall_s: float) -> ForkCost:
+        with self._cond:
+            phases = self._handed.pop(id(slot), None)
+        if phases is None:  # not one of this method's hand-overs: what the caller waited
+            return super().fork_cost(slot, wall_s)
+        return ForkCost(creation_s=sum(phases.get(k, 0.0) for k in self.MAKING), handover_s=wall_s,
+                        ahead=phases.get("pooled") == 1.0, phases=dict(phases))
 
     def close(self) -> None:
         if self.folder is None:

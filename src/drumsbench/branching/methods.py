@@ -27,12 +27,25 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.plugins import Registry
 from drumsbench.envs.base import Action, ActionSpec, Environment, MachineForks, Resumable, Task
 from drumsbench.rollout.attempt import Slot
 from drumsbench.substrates.base import Forking, PortableSnapshots, Snapshotting, Substrate
+
+
+@dataclass(frozen=True)
+class ForkCost:
+    """What one continuation cost. ``creation_s``: making it, wherever that was paid (a restore made
+    ahead of demand by a pool counts its own phases); ``handover_s``: what the caller of ``fork``
+    waited; ``ahead``: it was made before it was asked for; ``phases``: the method's own split."""
+
+    creation_s: float
+    handover_s: float
+    ahead: bool = False
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class ForkMethod(ABC):
@@ -55,6 +68,12 @@ class ForkMethod(ABC):
 
     def close(self) -> None:  # noqa: B027
         """Remove what ``prepare`` made (snapshots, images)."""
+
+    def fork_cost(self, slot: Slot, wall_s: float) -> ForkCost:
+        """The cost of the continuation ``fork`` just returned (``wall_s``: the call's wall time).
+        Default: it was made while the caller waited. A method that makes continuations ahead of
+        demand reports what making this one cost where it was paid."""
+        return ForkCost(creation_s=wall_s, handover_s=wall_s)
 
     def _fresh(self, generation: int) -> Slot:
         slot = Slot(self.substrate, self.make_env())
@@ -212,14 +231,23 @@ METHODS: Registry[type[ForkMethod]] = Registry(
     check=lambda obj: isinstance(obj, type) and issubclass(obj, ForkMethod), expected="a ForkMethod subclass")
 
 
-def timed_fork(method: ForkMethod, parent_generation: int) -> tuple[Slot, float]:
+def costed_fork(method: ForkMethod, parent_generation: int) -> tuple[Slot, ForkCost]:
+    """One ``fork`` and what it cost (``ForkMethod.fork_cost``)."""
     t0 = time.monotonic()
     slot = method.fork(parent_generation)
-    return slot, time.monotonic() - t0
+    return slot, method.fork_cost(slot, time.monotonic() - t0)
 
 
-def fork_parallel(method: ForkMethod, n: int, generation: int) -> tuple[list[float], float, list[str]]:
-    """n forks at once: (creation time of each, wall time of all, errors). Destroys them all."""
+def timed_fork(method: ForkMethod, parent_generation: int) -> tuple[Slot, float]:
+    """One ``fork`` and its creation cost in seconds (restore included wherever it was paid)."""
+    slot, cost = costed_fork(method, parent_generation)
+    return slot, cost.creation_s
+
+
+def fork_parallel(method: ForkMethod, n: int, generation: int,
+                  costs: list[ForkCost] | None = None) -> tuple[list[float], float, list[str]]:
+    """n forks at once: (creation cost of each, wall time of all, errors); each one's ``ForkCost``
+    appended to ``costs`` when given. Destroys them all."""
     times: list[float] = []
     made: list[Slot] = []
     errors: list[str] = []
@@ -227,10 +255,12 @@ def fork_parallel(method: ForkMethod, n: int, generation: int) -> tuple[list[flo
 
     def one() -> None:
         try:
-            slot, took = timed_fork(method, generation)
+            slot, cost = costed_fork(method, generation)
             with lock:
                 made.append(slot)
-                times.append(took)
+                times.append(cost.creation_s)
+                if costs is not None:
+                    costs.append(cost)
         except Exception as e:  # a failed fork is a result of the method
             with lock:
                 errors.append(f"parallel fork: {type(e).__name__}: {e}"[:300])

@@ -2,14 +2,18 @@
 
 1. Prepare: a parent sandbox, the task's verified reset, then k actions (``Task.branch_prefix``);
    the prepared state is ``Environment.capture()``.
-2. Fork M continuations with each method, one at a time (creation time each), then M at once
-   (creation time in parallel).
-3. Faithfulness of every continuation, dimension by dimension, against the prepared state.
+2. Fork M continuations with each method, one at a time, then M at once. Per fork: creation, the
+   cost of making it wherever it was paid (``ForkMethod.fork_cost``: a pool's restore made ahead
+   of demand counts its own phases), and the hand-over, what the caller of ``fork`` waited.
+3. Faithfulness of every continuation, dimension by dimension, against the prepared state (the
+   check's own time, ``capture()`` + ``compare``, is kept per continuation).
 4. Continue every sequential continuation to the end with the continuation policy (noisy by
    default, so they differ), verify it and record it in the ledger as an attempt with its fork
    method, k and parent — an unfaithful one is invalid (``dirty_reset``) and never used.
-5. Per method: creation p50/p95 one at a time and in parallel, faithful share per dimension, valid
-   continuations per host-hour, USD per valid continuation; creation time against k.
+5. Per method: creation p50/p95 one at a time and in parallel, the hand-over apart, faithful share
+   per dimension, valid continuations per host-hour, USD per valid continuation; creation time
+   against k. Against ``replay``: valid continuations per host-hour end to end beside the creation
+   cost, both as ratios with intervals (``BranchRatio``).
 
 The parent's prepared state is captured again at the end: forks must not have changed it.
 """
@@ -23,14 +27,21 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from drumsbench.branching.methods import METHODS, ForkMethod, fork_parallel, timed_fork
+from drumsbench.branching.methods import METHODS, ForkCost, ForkMethod, costed_fork, fork_parallel, timed_fork
 from drumsbench.core.errors import UsageError
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Action, Task
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
-from drumsbench.measure.artifacts import BranchMethodArtifact, BranchNode, BranchSummaryArtifact, latency, share
+from drumsbench.measure.artifacts import (
+    BranchMethodArtifact,
+    BranchNode,
+    BranchSummaryArtifact,
+    branch_ratios,
+    latency,
+    share,
+)
 from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, usd_per_valid_rollout
 from drumsbench.measure.stats import Estimate, quantile, rate_per_hour
 from drumsbench.policies.scripted import Continue, Policy, make_policy
@@ -115,6 +126,8 @@ class _Sequential:
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.costs: list[ForkCost] = []  # local forks: creation, hand-over, made ahead or not
+        self.checks: list[float] = []  # capture() + compare per continuation
         self.faithful: dict[str, list[bool]] = {}
         self.valid_times: list[float] = []
         self.valid = self.success = 0
@@ -167,21 +180,26 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
         start = time.monotonic()
         for i in range(cfg.continuations):
             try:
-                child, took = timed_fork(method, parent.env.generation)
+                child, cost = costed_fork(method, parent.env.generation)
             except Exception as e:  # a failed fork is a result of the method
                 out.errors.append(f"fork {i}: {type(e).__name__}: {e}"[:300])
                 continue
+            took = cost.creation_s
             try:
+                t0 = time.monotonic()
                 now = child.env.capture()
+                dims = parent.env.compare(prepared, now)
+                out.checks.append(time.monotonic() - t0)
                 if out.screen is None and isinstance(now.get("screen"), str):
                     out.screen = now["screen"]
-                dims = parent.env.compare(prepared, now)
+                out.costs.append(cost)
                 out.add_fork(took, dims)
                 rec = run_attempt(child, task, _continuation_policy(cfg), cfg.rollout, canaries,
                                   run_id=run_id, seq=next_seq[0], seed=cfg.seed, prepared=prepared,
                                   meta={"window": f"{name}/k={cfg.k}",
                                         "extra": {"fork_method": name, "k": cfg.k, "parent": parent.env.box.id,
-                                                  "creation_s": took, "faithful": dims}})
+                                                  "creation_s": took, "handover_s": cost.handover_s,
+                                                  "made_ahead": cost.ahead, "faithful": dims}})
                 next_seq[0] += 1
                 ledger.record(rec, seg)
                 out.count(rec, time.monotonic() - start)
@@ -206,7 +224,9 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
                     say(f"{name}: {cfg.continuations} continuations, one at a time, each run to the end")
                     seq = continue_all(name, method)
                     say(f"{name}: {cfg.continuations} continuations at once")
-                    par_times, wall, par_errors = fork_parallel(method, cfg.continuations, parent.env.generation)
+                    par_costs: list[ForkCost] = []
+                    par_times, wall, par_errors = fork_parallel(method, cfg.continuations, parent.env.generation,
+                                                                par_costs)
                 finally:
                     method.close()
                 by_k = {}
@@ -223,7 +243,12 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
                     continuations=len(seq.times),
                     valid=seq.valid, success=seq.success, invalid=seq.invalid, valid_per_host_hour=throughput,
                     usd_per_valid_continuation=usd_per_valid_rollout(cfg.price, throughput),
-                    creation_by_k=by_k, errors=seq.errors + par_errors))
+                    creation_by_k=by_k, errors=seq.errors + par_errors,
+                    handover_sequential=latency([c.handover_s for c in seq.costs]),
+                    handover_parallel=latency([c.handover_s for c in par_costs]),
+                    made_ahead=sum(c.ahead for c in seq.costs), made_ahead_parallel=sum(c.ahead for c in par_costs),
+                    creation_phases=_phases(seq.costs), capture=latency(seq.checks), span_s=seq.span,
+                    valid_times_s=seq.valid_times))
                 artifacts.put(ledger, run_id, name, results[-1])
                 if seq.screen is not None:
                     artifacts.put(ledger, run_id, f"{task.id}/{name}/continuation", artifacts.ScreenshotArtifact(
@@ -236,11 +261,18 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
     report = BranchReport(
         run_id=run_id, task=task.id, env=suite.kind, substrate=substrate.name, k=cfg.k, prepared=prepared,
         prepared_unchanged=all(unchanged.values()), isolation_control_fired=all(controls), methods=results,
-        price=cfg.price, executor=cfg.executor,
+        price=cfg.price, executor=cfg.executor, ratios=branch_ratios(results),
         conditions=f"{substrate.name} substrate, task {task.id}, k={cfg.k}, {cfg.continuations} continuations per "
                    f"method, continuation policy {cfg.policy}{_ray_conditions(results)}; 95% intervals")
     artifacts.put(ledger, run_id, "report", report)
     return report
+
+
+def _phases(costs: list[ForkCost]) -> dict[str, Estimate]:
+    """Median of each phase a method reported (seconds), over the continuations that have it (the
+    caller's wait apart: that is the hand-over)."""
+    keys = list(dict.fromkeys(k for c in costs for k in c.phases if k.endswith("_s") and k != "wait_s"))
+    return {k: quantile([c.phases[k] for c in costs if k in c.phases], 0.5) for k in keys}
 
 
 def ray_problems(cfg: BranchConfig, substrate_cls: type[Substrate]) -> None:
@@ -354,7 +386,8 @@ def _on_ray(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: str
                 continuations=len(out.times), valid=out.valid, success=out.success, invalid=out.invalid,
                 valid_per_host_hour=throughput, usd_per_valid_continuation=usd_per_valid_rollout(cfg.price, throughput),
                 creation_by_k={str(cfg.k): quantile(out.times, 0.5)}, errors=out.errors + errors + par_errors,
-                executor="ray", shipped_bytes=shipped.bytes, pack_s=t2 - t1, put_s=shipped.put_s, nodes=nodes))
+                executor="ray", shipped_bytes=shipped.bytes, pack_s=t2 - t1, put_s=shipped.put_s, nodes=nodes,
+                span_s=out.span, valid_times_s=out.valid_times))
             artifacts.put(ledger, run_id, name, results[-1])
     for line in cluster.leftovers:
         say(f"ray: left on a node: {line}")

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from drumsbench.ledger import Ledger
 from drumsbench.measure.cost import POOL_KIND, HostPrice, PriceFile
 from drumsbench.measure.leaks import LeakVerdict
-from drumsbench.measure.stats import Estimate, quantile, wilson
+from drumsbench.measure.stats import Estimate, median_ratio, quantile, rate_ratio, wilson
 from drumsbench.measure.train_report import TrainReport
 
 WHOLE_RUN = "whole run, not a confirmed window"  # the basis of any figure not from a sweep's confirmed windows
@@ -319,7 +319,13 @@ class BranchNode(BaseModel):
 
 class BranchMethodArtifact(Artifact):
     """One fork method's results: creation one at a time and all at once (samples and percentiles),
-    faithfulness per dimension, the continuations' outcomes, throughput and cost, creation against k."""
+    faithfulness per dimension, the continuations' outcomes, throughput and cost, creation against k.
+
+    Creation is the cost of making a continuation, wherever it was paid (``ForkMethod.fork_cost``:
+    a pool's restore made ahead of demand counts its own phases); the hand-over is what the caller
+    of ``fork`` waited (the same for a method that makes continuations on demand). Ledgers written
+    before the hand-over was kept apart have ``handover_*`` None: their creation is the wall time
+    of ``fork``, which for ``criu`` was the hand-over."""
 
     KIND: ClassVar[str] = "branch"
     method: str
@@ -345,6 +351,43 @@ class BranchMethodArtifact(Artifact):
     pack_s: float | None = None  # on Ray: packing it on the driver
     put_s: float | None = None  # on Ray: ``ray.put`` of the bytes on the driver's node
     nodes: list[BranchNode] = Field(default_factory=list)  # on Ray: per node, transfer apart from creation
+    handover_sequential: Latency | None = None  # the caller's wait per fork, one at a time
+    handover_parallel: Latency | None = None  # the same, all at once
+    made_ahead: int = 0  # continuations (one at a time) made before they were asked for (a pool)
+    made_ahead_parallel: int = 0  # the same, all at once
+    creation_phases: dict[str, Estimate] = Field(default_factory=dict)  # p50 per phase of the method's own split
+    capture: Latency | None = None  # the faithfulness check per continuation: ``capture()`` + ``compare``
+    span_s: float | None = None  # the continuations' span (one at a time, each run to the end)
+    valid_times_s: list[float] = Field(default_factory=list)  # when each valid one ended, seconds into the span
+
+
+class BranchRatio(BaseModel):
+    """One method against the baseline (``replay``): valid continuations per host-hour (end to end:
+    fork, check and run, the method's background work included) and the creation cost (restore
+    included, wherever it was paid): baseline's median over the method's."""
+
+    method: str
+    baseline: str = "replay"
+    end_to_end: Estimate  # method's valid per host-hour / baseline's
+    creation: Estimate  # baseline's creation p50 / method's (one at a time)
+
+
+def branch_ratios(methods: Sequence[BranchMethodArtifact], baseline: str = "replay") -> list[BranchRatio]:
+    """Every method but the baseline against it, when the baseline ran (none otherwise)."""
+    base = next((m for m in methods if m.method == baseline), None)
+    if base is None:
+        return []
+    out = []
+    for m in methods:
+        if m is base:
+            continue
+        e2e = (rate_ratio(m.valid_times_s, m.span_s, base.valid_times_s, base.span_s)
+               if m.span_s is not None and base.span_s is not None
+               else Estimate(value=None, low=None, high=None, n=0, method="none"))
+        out.append(BranchRatio(method=m.method, baseline=baseline, end_to_end=e2e,
+                               creation=median_ratio(base.creation_sequential.samples_s,
+                                                     m.creation_sequential.samples_s)))
+    return out
 
 
 class BranchSummaryArtifact(Artifact):
@@ -364,6 +407,7 @@ class BranchSummaryArtifact(Artifact):
     price: HostPrice
     conditions: str
     executor: str = "local"  # ray: each method's ``nodes`` say where its continuations ran
+    ratios: list[BranchRatio] = Field(default_factory=list)  # every other method against replay
 
 
 class ScreenshotArtifact(Artifact):

@@ -113,3 +113,57 @@ def inverse(e: Estimate, numerator: float) -> Estimate:
     low = numerator / e.high if e.high else None
     high = numerator / e.low if e.low else math.inf
     return Estimate(value=numerator / e.value, low=low, high=high, n=e.n, method=e.method)
+
+
+def rate_ratio(times_a: Sequence[float], span_a: float, times_b: Sequence[float], span_b: float, bins: int = 20,
+               seed: int = 0, conf: float = CONFIDENCE) -> Estimate:
+    """(events per hour over span a) / (events per hour over span b). The interval: a bootstrap over
+    each span's equal time bins (as ``rate_per_hour``), the two resampled independently; when either
+    span has fewer than 5 bins, the exact conditional interval for a ratio of Poisson rates
+    (Clopper-Pearson on a's share of all the events). No value when b has no event."""
+    n_a, n_b = len(times_a), len(times_b)
+    if span_a <= 0 or span_b <= 0 or n_b == 0:
+        return Estimate(value=None, low=None, high=None, n=n_a + n_b, method="none")
+    value = (n_a / span_a) / (n_b / span_b)
+    k_a, k_b = min(bins, max(1, int(span_a))), min(bins, max(1, int(span_b)))
+    if k_a >= 5 and k_b >= 5:
+        rng = np.random.default_rng(seed)
+
+        def means(times: Sequence[float], span: float, k: int) -> np.ndarray:
+            counts = np.histogram(np.clip(times, 0, span), bins=k, range=(0, span))[0]
+            drawn: np.ndarray = rng.choice(counts, size=(2000, k), replace=True).mean(axis=1) / (span / k)
+            return drawn
+
+        a, b = means(times_a, span_a, k_a), means(times_b, span_b, k_b)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(b > 0, a / np.where(b > 0, b, 1), np.inf)
+        low, high = (float(np.quantile(r, q, method="inverted_cdf")) for q in ((1 - conf) / 2, 1 - (1 - conf) / 2))
+        return Estimate(value=value, low=min(low, value), high=max(high, value), n=n_a + n_b,
+                        method=f"bootstrap over {k_a} and {k_b} time bins")
+    from scipy import stats
+
+    alpha = (1 - conf) / 2
+    lo_p = float(stats.beta.ppf(alpha, n_a, n_b + 1)) if n_a > 0 else 0.0
+    hi_p = float(stats.beta.ppf(1 - alpha, n_a + 1, n_b))
+    odds = span_b / span_a
+    high = math.inf if hi_p >= 1 else hi_p / (1 - hi_p) * odds
+    return Estimate(value=value, low=lo_p / (1 - lo_p) * odds, high=high, n=n_a + n_b,
+                    method="exact conditional (Poisson rates)")
+
+
+def median_ratio(a: Sequence[float], b: Sequence[float], seed: int = 0, conf: float = CONFIDENCE,
+                 reps: int = 2000) -> Estimate:
+    """median(a) / median(b), with a percentile bootstrap interval (a and b resampled independently).
+    No value when either is empty or b's median is 0."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) == 0 or len(y) == 0 or float(np.median(y)) <= 0:
+        return Estimate(value=None, low=None, high=None, n=len(x) + len(y), method="none")
+    value = float(np.median(x) / np.median(y))
+    rng = np.random.default_rng(seed)
+    mx = np.median(rng.choice(x, size=(reps, len(x)), replace=True), axis=1)
+    my = np.median(rng.choice(y, size=(reps, len(y)), replace=True), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(my > 0, mx / np.where(my > 0, my, 1), np.inf)
+    low, high = (float(np.quantile(r, q, method="inverted_cdf")) for q in ((1 - conf) / 2, 1 - (1 - conf) / 2))
+    return Estimate(value=value, low=min(low, value), high=max(high, value), n=len(x) + len(y),
+                    method=f"bootstrap of medians ({len(x)} and {len(y)} samples)")

@@ -4,6 +4,7 @@ reads — the train report, and ``doctor``'s substrates. The CLI only prints the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from drumsbench.measure.artifacts import (
     ColdstartArtifact,
     DesktopColdstartArtifact,
     IsolationArtifact,
+    Latency,
 )
 from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import Estimate
@@ -59,9 +61,22 @@ def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
     dims = sorted({d for m in report.methods for d in m.faithful})
     n = max((m.continuations for m in report.methods), default=0)
     rows = [
-        ("creation, one at a time p50 (ms)", [ms(m.creation_sequential.p50) for m in report.methods]),
+        ("creation p50, one at a time (ms, restore included)", [ms(m.creation_sequential.p50) for m in report.methods]),
         ("  p95", [ms(m.creation_sequential.p95) for m in report.methods]),
-        (f"creation, {n} at once p50 (ms)", [ms(m.creation_parallel.p50) for m in report.methods]),
+        (f"creation p50, {n} at once (ms)", [ms(m.creation_parallel.p50) for m in report.methods]),
+    ]
+    if any(m.creation_phases for m in report.methods):
+        rows.append(("  its phases p50 (ms)", [_phase_cells(m.creation_phases, cpu=False) for m in report.methods]))
+        if any(_phase_cells(m.creation_phases, cpu=True) != "n/a" for m in report.methods):
+            rows.append(("  CPU time p50 (ms)", [_phase_cells(m.creation_phases, cpu=True) for m in report.methods]))
+    rows += [
+        ("hand-over p50, one at a time (ms)", [_handover(m.handover_sequential, m.made_ahead, m.continuations)
+                                               for m in report.methods]),
+        (f"hand-over p50, {n} at once (ms)", [_handover(m.handover_parallel, m.made_ahead_parallel,
+                                                        m.creation_parallel.n) for m in report.methods]),
+        ("faithfulness check p50 (capture + compare, ms)", [ms(m.capture.p50) if m.capture else "n/a"
+                                                            for m in report.methods]),
+        ("prepare, once (ms)", [ms_value(m.prepare_s) for m in report.methods]),
         ("faithful on every dimension", [m.faithful_all.estimate.fmt(".2f") for m in report.methods]),
         *((f"  faithful: {d}", [m.faithful[d].estimate.fmt(".2f") if d in m.faithful else "n/a"
                                 for m in report.methods]) for d in dims),
@@ -78,18 +93,41 @@ def branch_group(report: BranchSummaryArtifact, ks: Sequence[int]) -> Group:
     for label, cells in rows:
         t.add_row(label, *cells)
     parts: list[RenderableType] = [t]
-    replay = next((m for m in report.methods if m.method == "replay"), None)
-    if replay is not None and len(report.methods) > 1:
-        base = replay.creation_sequential.p50.value or 0
-        for m in report.methods:
-            if m.method != "replay" and m.creation_sequential.p50.value:
-                parts.append(Text(f"replay / {m.method} creation time: {base / m.creation_sequential.p50.value:.1f}x"))
+    for r in report.ratios:
+        parts.append(Text(f"{r.method} / {r.baseline} valid continuations per host-hour (end to end): "
+                          f"{_times(r.end_to_end)}"))
+        parts.append(Text(f"  beside it, {r.baseline} / {r.method} creation time (restore included): "
+                          f"{_times(r.creation)}"))
+    if not report.ratios and any(m.handover_sequential is None for m in report.methods) and len(report.methods) > 1:
+        parts.append(Text("(a ledger written before creation and hand-over were kept apart: its creation is the "
+                          "wall time of fork(), for criu the hand-over from its pool; no ratio is given)"))
     parts.append(Text(f"prepared state unchanged afterwards: {report.prepared_unchanged}; isolation positive control "
                       f"{'fired' if report.isolation_control_fired else 'DID NOT FIRE'}; run {report.run_id}"))
     for m in report.methods:
         for problem in m.errors[:3]:
             parts.append(Text(f"{m.method}: {problem}"))
     return Group(*parts)
+
+
+def _phase_cells(phases: dict[str, Estimate], cpu: bool) -> str:
+    """'restore 180.2 [170.1, 230.0], ...': the wall-time phases, or (``cpu``) the CPU times."""
+    picked = [(k.removesuffix("_s").removesuffix("_cpu"), e) for k, e in phases.items() if k.endswith("_cpu_s") == cpu]
+    return ", ".join(f"{k} {ms(e)}" for k, e in picked) or "n/a"
+
+
+def _handover(lat: Latency | None, ahead: int, of: int) -> str:
+    """The caller's wait p50, and how many were made ahead of demand; 'n/a' for an old ledger."""
+    if lat is None:
+        return "n/a"
+    return ms(lat.p50) + (f" ({ahead} of {of} made ahead)" if ahead else "")
+
+
+def _times(e: Estimate) -> str:
+    """A ratio as '1.9x [1.2, 3.1]' (its method after), 'n/a' when there is none."""
+    if e.value is None:
+        return "n/a"
+    hi = "inf" if e.high is None or math.isinf(e.high) else f"{e.high:.3g}"
+    return f"{e.value:.3g}x [{e.low or 0:.3g}, {hi}] ({e.method})"
 
 
 def _branch_ray_rows(report: BranchSummaryArtifact) -> list[tuple[str, list[str]]]:

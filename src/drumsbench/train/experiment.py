@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
-from drumsbench.branching.methods import FileCopy
+from drumsbench.branching.methods import FileCopy, costed_fork
 from drumsbench.core.errors import UsageError
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.records import AttemptRecord
@@ -224,14 +224,13 @@ class _Runner:
     def _forked(self, task: Task, policy_args: dict[str, Any], fault: InvalidCause | None, seq: int,
                 meta: dict[str, Any], parent: Parent) -> tuple[AttemptRecord, NetPolicy]:
         """A continuation forked from the group's prepared parent (gate 1 checks it is faithful)."""
-        t0 = time.monotonic()
-        child = parent.method.fork(parent.generation)
-        fork_s = time.monotonic() - t0
+        child, cost = costed_fork(parent.method, parent.generation)  # creation wherever paid, hand-over apart
         try:
             policy = NetPolicy(**policy_args, env=child.env, step_timeout_s=self.cfg.rollout.step_timeout_s,
                                prefix=self.cfg.prefix(), forked=True, prefix_exit=parent.last_exit)
-            meta = {**meta, "extra": {**meta["extra"], "fork": {"method": parent.method.name, "creation_s": fork_s,
-                                                                 "parent": parent.box_id}}}
+            fork = {"method": parent.method.name, "creation_s": cost.creation_s, "handover_s": cost.handover_s,
+                    "parent": parent.box_id}
+            meta = {**meta, "extra": {**meta["extra"], "fork": fork}}
             rec = run_attempt(child, task, policy, self.cfg.rollout, self.canaries, run_id=self.run_id, seq=seq,
                               seed=0, fault=fault, meta=meta, prepared=parent.prepared)
             return rec, policy

@@ -1,4 +1,6 @@
-"""Branch from a prepared state: creation time and faithfulness per fork method."""
+"""Branch from a prepared state: creation cost (restore included, wherever it was paid), the
+hand-over apart, the faithfulness check's own cost, faithfulness per fork method, and each method
+against replay end to end (valid continuations per host-hour) beside the creation ratio."""
 
 from __future__ import annotations
 
@@ -67,7 +69,10 @@ def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
             rows.append([rd.label, b.method, b.env, b.k, b.continuations,
                          Keyed(f"{key}/creation_p50_ms", fmt_ms(b.creation_sequential.p50)),
                          Keyed(f"{key}/creation_p95_ms", fmt_ms(b.creation_sequential.p95)),
-                         Keyed(f"{key}/creation_parallel_p50_ms", fmt_ms(b.creation_parallel.p50)), *cells,
+                         Keyed(f"{key}/creation_parallel_p50_ms", fmt_ms(b.creation_parallel.p50)),
+                         Keyed(f"{key}/handover_p50_ms", _handover(b)),
+                         Keyed(f"{key}/capture_p50_ms", fmt_ms(b.capture.p50) if b.capture else fmt_est(None)),
+                         *cells,
                          Keyed(f"{key}/valid", f"{b.valid} of {b.continuations}"),
                          Keyed(f"{key}/valid_per_host_hour", fmt_est(b.valid_per_host_hour, ".4g")),
                          Keyed(f"{key}/usd_per_valid", fmt_est(b.usd_per_valid_continuation, ".3g"))])
@@ -79,15 +84,32 @@ def sec_branch(runs: Sequence[RunData], pal: Palette) -> str | None:
     if growth:
         plots.append(svg.xy_plot(growth, "k (steps before the fork)", "median creation, ms", log_y=True,
                                  title="creation time against k"))
-    head = ["run", "method", "env", "k", "M", "creation p50 ms", "creation p95 ms", "all at once p50 ms",
+    head = ["run", "method", "env", "k", "M", "creation p50 ms (restore included)", "creation p95 ms",
+            "all at once p50 ms", "hand-over p50 ms (made ahead)", "check p50 ms (capture + compare)",
             *[f"faithful: {d}" for d in dims], "valid", "valid per host-hour", "USD per valid continuation"]
     notes = []
     for rd in runs:
         bs = rd.art.branch_summary
         if bs is not None:
+            for r in bs.ratios:
+                key = f"{rd.label}/branch/ratio/{r.method}"
+                notes.append(f"<li>{escape(rd.label)}: {escape(r.method)} / {escape(r.baseline)} valid continuations "
+                             f"per host-hour, end to end: <b data-key=\"{escape(key)}/end_to_end\">"
+                             f"{fmt_est(r.end_to_end, '.3g', unit='×')}</b>; {escape(r.baseline)} / {escape(r.method)} "
+                             f"creation time (restore included): <span data-key=\"{escape(key)}/creation\">"
+                             f"{fmt_est(r.creation, '.3g', unit='×')}</span></li>")
             notes.append(f"<li>{escape(rd.label)}: task {escape(bs.task)} on {escape(bs.substrate)}, k={bs.k}; the "
                          f"prepared state unchanged afterwards: <b data-key=\"{escape(rd.label)}/branch/unchanged\">"
                          f"{bs.prepared_unchanged}</b>; isolation positive control "
                          f"{'fired' if bs.isolation_control_fired else 'DID NOT FIRE'}</li>")
     return (plot_row(*plots) + (f"<ul>{''.join(notes)}</ul>" if notes else "") +
             table(head, rows, "num small", left=3))
+
+
+def _handover(b: BranchMethodArtifact) -> Raw:
+    """The caller's wait per fork (p50), with how many were made ahead of demand; n/a in a ledger
+    written before it was kept apart from creation."""
+    if b.handover_sequential is None:
+        return fmt_est(None)
+    cell = fmt_ms(b.handover_sequential.p50)
+    return Raw(cell + (f" ({b.made_ahead} of {b.continuations})" if b.made_ahead else ""))
