@@ -10,6 +10,8 @@ host's /tmp). One module-wide sandbox pool keeps the cost to one start per attem
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_desktop_substrates import CFG, _slot, assert_gates, attempt
@@ -66,6 +68,33 @@ def test_a_guest_framebuffer_file_parses_as_xvfb_writes_it():
     with pytest.raises(Exception, match="32-bit"):
         guest.parse_xwd(guest.XWD_HEADER.pack(*fields[:11], 16, *fields[12:]) + b"\0" * 64)
     assert np.array_equal(rgb, guest.parse_xwd(head + b"\0" * 12 * ncolors + pixels + b"tail"))
+
+
+def test_the_guest_blank_waits_for_the_x_server_and_takes(desktop_ready, tmp_path):
+    """``BLANK_SCRIPT`` as the guest runs it, against an Xvfb of the host's: it exits 0 only once the
+    server has answered with the settings it sent (its round trip: a client that hangs up without one
+    may have its requests dropped unread), and the screen saver's window then covers the framebuffer
+    with the root's black background."""
+    import subprocess
+    import time
+
+    from drumsbench.envs.desktop.instance import SYSTEM_PYTHON, _free_display
+
+    n = _free_display()
+    xvfb = subprocess.Popen(["Xvfb", f":{n}", "-nolock", "-nolisten", "tcp", "-screen", "0", "64x48x24",
+                             "-fbdir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while not Path(f"/tmp/.X11-unix/X{n}").exists():
+            assert xvfb.poll() is None and time.monotonic() < end, "Xvfb did not come up"
+            time.sleep(0.05)
+        res = subprocess.run([SYSTEM_PYTHON, "-I", "-c", guest.BLANK_SCRIPT % n], capture_output=True, timeout=60)
+        assert res.returncode == 0, res.stderr.decode()
+        rgb = guest.parse_xwd((tmp_path / "Xvfb_screen0").read_bytes())
+        assert rgb.shape == (48, 64, 3) and not rgb.any()
+    finally:
+        xvfb.terminate()
+        xvfb.wait(30)
 
 
 def test_an_environment_is_refused_up_front_where_its_needs_are_not_met(monkeypatch, run_id):

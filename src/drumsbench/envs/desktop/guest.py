@@ -48,22 +48,40 @@ from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, GuestLa
 
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 XWD_HEADER = struct.Struct(">25I")
-# Forces the screen saver on through libxcb (the guest has no xset): the black-screen fault.
+# Forces the screen saver on through libxcb (the guest has no xset): the black-screen fault. The
+# GetScreenSaver round trip before the disconnect is what makes it take: the X server answers only
+# after it has run the requests before, whereas a client that hangs up right after writing them may
+# have them dropped unread (on epoll the server closes a connection whose socket reports a hang-up,
+# EPOLLHUP, without reading what is left in it; under TCG about half the blanks were lost so).
 BLANK_SCRIPT = """
 import ctypes
+class Cookie(ctypes.Structure):
+    _fields_ = [("sequence", ctypes.c_uint)]
+class Saver(ctypes.Structure):  # xcb_get_screen_saver_reply_t
+    _fields_ = [("response_type", ctypes.c_uint8), ("pad0", ctypes.c_uint8), ("sequence", ctypes.c_uint16),
+                ("length", ctypes.c_uint32), ("timeout", ctypes.c_uint16), ("interval", ctypes.c_uint16),
+                ("prefer_blanking", ctypes.c_uint8), ("allow_exposures", ctypes.c_uint8)]
 x = ctypes.CDLL("libxcb.so.1")
+libc = ctypes.CDLL(None)
+libc.free.argtypes = [ctypes.c_void_p]
 x.xcb_connect.restype = ctypes.c_void_p
-x.xcb_connection_has_error.argtypes = [ctypes.c_void_p]
+for f, n in (("xcb_connection_has_error", 0), ("xcb_set_screen_saver", 4), ("xcb_force_screen_saver", 1),
+             ("xcb_get_screen_saver", 0), ("xcb_disconnect", 0)):
+    getattr(x, f).argtypes = [ctypes.c_void_p] + [ctypes.c_int] * n
+x.xcb_get_screen_saver.restype = Cookie
+x.xcb_get_screen_saver_reply.argtypes = [ctypes.c_void_p, Cookie, ctypes.c_void_p]
+x.xcb_get_screen_saver_reply.restype = ctypes.POINTER(Saver)
 c = x.xcb_connect(b":%d", None)
 if x.xcb_connection_has_error(c):
     raise SystemExit("no X server")
-for f in ("xcb_set_screen_saver", "xcb_force_screen_saver", "xcb_flush", "xcb_disconnect"):
-    getattr(x, f).argtypes = [ctypes.c_void_p] + [ctypes.c_int] * {"xcb_set_screen_saver": 4,
-                                                                   "xcb_force_screen_saver": 1}.get(f, 0)
-x.xcb_set_screen_saver(c, 0, 0, 0, 1)
-x.xcb_force_screen_saver(c, 1)
-x.xcb_flush(c)
+x.xcb_set_screen_saver(c, 0, 0, 0, 1)  # no timeout, DontPreferBlanking, AllowExposures
+x.xcb_force_screen_saver(c, 1)  # ScreenSaverActive
+r = x.xcb_get_screen_saver_reply(c, x.xcb_get_screen_saver(c), None)
+got = None if not r else (r.contents.timeout, r.contents.prefer_blanking, r.contents.allow_exposures)
+libc.free(r)
 x.xcb_disconnect(c)
+if got != (0, 0, 1):
+    raise SystemExit(f"the X server did not take the screen saver's settings (GetScreenSaver: {got})")
 """
 
 
@@ -314,11 +332,23 @@ class GuestInstance(RunningDesktop):
 
     # -- fault injection -------------------------------------------------------------------------
     def blank(self) -> None:
+        """The screen saver forced on in the guest (``BLANK_SCRIPT``, which waits for the X server to
+        have run it), then confirmed where the observations read the screen: the framebuffer file
+        must be black in every pixel, else ``SubstrateError`` (a fault that did not happen must not
+        pass for one the gate missed)."""
         res = self.box.exec([SYSTEM_PYTHON, "-I", "-c", BLANK_SCRIPT % self.display], timeout=60.0, cwd="/",
                             env={"PATH": GUEST_PATH})
-        if res.exit_code != 0:
-            raise SubstrateError(f"desktop (guest): cannot blank the screen: "
+        if res.exit_code != 0 or res.timed_out:
+            raise SubstrateError(f"desktop (guest): cannot blank the screen (exit {res.exit_code}): "
                                  f"{res.stderr.decode(errors='replace')[-200:]}")
+        try:
+            rgb = self._pixels()
+        except xcb.XError as e:
+            raise SubstrateError(f"desktop (guest): the blanked screen cannot be read: {e}") from None
+        lit = int(np.count_nonzero(rgb.any(axis=2)))
+        if lit:
+            raise SubstrateError(f"desktop (guest): the screen saver was forced on, but {lit} pixels of the "
+                                 "framebuffer are not black")
 
     def freeze_display(self) -> None:
         self._checked("pkill -STOP -x Xvfb", "stopping the X server")
