@@ -288,13 +288,27 @@ def test_frozen_screen_is_a_bad_observation(slot):
     assert after.outcome is Outcome.SUCCESS, after.detail
 
 
-def test_planted_stale_lock_is_a_dirty_reset_never_opened_read_only(slot):
+def test_planted_stale_lock_is_a_dirty_reset_never_opened_read_only(slot, monkeypatch):
+    from drumsbench.core.errors import InvalidAttempt
+    from drumsbench.rollout import gates
+
     env = slot.env
     assert isinstance(env, DesktopEnv)
     env.plant_stale_lock = True
+    details: dict = {}
+    check_reset = gates.check_reset
+
+    def check_and_look(e, task):  # what gate 1 saw, read before the invalid attempt's sandbox goes
+        try:
+            check_reset(e, task)
+        except InvalidAttempt:
+            details.update(env.fingerprint_details())
+            raise
+
+    monkeypatch.setattr(gates, "check_reset", check_and_look)
     rec = attempt(slot, "writer-heading", Oracle())
     assert (rec.outcome, rec.cause) == (Outcome.INVALID, InvalidCause.DIRTY_RESET), rec.detail
-    details = env.fingerprint_details()
+    assert slot.sandbox is None  # an invalid attempt's sandbox is never handed on
     assert details["locks"] == {lock_name("start.odt"): "foreign (someone@other-host)"}
     assert details["title"] != "start.odt - LibreOffice Writer"  # LibreOffice asks; nothing was typed
     assert attempt(slot, "writer-heading", Oracle(), seq=1).outcome is Outcome.SUCCESS
@@ -389,10 +403,7 @@ def test_libreoffice_killed_under_a_step_that_awaits_a_title_is_invalid_not_the_
     assert rec.outcome is Outcome.INVALID and rec.cause is InvalidCause.BAD_OBSERVATION, (rec.outcome, rec.detail)
     assert "status 137" in rec.detail, rec.detail
     assert time.monotonic() - t0 < 30  # seen at once, not after the step timeout
-    # what the rollout asks on a step or episode timeout (``_timed_out``) names the kill too
-    env = slot.env
-    assert isinstance(env, DesktopEnv) and env.inst is not None
-    assert "status 137" in (env.failure_evidence() or ""), env.failure_evidence()
+    assert slot.sandbox is None  # an invalid attempt's sandbox is never handed on
 
 
 def test_a_status_file_the_policy_wrote_is_no_evidence_of_a_kill(slot):
@@ -414,6 +425,8 @@ def test_a_status_file_the_policy_wrote_is_no_evidence_of_a_kill(slot):
             os.kill(int(p.split()[0]), signal.SIGKILL)
     died = env.instance_failed(inst, wait_s=5.0)
     assert died is not None and "status 137" in died, died
+    # what the rollout asks on a step or episode timeout (``_timed_out``) names the kill too
+    assert "status 137" in (env.failure_evidence() or ""), env.failure_evidence()
     assert os.stat(inst.app_exit_file).st_uid == 0
 
 
