@@ -304,7 +304,8 @@ class _Episode:
             t0 = time.monotonic()
         else:
             t0 = time.monotonic()
-            if strategy is ResetStrategy.IN_PLACE:
+            fresh = strategy is not ResetStrategy.IN_PLACE
+            if not fresh:
                 try:
                     slot.sandbox.reset_in_place()
                 except SubstrateError as e:
@@ -312,9 +313,8 @@ class _Episode:
                     # root removed /bin/sh): its sabotage must not reach this attempt. A fresh
                     # sandbox instead; a substrate that cannot make one fails here, as always.
                     self.reset_note = {"reset_in_place_failed": str(e)[:200]}
-                    slot.destroy()
-                    slot.provision()
-            else:
+                    fresh = True
+            if fresh:
                 slot.destroy()
                 slot.provision()
         if isinstance(self.env, RestoringReset) and restoring:
