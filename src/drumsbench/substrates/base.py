@@ -419,6 +419,81 @@ class Helpers(ABC):
         that outlives resets (the sandbox's root)."""
 
 
+class Stream(ABC):
+    """A command running in a sandbox whose stdin and stdout the harness holds as OS pipe fds
+    (``Streaming.open_stream``).
+
+    - ``stdin_fd`` is the write end of a pipe to the command's stdin, ``stdout_fd`` the read end of a
+      pipe from its stdout: real pipes (``os.read``/``os.write``, ``select``, a subprocess's
+      ``pass_fds``), blocking, not inheritable. The stream owns them: the caller never closes them
+      itself but calls ``close_stdin`` (the command reads EOF) or ``close``; a closed end's property
+      raises ``ValueError``. The command's stderr is discarded.
+    - ``stdout_fd`` reads EOF once the command, and whatever it started that kept its stdout, ended
+      (killed by ``close``, or by the sandbox's ``end_processes``, ``reset_in_place`` or ``destroy``,
+      which treat it as any command of the sandbox). Writes to ``stdin_fd`` after the command ended
+      fail (``BrokenPipeError``) or are lost.
+    - ``poll``: the exit status once the command ended (``-N`` when killed by signal N, as ``exec``),
+      else ``None``.
+    - ``close``: close both ends, kill the command and everything it started (also what left its
+      session), reap it; the exit status when known within ``timeout`` s (a frozen sandbox's command
+      dies only when thawed: ``None``). Idempotent (later calls return the first's answer); never
+      raises for a sandbox that is gone.
+
+    A stream is one caller's: ``close`` may be called from any thread once the others stopped using
+    the descriptors."""
+
+    @property
+    @abstractmethod
+    def stdin_fd(self) -> int:
+        """The write end: bytes written here go to the command's stdin."""
+
+    @property
+    @abstractmethod
+    def stdout_fd(self) -> int:
+        """The read end: the command's stdout."""
+
+    @abstractmethod
+    def close_stdin(self) -> None:
+        """Close the write end (the command reads EOF); idempotent."""
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """The command's exit status once it ended, else ``None``; never waits (beyond asking the
+        engine, for a container)."""
+
+    @abstractmethod
+    def close(self, timeout: float = 5.0) -> int | None:
+        """Close both ends, kill the command's tree, reap it; its exit status when known (see the class)."""
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Streaming(ABC):
+    """Capability of a sandbox: start ``argv`` in the sandbox as the sandbox's own uid, exactly as
+    ``exec`` would run it (same uid, confinement, cgroup and limits, the environment of
+    ``exec_core.sandbox_env`` plus ``env``, working folder ``cwd``, by default the work folder),
+    with stdin and stdout as pipes held by the harness (``Stream``), for as long as the harness
+    talks to it: a trusted verifier's judge speaking line by line to an untrusted server.
+
+    The command is labelled and tracked like every command of the sandbox: ``end_processes``,
+    ``reset_in_place``, ``destroy`` (and ``gc`` after a crash) kill it and what it started. It has no
+    timeout of its own: the caller bounds its reads and calls ``Stream.close``. Nothing is left in
+    the host's shared places (``/tmp``)."""
+
+    @abstractmethod
+    def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> Stream:
+        """Start ``argv`` (see the class). A command that cannot start inside the sandbox gives a
+        stream that ends at once with a non-zero status (126 when its working folder is gone, as
+        ``exec``; a missing program: the status the substrate's own starter gives, 127 or 126 or 1,
+        and a container engine may say why on stdout). ``SubstrateError`` when the substrate itself
+        fails (the sandbox is destroyed or gone, the engine does not answer)."""
+
+
 @dataclass(frozen=True)
 class LaunchView:
     """How an environment starts its own long-lived process tree inside a sandbox's confinement

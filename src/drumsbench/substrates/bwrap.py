@@ -196,14 +196,18 @@ class BwrapSandbox(HostFolderSandbox, HostLaunching, ViewLaunching):
         return self.host_root if rel == "." else self.host_root / rel
 
     def _argv(
-        self, argv: list[str], cwd: str, env: dict[str, str]
+        self, argv: list[str], cwd: str, env: dict[str, str], *, stream: bool = False
     ) -> tuple[list[str], str | None, dict[str, str]]:
         norm = os.path.normpath(cwd)
         host_cwd: str | None = None
         if _inside(norm, IN_ROOT) or _inside(norm, "/tmp"):
             # Checked by exec: a vanished working folder fails the command, as for ``process``.
             host_cwd = str(self.host_path(norm))
-        return [*self._prefix, "--chdir", norm, "--", *argv], host_cwd, env
+        # A stream outlives the harness thread that starts it, and bwrap's --die-with-parent is a
+        # parent-death signal, sent when that *thread* ends: not for streams (their token, group and
+        # cgroup kill them; a crashed harness leaves them labelled for gc, their stdin at EOF).
+        prefix = [a for a in self._prefix if a != "--die-with-parent"] if stream else self._prefix
+        return [*prefix, "--chdir", norm, "--", *argv], host_cwd, env
 
     def _run(self, req: ExecRequest) -> ExecResult:
         res = super()._run(req)

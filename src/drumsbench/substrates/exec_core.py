@@ -6,7 +6,9 @@
   (the command's outcome, exit 126, not the substrate's failure);
 - ``run_bounded``: a host process in a new session with a timeout and output kept head and tail
   (``HeadTail``), its whole process group killed on timeout (``kill_group``);
-- ``ProcessGroups``: the process groups a sandbox's commands started, for killing them later.
+- ``ProcessGroups``: the process groups a sandbox's commands started, for killing them later;
+- ``start_stream``: a host process whose stdin and stdout the harness holds (``base.Stream``), killed
+  by process group and by its token (``EXEC_VAR``) when closed.
 
 ``Sandbox.exec`` (base) turns a call into an ``ExecRequest``; each substrate's ``_run`` takes it
 from there with these pieces (containers and the vm bound and kill inside the sandbox instead).
@@ -24,11 +26,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import ExecRequest, ExecResult, SandboxPaths
+from drumsbench.substrates.base import ExecRequest, ExecResult, SandboxPaths, Stream
+from drumsbench.substrates.hostproc import kill_pids, pids_with_env
 from drumsbench.substrates.spawner import SpawnedProcess, Spawner, SpawnTimeout
 
 # PATH of every sandbox command (host, container or guest: the same Debian layout)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The environment variable that marks every process of one command (its token): what kills the
+# command's tree finds them by it, also those that left its session
+EXEC_VAR = "DRUMSBENCH_EXEC"
 
 
 def sandbox_env(paths: SandboxPaths, extra: Mapping[str, str] | None, *, labels: Mapping[str, str] | None = None,
@@ -303,3 +309,164 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+
+
+# -- streams (``base.Stream``) ------------------------------------------------------------------
+
+
+class PipeStream(Stream):
+    """A ``Stream`` over two pipe ends the harness owns (``stdin_fd``: a write end, ``stdout_fd``: a
+    read end); subclasses say how to ask about the command (``_status``), kill its tree (``_kill``,
+    before the ends close: closing stdin first would let the command end by itself, its status then
+    depending on a race) and reap it (``_reap``, after)."""
+
+    def __init__(self, stdin_fd: int, stdout_fd: int) -> None:
+        self._in = stdin_fd
+        self._out = stdout_fd
+        self._lock = threading.Lock()
+        self._closed = False
+        self._code: int | None = None
+
+    @property
+    def stdin_fd(self) -> int:
+        if self._in < 0:
+            raise ValueError("the stream's stdin is closed")
+        return self._in
+
+    @property
+    def stdout_fd(self) -> int:
+        if self._out < 0:
+            raise ValueError("the stream is closed")
+        return self._out
+
+    def close_stdin(self) -> None:
+        with self._lock:
+            fd, self._in = self._in, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def poll(self) -> int | None:
+        return self._code if self._closed else self._status()
+
+    def close(self, timeout: float = 5.0) -> int | None:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._closed:
+                return self._code
+            self._closed = True
+        try:
+            self._kill(timeout)
+        finally:
+            with self._lock:
+                fds, self._in, self._out = (self._in, self._out), -1, -1
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+        self._code = self._reap(max(0.0, deadline - time.monotonic()))
+        return self._code
+
+    def _status(self) -> int | None:
+        """The exit status once the command ended (``poll`` before ``close``)."""
+        raise NotImplementedError
+
+    def _kill(self, timeout: float) -> None:
+        """Kill the command's tree (the harness's ends are still open); never raises for a sandbox
+        that is gone."""
+
+    def _reap(self, timeout: float) -> int | None:
+        """The exit status, waited for at most ``timeout`` s (the harness's ends are closed)."""
+        raise NotImplementedError
+
+
+class EndedStream(PipeStream):
+    """The stream of a command that could not start: stdout at EOF, stdin a pipe nobody reads."""
+
+    def __init__(self, code: int) -> None:
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        os.close(in_r)
+        os.close(out_w)
+        super().__init__(in_w, out_r)
+        self._ended = code
+
+    def _status(self) -> int | None:
+        return self._ended
+
+    def _reap(self, timeout: float) -> int | None:
+        return self._ended
+
+
+class PopenStream(PipeStream):
+    """A host process started by ``start_stream``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdin_fd: int, stdout_fd: int, *,
+                 groups: ProcessGroups | None, token: str | None, on_close: Callable[[], None] | None) -> None:
+        super().__init__(stdin_fd, stdout_fd)
+        self.proc = proc
+        self._groups = groups
+        self._token = token
+        self._on_close = on_close
+
+    @property
+    def pid(self) -> int:
+        """The host pid of the process started (held, unreaped, until ``close``)."""
+        return self.proc.pid
+
+    def _status(self) -> int | None:
+        # not reaped (WNOWAIT): the pid, and with it the process group's id, stays ours until ``close``
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.proc.returncode
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def _kill(self, timeout: float) -> None:
+        kill_group(self.proc.pid)
+        # what left the session, by its token (a process in the middle of an exec shows no
+        # environment for a moment: passes until one finds nothing)
+        for _ in range(3):
+            pids = [] if self._token is None else list(pids_with_env(EXEC_VAR, self._token))
+            if not pids:
+                break
+            kill_pids(pids, wait_s=timeout)
+        if self._on_close is not None:
+            with contextlib.suppress(SubstrateError):
+                self._on_close()
+
+    def _reap(self, timeout: float) -> int | None:
+        try:
+            code: int | None = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # a frozen cgroup's process dies only when thawed
+            code = None
+        if self._groups is not None:
+            self._groups.forget([self.proc.pid])
+        return code
+
+
+def start_stream(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str], uid: int | None = None,
+                 groups: ProcessGroups | None = None, token: str | None = None,
+                 on_close: Callable[[], None] | None = None) -> PopenStream:
+    """Start the host command ``argv`` in a new session with stdin and stdout on pipes the harness
+    holds (``base.Stream``), stderr discarded. ``uid``: as ``run_bounded``. ``groups``: the sandbox's
+    groups, which count the command's (``end_processes`` and ``destroy`` kill it). ``close`` kills the
+    process group, the processes whose environment carries ``EXEC_VAR=token`` (put it there), then
+    runs ``on_close`` (e.g. a kill inside a container), then reaps. ``SubstrateError`` when the
+    process cannot be started at all."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    creds: dict = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+    try:
+        proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w,
+                                stderr=subprocess.DEVNULL, start_new_session=True, **creds)
+    except OSError as e:
+        os.close(in_w)
+        os.close(out_r)
+        raise SubstrateError(f"cannot start {argv[0]!r} in {cwd!r}: {e}") from e
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+    if groups is not None:
+        groups.add(proc.pid)
+    return PopenStream(proc, in_w, out_r, groups=groups, token=token, on_close=on_close)

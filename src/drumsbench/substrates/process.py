@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -53,10 +53,19 @@ from drumsbench.substrates.base import (
     ResetStrategy,
     SandboxLimits,
     SandboxPaths,
+    Stream,
+    Streaming,
     Substrate,
     ViewLaunching,
 )
-from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
+from drumsbench.substrates.exec_core import (
+    EXEC_VAR,
+    EndedStream,
+    ProcessGroups,
+    missing_workdir,
+    sandbox_env,
+    start_stream,
+)
 from drumsbench.substrates.host_helper import HostHelper
 from drumsbench.substrates.hostproc import (
     CGROUP_PREFIX,
@@ -204,7 +213,7 @@ def new_sandbox_id() -> str:
 _SPAWNER_STARTS = 3
 
 
-class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
+class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
     """A sandbox whose files live in a host folder: file methods act on the host directly
     (``rootedfs``; its in-sandbox paths are host paths: digest and scan walk them there).
 
@@ -284,30 +293,59 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders):
         rel = os.path.relpath(self.host_path(path), self.host_root)
         return "" if rel == "." else rel
 
-    def _argv(self, argv: list[str], cwd: str, env: dict[str, str]) -> tuple[list[str], str | None, dict[str, str]]:
-        """(host argv, host cwd, host env) for an in-sandbox command."""
+    def _argv(self, argv: list[str], cwd: str, env: dict[str, str], *,
+              stream: bool = False) -> tuple[list[str], str | None, dict[str, str]]:
+        """(host argv, host cwd, host env) for an in-sandbox command (``stream``: one that outlives
+        the harness thread that starts it: ``open_stream``)."""
         return argv, str(self.host_path(cwd)), env
 
     # -- interface -----------------------------------------------------------------------------
     def _run(self, req: ExecRequest) -> ExecResult:
         return self._run_as(req, self.uid)
 
-    def _run_as(self, req: ExecRequest, uid: int | None, launcher: bool = False) -> ExecResult:
-        """Run ``req`` as ``uid``: through ``_argv`` (the substrate's confinement), or with
-        ``launcher`` as the host command it is (a harness-made launcher: ``HostLaunching``)."""
-        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
-        host_argv, host_cwd, host_env = (list(req.argv), str(self.host_path(req.cwd)), env) if launcher \
-            else self._argv(req.argv, req.cwd, env)
+    def _host_command(self, argv: Sequence[str], cwd: str, env: Mapping[str, str] | None, *, launcher: bool = False,
+                      pinned: Mapping[str, str] | None = None,
+                      stream: bool = False) -> tuple[list[str], str | None, dict[str, str]] | None:
+        """(host argv before the cgroup's wrap, host cwd, environment) of a command: through ``_argv``
+        (the substrate's confinement), or with ``launcher`` as the host command it is (a harness-made
+        launcher: ``HostLaunching``); ``None`` when its working folder is gone."""
+        full = sandbox_env(self.paths, env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id}, pinned=pinned)
+        host_argv, host_cwd, host_env = (list(argv), str(self.host_path(cwd)), full) if launcher \
+            else self._argv(list(argv), cwd, full, stream=stream)
         if not self.host_root.is_dir():
             raise SubstrateError(f"sandbox {self.id}: its folder {self.host_root} is gone")
         if host_cwd is not None and not os.path.isdir(host_cwd):
+            return None
+        return host_argv, host_cwd, host_env
+
+    def _run_as(self, req: ExecRequest, uid: int | None, launcher: bool = False) -> ExecResult:
+        """Run ``req`` as ``uid`` (``_host_command``)."""
+        command = self._host_command(req.argv, req.cwd, req.env, launcher=launcher)
+        if command is None:
             return missing_workdir(req.cwd)
+        host_argv, host_cwd, host_env = command
         spawner = None if launcher or uid is None or uid != self.uid else self._live_spawner()
         plain = host_argv
         if self.cgroup is not None:
             host_argv = self.cgroup.wrap(host_argv)
         return self.groups.run(host_argv, req, cwd=host_cwd, env=host_env, uid=uid, spawner=spawner,
                                spawn_argv=plain)
+
+    def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> Stream:
+        """``Streaming``: as ``exec`` runs a command (``_argv``'s confinement, the sandbox's uid, its
+        cgroups, its labels), never through the spawner; in a session of its own, counted in the
+        sandbox's process groups and marked with a token, which ``close`` kills."""
+        if self._destroyed:
+            raise SubstrateError(f"sandbox {self.id} is destroyed")
+        token = uuid.uuid4().hex
+        command = self._host_command(argv, cwd or self.paths.work, env, pinned={EXEC_VAR: token}, stream=True)
+        if command is None:
+            return EndedStream(126)
+        host_argv, host_cwd, host_env = command
+        if self.cgroup is not None:
+            host_argv = self.cgroup.wrap(host_argv)
+        return start_stream(host_argv, cwd=host_cwd, env=host_env, uid=self.uid, groups=self.groups, token=token)
 
     def _live_spawner(self) -> Spawner | None:
         """The sandbox's spawner; the first call starts it in the background (it is ready a few

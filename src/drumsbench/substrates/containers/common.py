@@ -45,11 +45,13 @@ from drumsbench.substrates.base import (
     Sandbox,
     SandboxLimits,
     SandboxPaths,
+    Stream,
+    Streaming,
     Substrate,
     ViewLaunching,
 )
 from drumsbench.substrates.containers import host_entry
-from drumsbench.substrates.exec_core import sandbox_env
+from drumsbench.substrates.exec_core import EXEC_VAR, sandbox_env
 from drumsbench.substrates.hostproc import alive_not_exiting
 
 LABEL_RUN = "drumsbench.run"
@@ -57,7 +59,6 @@ LABEL_SANDBOX = "drumsbench.sandbox"
 # Name prefix of the throw-away container the sandbox image is committed from (a name, not a
 # label: labels of the container would be inherited by the image and every sandbox).
 BUILD_PREFIX = "drumsbench-build-"
-EXEC_VAR = "DRUMSBENCH_EXEC"
 
 ROOT = "/sandbox"
 PATHS = SandboxPaths.under(ROOT)
@@ -426,11 +427,12 @@ def decode_tail(data: bytes, n: int = 300) -> str:
     return data.decode(errors="replace").strip()[-n:]
 
 
-class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
+class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming):
     """One container of an engine. What the engines share is here: the exec token, batched file
     writes, reset and end of processes by scripts run inside, the host's entry into the container
     (``host_entry``: a launched tree and launchers in its cgroups and namespaces); subclasses drive
-    their engine."""
+    their engine. A stream (``open_stream``) is an exec of the engine with its own token, which
+    ``Stream.close`` kills with ``kill_argv`` as a timed-out command's."""
 
     def __init__(self, sub: Substrate, cid: str, sid: str) -> None:
         self.substrate = sub.name
@@ -486,6 +488,17 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching):
         self._check()
         token = new_token()
         return self._run_marked(req, token, exec_env(token, req.env))
+
+    def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> Stream:
+        self._check()
+        token = new_token()
+        return self._open_marked(list(argv), cwd or self.paths.work, exec_env(token, env), token)
+
+    @abc.abstractmethod
+    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
+        """``open_stream`` of ``argv`` with environment ``env`` (which carries ``token``); closing
+        the stream kills what carries the token (``kill_argv``)."""
 
     @abc.abstractmethod
     def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:

@@ -11,7 +11,9 @@ layer committed on top (``python -m drumsbench.substrates.containers.docker ensu
 
 Exec uses the exec API over a hijacked socket: stdin is written then half-closed, the multiplexed
 output is read with a deadline and kept up to ``output_limit`` bytes per stream. On timeout a
-second exec runs ``containers.KILL_SCRIPT`` with the command's token.
+second exec runs ``containers.KILL_SCRIPT`` with the command's token. A stream (``Streaming``) is
+an exec whose socket two daemon threads relay to pipes (``_DockerStream``); closing it runs the
+same kill with its token.
 
 Known Docker behaviour: when a command leaves a background process holding its stdout or stderr,
 the daemon keeps the exec's stream open for about 2 s after the command exits (and the next exec
@@ -25,6 +27,7 @@ import io
 import os
 import posixpath
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -38,9 +41,17 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Capabilities, ExecRequest, ExecResult, Isolation, ResetStrategy, SandboxFrozen
+from drumsbench.substrates.base import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    Isolation,
+    ResetStrategy,
+    SandboxFrozen,
+    Stream,
+)
 from drumsbench.substrates.containers import common as C
-from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail
+from drumsbench.substrates.exec_core import SANDBOX_PATH, HeadTail, PipeStream
 from drumsbench.substrates.hostproc import mounts_of_source
 
 try:  # the SDK is optional: missing() says how to get it
@@ -204,6 +215,19 @@ class DockerSandbox(C.ContainerSandbox):
             timed_out=timed_out,
             duration_s=time.monotonic() - t0,
         )
+
+    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
+        """An exec with stdin attached; its hijacked socket relayed to two pipes (``_DockerStream``)."""
+        try:
+            eid = self._api.exec_create(self.container_id, argv, stdout=True, stderr=True, stdin=True,
+                                        environment=[f"{k}={v}" for k, v in env.items()], workdir=cwd)["Id"]
+            sock = self._api.exec_start(eid, socket=True)
+        except _api_errors() as e:
+            raise self._gone(e, "exec failed") from e
+        raw: socket.socket = getattr(sock, "_sock", sock)
+        early = _buffered_stream_bytes(sock, raw)
+        raw.setblocking(True)  # and no timeout: a stream may be silent for long
+        return _DockerStream(self, eid, sock, raw, token, early)
 
     def _running(self) -> bool:
         """The engine's record: does the container run? (False also when the engine does not know it.)"""
@@ -405,6 +429,111 @@ def _buffered_stream_bytes(sock: Any, raw: socket.socket) -> bytes:
         return b""
 
 
+def _take_frames(pending: bytearray) -> Iterator[tuple[int, bytes]]:
+    """(stream, payload) of each whole frame at the start of ``pending`` (removed from it); stream 2
+    is stderr, 1 stdout."""
+    while len(pending) >= _HEADER.size:
+        kind, size = _HEADER.unpack_from(pending)
+        if len(pending) < _HEADER.size + size:
+            return
+        payload = bytes(pending[_HEADER.size : _HEADER.size + size])
+        del pending[: _HEADER.size + size]
+        yield kind, payload
+
+
+class _DockerStream(PipeStream):
+    """A ``Stream`` over an exec's hijacked socket: two daemon threads relay it to pipes. One demuxes
+    the frames, stdout into the stdout pipe (stderr dropped) until the exec's stream ends; the other
+    sends what the stdin pipe gives to the socket, and half-closes the socket's write side when the
+    caller closes its stdin end. Each thread closes its own pipe end when it is done."""
+
+    def __init__(self, box: DockerSandbox, eid: str, sock: Any, raw: socket.socket, token: str, early: bytes) -> None:
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        super().__init__(in_w, out_r)
+        self._box = box
+        self._eid = eid
+        self._sock = sock
+        self._raw = raw
+        self._token = token
+        self._threads = [
+            threading.Thread(target=self._relay_out, args=(early, out_w), name=f"stream-out-{eid[:8]}", daemon=True),
+            threading.Thread(target=self._relay_in, args=(in_r,), name=f"stream-in-{eid[:8]}", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _relay_out(self, early: bytes, out_w: int) -> None:
+        pending = bytearray(early)
+        try:
+            while True:
+                for kind, payload in _take_frames(pending):
+                    if kind != 2:
+                        _write_all(out_w, payload)
+                chunk = self._raw.recv(1 << 16)
+                if not chunk:
+                    return
+                pending += chunk
+        except OSError:  # the socket shut (``close``), or the caller closed its read end
+            return
+        finally:
+            os.close(out_w)
+
+    def _relay_in(self, in_r: int) -> None:
+        poller = select.poll()
+        poller.register(in_r, select.POLLIN)
+        poller.register(self._raw, select.POLLRDHUP)  # the exec's stream ended: stop reading stdin
+        try:
+            while True:
+                for fd, _ in poller.poll():
+                    if fd != in_r:
+                        return
+                    data = os.read(in_r, 1 << 16)
+                    if not data:
+                        self._raw.shutdown(socket.SHUT_WR)
+                        return
+                    self._raw.sendall(data)
+        except OSError:
+            return
+        finally:
+            os.close(in_r)
+
+    def _status(self) -> int | None:
+        try:
+            info = self._box._api.exec_inspect(self._eid)
+        except docker.errors.NotFound:
+            return -signal.SIGKILL  # the container is gone, and the exec with it
+        except _api_errors():
+            return None
+        if info.get("Running") or info.get("ExitCode") is None:
+            return None
+        return int(info["ExitCode"])
+
+    def _kill(self, timeout: float) -> None:
+        with contextlib.suppress(SubstrateError):
+            self._box._kill(self._token)
+
+    def _reap(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        while True:
+            code = self._status()
+            if code is not None or time.monotonic() >= deadline:
+                return code
+            time.sleep(0.01)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _read_frames(
     raw: socket.socket, deadline: float, limit: int, early: bytes = b""
 ) -> tuple[bytes, bytes, list[int], bool]:
@@ -420,13 +549,8 @@ def _read_frames(
         while True:
             if chunk:
                 pending += chunk
-                while len(pending) >= _HEADER.size:
-                    kind, size = _HEADER.unpack_from(pending)
-                    if len(pending) < _HEADER.size + size:
-                        break
-                    payload = pending[_HEADER.size : _HEADER.size + size]
-                    del pending[: _HEADER.size + size]
-                    keep[1 if kind == 2 else 0].add(bytes(payload))
+                for kind, payload in _take_frames(pending):
+                    keep[1 if kind == 2 else 0].add(payload)
                 chunk = b""
             wait = deadline - time.monotonic()
             if wait <= 0:

@@ -46,10 +46,11 @@ from drumsbench.substrates.base import (
     LaunchView,
     ResetStrategy,
     SandboxFrozen,
+    Stream,
 )
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.containers import host_entry
-from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded
+from drumsbench.substrates.exec_core import SANDBOX_PATH, run_bounded, start_stream
 from drumsbench.substrates.hostproc import mounts_of_source
 
 PODMAN_ERROR = 125  # podman's own failure (also a command's possible exit code: checked)
@@ -306,20 +307,35 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         )
         return proc.returncode == 0 and proc.stdout.strip() == b"true"
 
+    def _exec_argv(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], interactive: bool) -> list[str]:
+        """The ``podman exec`` command line of ``argv`` with exactly ``env``."""
+        cmd = [self._exe, "--log-level=error", "exec"]
+        if interactive:
+            cmd.append("--interactive")
+        cmd += ["--workdir", cwd]
+        for k, v in env.items():
+            cmd += ["--env", f"{k}={v}"]
+        return [*cmd, self.container_id, *argv]
+
     def _podman_exec(self, req: ExecRequest, env: Mapping[str, str]) -> ExecResult:
         """``podman exec`` of ``req`` with exactly ``env``, bounded and killed on timeout (the
         client: what it started in the container lives on)."""
-        cmd = [self._exe, "--log-level=error", "exec"]
-        if req.stdin is not None:
-            cmd.append("--interactive")
-        cmd += ["--workdir", req.cwd]
-        for k, v in env.items():
-            cmd += ["--env", f"{k}={v}"]
-        cmd += [self.container_id, *req.argv]
+        cmd = self._exec_argv(req.argv, req.cwd, env, req.stdin is not None)
         return run_bounded(
             cmd, timeout=req.timeout, cwd=str(work_dir()), env=self._env, stdin=req.stdin,
             output_limit=req.output_limit
         )
+
+    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
+        """``podman exec --interactive``: the stream's pipes are the client's stdin and stdout (its exit
+        status is the command's; a podman that refuses the exec, e.g. in a paused container, ends it at
+        once with podman's own, 125 or 255). ``close`` kills the client, then what carries ``token`` in
+        the container."""
+        def kill_inside() -> None:
+            podman(["exec", self.container_id, *C.kill_argv(token)], check=False, timeout=60)
+
+        return start_stream(self._exec_argv(argv, cwd, env, True), cwd=str(work_dir()), env=self._env,
+                            on_close=kill_inside)
 
     def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
         res = self._podman_exec(req, env)

@@ -58,7 +58,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +78,20 @@ from drumsbench.substrates.base import (
     ResetStrategy,
     SandboxPaths,
     Snapshotting,
+    Stream,
+    Streaming,
     Substrate,
     ViewLaunching,
 )
 from drumsbench.substrates.bwrap import SETPRIV_CONFINE
-from drumsbench.substrates.exec_core import ProcessGroups, missing_workdir, sandbox_env
+from drumsbench.substrates.exec_core import (
+    EXEC_VAR,
+    EndedStream,
+    ProcessGroups,
+    missing_workdir,
+    sandbox_env,
+    start_stream,
+)
 from drumsbench.substrates.hostproc import (
     CgroupFreezable,
     FreezerCgroup,
@@ -109,7 +118,7 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "overlay" / run_id
 
 
-class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaunching):
+class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaunching, Streaming):
     """``launch_view``: ``enter_view.py`` (the sandbox's mount namespace, copied, with the host's
     ``/usr`` and a few ``/etc`` files read-only over its own) and then ``unshare`` (new pid, ipc,
     uts, net and mount namespaces): an environment's own processes outside the holder's pid
@@ -238,11 +247,8 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
             return rootedfs.RootedFS(f"/proc/{self._pid}/root")
 
     # -- interface -------------------------------------------------------------------------------
-    def _run(self, req: ExecRequest) -> ExecResult:
-        workdir = os.path.normpath(req.cwd)
-        if not self._rooted().is_dir(self._rel(workdir)):
-            return missing_workdir(workdir)
-        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+    def _enter_argv(self, argv: Sequence[str], workdir: str) -> list[str]:
+        """The host command that runs ``argv`` inside the sandbox (its namespaces, cgroups and privileges)."""
         host_argv = [
             self._sub.nsenter,
             "-t", str(self._pid),
@@ -251,13 +257,30 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
             # The working folder is entered inside (nsenter --wd would resolve it on the host).
             "/usr/bin/env", f"--chdir={workdir}",
             *_SETPRIV,
-            *req.argv,
+            *argv,
         ]  # fmt: skip
-        if self.cgroup is not None:
-            host_argv = self.cgroup.wrap(host_argv)
+        return host_argv if self.cgroup is None else self.cgroup.wrap(host_argv)
+
+    def _run(self, req: ExecRequest) -> ExecResult:
+        workdir = os.path.normpath(req.cwd)
+        if not self._rooted().is_dir(self._rel(workdir)):
+            return missing_workdir(workdir)
+        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
         # Afterwards the group's leader is reaped: its id is forgotten before the kernel can reuse
         # it. What the command left running lives in the pid namespace and dies with the holder.
-        return self.groups.run(host_argv, req, cwd=None, env=env, forget_all=True)
+        return self.groups.run(self._enter_argv(req.argv, workdir), req, cwd=None, env=env, forget_all=True)
+
+    def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> Stream:
+        """``Streaming``: entered as ``exec`` enters a command; its ``nsenter`` in a session of its own,
+        counted in the sandbox's process groups, the command marked with a token that ``close`` kills."""
+        workdir = os.path.normpath(cwd or self.paths.work)
+        if not self._rooted().is_dir(self._rel(workdir)):
+            return EndedStream(126)
+        token = uuid.uuid4().hex
+        full = sandbox_env(self.paths, env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id},
+                           pinned={EXEC_VAR: token})
+        return start_stream(self._enter_argv(argv, workdir), cwd=None, env=full, groups=self.groups, token=token)
 
     def end_processes(self) -> None:
         """Kill every process of the holder's pid namespace but the holder, and running ``nsenter``s."""
