@@ -1,15 +1,19 @@
-"""The coding verifiers (kept, warm, cold) side by side, on the process substrate, in one run.
+"""The coding verifiers (the trusted judge; the in-process kept, warm, cold) side by side, on the
+process substrate, in one run.
 
     .venv/bin/python benchmarks/warm_verifier.py [--attempts 40] [--sweep] [--json out.json]
 
-Attempts: ``--attempts`` oracle attempts per verifier, the three interleaved in rotating order
+Attempts: ``--attempts`` oracle attempts per verifier, the four interleaved in rotating order
 (one slot each, in-place reset, the built-in coding tasks in turn), so all see the same load.
 Printed per verifier: the attempt's wall time (reset to verdict), the verify phase (stage + run)
 and the runner alone (``run_verifier``: the kept server's answer, or one ``python3`` exec and the
 tests), each as p50 with its 95% interval (order statistics), and each one's ratio to cold.
-Every attempt must succeed (the oracle) and the kept verifier must have decided every kept
-attempt (no fallback). Beside them, a runner's start and imports alone (one ``python3 -I -c
-"import ..."`` in the sandbox per round): what the kept server does once per sandbox.
+Every attempt must succeed (the oracle), the judge must have decided every judge attempt and the
+kept verifier every kept attempt (no fallback). The boundary's cost per forwarded call: ``--calls``
+requests (a module attribute, then a call returning plain data) from the judge's ``Link`` to a
+boundary server in a process sandbox, p50 per request with its interval. Beside them, a runner's
+start and imports alone (one ``python3 -I -c "import ..."`` in the sandbox per round): what the kept
+server does once per sandbox.
 
 ``--sweep``: also ``drumsbench sweep --substrate process --concurrency C --window 1m --soak none``
 (``--sweep-concurrency``, default ``1,2,4``) for two verifiers (``--sweep-verifiers``, default kept
@@ -77,18 +81,22 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
     verify: dict[str, list[float]] = {m: [] for m in VERIFIERS}
     bad: list[str] = []
     prepare: list[float] = []
+    calls: list[int] = []
     canaries = CanaryRegistry()
     load0 = os.getloadavg()
     try:
         for i in range(n):
             task = tasks[i % len(tasks)]
-            order = VERIFIERS[i % 3:] + VERIFIERS[:i % 3]
+            k = i % len(VERIFIERS)
+            order = VERIFIERS[k:] + VERIFIERS[:k]
             for mode in order:
                 rec = run_attempt(slots[mode], task, make_policy("oracle"), RolloutConfig(), canaries,
                                   run_id=run, seq=i, seed=0)
                 if rec.outcome is not Outcome.SUCCESS:
                     bad.append(f"{mode} {task.id}: {rec.outcome} {rec.detail}")
                 notes[mode].append(str(rec.extra.get("verifier")))
+                if mode == "judge":
+                    calls.append(int(rec.extra.get("judge_calls") or 0))
                 wall[mode].append(rec.t_end - rec.t_start)
                 verify[mode].append(rec.verify_s)
             box = slots["warm"].sandbox
@@ -113,11 +121,43 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
                      "decided_by": {v: notes[mode].count(v) for v in sorted(set(notes[mode]))}}
     if out["kept"]["decided_by"] != {"kept": n}:
         bad.append(f"kept attempts decided by {out['kept']['decided_by']}, not all by the kept server")
+    if out["judge"]["decided_by"] != {"judge": n}:
+        bad.append(f"judge attempts decided by {out['judge']['decided_by']}, not all by the judge")
+    out["judge_calls_p50"] = quantile([float(c) for c in calls], 0.5).model_dump()
     out["prepare_p50"] = quantile(prepare, 0.5).model_dump()
     for mode in ("kept", "warm"):
         for key in ("attempt_p50", "verify_phase_p50", "runner_p50"):
             out[f"ratio_{mode}_cold_{key}"] = out[mode][key]["value"] / out["cold"][key]["value"]
+    for key in ("attempt_p50", "verify_phase_p50", "runner_p50"):
+        out[f"ratio_judge_kept_{key}"] = out["judge"][key]["value"] / out["kept"][key]["value"]
     return out
+
+
+def boundary_calls(n: int, state: Path) -> dict[str, Any]:
+    """Seconds per forwarded request, judge ``Link`` -> boundary server in a process sandbox."""
+    from drumsbench.envs.coding.env import BOUNDARY_SERVER
+    from drumsbench.envs.coding.judge import Link
+
+    sub = ProcessSubstrate("wv-calls-" + uuid.uuid4().hex[:6], state)
+    box = sub.create()
+    try:
+        stream = box.open_stream(["python3", "-I", "-c", BOUNDARY_SERVER], cwd=box.paths.work)
+        try:
+            link = Link(stream.stdout_fd, stream.stdin_fd, time.monotonic() + 600)
+            mod = link.request("import", name="decimal")
+            per: list[float] = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                ctor = mod.Decimal  # one request: a handle
+                value = ctor(str(i))  # one request: plain data back
+                per.append((time.perf_counter() - t0) / 2)
+                assert value == i
+        finally:
+            stream.close()
+    finally:
+        box.destroy()
+        sub.close()
+    return {"requests": 2 * n, "per_request_p50": quantile(per, 0.5).model_dump()}
 
 
 def sweeps(state: Path, pairs: int, modes: tuple[str, str], concurrency: str) -> list[dict[str, Any]]:
@@ -152,6 +192,7 @@ def main() -> None:
     ap.add_argument("--sweep-pairs", type=int, default=2, help="pairs of sweeps (ABBA order); default 2")
     ap.add_argument("--sweep-verifiers", default="kept,cold", help="the two verifiers swept; default kept,cold")
     ap.add_argument("--sweep-concurrency", default="1,2,4", help="the sweeps' concurrency list; default 1,2,4")
+    ap.add_argument("--calls", type=int, default=2000, help="pairs of forwarded requests timed alone")
     ap.add_argument("--state", type=Path, default=None, help="state folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -171,6 +212,14 @@ def main() -> None:
     for mode in ("kept", "warm"):
         print(f"{mode + '/cold':10} " + " ".join(f"{a[f'ratio_{mode}_cold_{k}']:>30.2f}"
                                                   for k in ("attempt_p50", "verify_phase_p50", "runner_p50")))
+    print(f"{'judge/kept':10} " + " ".join(f"{a[f'ratio_judge_kept_{k}']:>30.2f}"
+                                          for k in ("attempt_p50", "verify_phase_p50", "runner_p50")))
+    print(f"forwarded requests per judge verification: p50 {Estimate(**a['judge_calls_p50']).fmt('.0f')}")
+    result["boundary"] = boundary_calls(args.calls, state)
+    per = Estimate(**result["boundary"]["per_request_p50"])
+    print(f"one forwarded request (judge Link -> boundary server in a process sandbox), "
+          f"{result['boundary']['requests']} requests: {per.fmt('.1f', 's')} "
+          f"= {(per.value or 0) * 1e6:.0f} us p50")
     prep = Estimate(**a["prepare_p50"])
     print(f"a runner's start and imports alone (python3 -I -c 'import ...' in the sandbox): {_ms(prep)} "
           "(paid once per sandbox by the kept server, per verification by warm and cold)")

@@ -235,7 +235,7 @@ def test_a_warm_runner_that_cannot_start_falls_back_to_cold_and_says_so(state_di
         env.box.write_file(runner, b'import sys\nif "--warm" in sys.argv:\n    raise SystemExit(3)\n' + RUNNER)
         assert env.run_verifier(TASKS[0], 30) is True
         assert len(env.fallbacks) == 1 and "exit 3" in env.fallbacks[0]
-        assert env.verify_note == {"verifier": "cold", "verifier_fallback": env.fallbacks[0]}
+        assert _way(env.verify_note) == {"verifier": "cold", "verifier_fallback": env.fallbacks[0]}
         env.break_verifier()  # both broken: infrastructure, as the cold verifier alone says
         with pytest.raises(coding_env.InvalidAttempt) as e:
             env.run_verifier(TASKS[0], 30)
@@ -246,11 +246,17 @@ def test_a_warm_runner_that_cannot_start_falls_back_to_cold_and_says_so(state_di
         sub.close()
 
 
+def _way(note: dict) -> dict:
+    """How the in-process runner decided, without the trust level every in-process note carries."""
+    assert note.get("trust") == "in-process", note
+    return {k: v for k, v in note.items() if not k.startswith("trust")}
+
+
 def test_the_setting_is_checked(monkeypatch):
     monkeypatch.setenv(VERIFIER_VAR, "cold")
     assert CodingEnv().verifier == "cold"
     monkeypatch.delenv(VERIFIER_VAR)
-    assert CodingEnv().verifier == "kept"
+    assert CodingEnv().verifier == "judge"
     monkeypatch.setenv(VERIFIER_VAR, "lukewarm")
     with pytest.raises(UsageError, match=VERIFIER_VAR):
         CodingEnv()
@@ -266,9 +272,9 @@ def test_the_run_report_groups_attempts_by_verifier(tmp_path, state_dir):
     env = {"DRUMSBENCH_STATE": str(state_dir)}
     seen = {}
     bad = cli("run", "--verifier", "tepid", "--out", str(tmp_path / "bad"), env=env)
-    assert bad.returncode == 2 and "--verifier: 'tepid' is not one of kept, warm, cold" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "--verifier: 'tepid' is not one of judge, kept, warm, cold" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()  # checked before anything is made
-    for mode in ("kept", "cold"):
+    for mode in ("judge", "kept", "cold"):
         out = tmp_path / mode
         # the environment variable, or the flag (which wins over it)
         how = {"env": {**env, VERIFIER_VAR: mode}} if mode == "kept" else \
@@ -281,11 +287,15 @@ def test_the_run_report_groups_attempts_by_verifier(tmp_path, state_dir):
         assert (way["way"], way["attempts"], way["invalid"]) == (mode, report["attempts"], 0), report["ways"]
         assert way["latency"]["n"] == report["attempts"] >= 4 and way["latency"]["p50"]["value"] > 0
         assert "how attempts ran" in proc.stdout
+        trust = "judge" if mode == "judge" else "in-process"
+        assert report["trust"] == {trust: report["valid"]}, report["trust"]
+        judged = report["valid"] if mode == "judge" else 0
+        assert f"{judged} of {report['valid']} verdicts from a trusted judge" in proc.stdout
         rebuilt = cli("report", report["run_id"], "--out", str(out), "--json", str(out / "again.json"), env=env,
                       check=True)
         assert json.loads((out / "again.json").read_text())["ways"] == report["ways"], rebuilt.stdout
         seen[mode] = way
-    assert seen["kept"]["way"] != seen["cold"]["way"]
+    assert len({w["way"] for w in seen.values()}) == 3
 
 
 # -- the kept server: started at reset, alive through the policy's turn ---------------------------------
@@ -336,7 +346,7 @@ def test_the_kept_servers_child_runs_the_code_as_the_sandboxs_uid(env_class, sta
         env.stage_verifier(task)
         with pytest.raises(coding_env.PolicyFault):
             env.run_verifier(task, 30)  # the bug is not fixed: failed
-        assert env.verify_note == {"verifier": "kept"}
+        assert _way(env.verify_note) == {"verifier": "kept"}
         seen = int(box.read_file(f"{box.paths.tmp}/uid-seen"))
         # the positive control: without the drop, the code under test runs as root
         assert seen == (0 if env_class is _NoDrop else box.uid), seen
@@ -348,7 +358,7 @@ def test_the_kept_servers_child_runs_the_code_as_the_sandboxs_uid(env_class, sta
 def test_fault_injection_breaks_the_kept_server_too(state_dir, run_id):
     sub, env = _staged(state_dir, run_id, oracle=True, verifier="kept")
     try:
-        assert env.run_verifier(TASKS[0], 30) is True and env.verify_note == {"verifier": "kept"}
+        assert env.run_verifier(TASKS[0], 30) is True and _way(env.verify_note) == {"verifier": "kept"}
         env.break_verifier()  # from the host: the server killed, the runner damaged
         with pytest.raises(coding_env.InvalidAttempt) as e:
             env.run_verifier(TASKS[0], 30)

@@ -66,12 +66,14 @@ def tasks_check(
 
     def show(c: TaskCheck) -> None:
         what = ("data checks" if c.substrate == "host" else
-                f"fails on the start state, passes with the golden patch ({repeat} runs of each, same verdict)")
+                f"fails on the start state, passes with the golden patch ({repeat} runs of each, same verdict); "
+                f"verdicts by: {c.trust}")
         if c.ok:
             console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)
         else:
             # one line however long: a problem is grepped for, never wrapped
-            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}", highlight=False, soft_wrap=True)
+            trust = f" [verdicts by: {c.trust}]" if c.trust else ""
+            console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}{trust}", highlight=False, soft_wrap=True)
 
     failures = total = 0
     with tempfile.TemporaryDirectory(prefix="drumsbench-taskcheck-") as tmp:

@@ -36,6 +36,8 @@ class TaskCheck:
     start: str  # what the verifier said on the start state
     golden: str  # ... and after the golden patch
     problem: str = ""
+    # who decides the task's verdicts on this substrate: "judge" (trusted) or "in-process (why)"
+    trust: str = ""
 
 
 def _verify(env: CodingEnv, task: CodingTask) -> str:
@@ -141,7 +143,9 @@ def check_suite(suite: str, substrates: list[str], state_dir: Path,
                     start, golden, problem = check_task(env, task, repeat)
                 except SubstrateError as e:
                     start, golden, problem = "", "", f"substrate failed: {e}"
-                result = TaskCheck(name, task.id, not problem, start, golden, problem)
+                why_not = env.judged(task)
+                trust = "judge" if why_not is None else f"in-process ({why_not})"
+                result = TaskCheck(name, task.id, not problem, start, golden, problem, trust)
                 progress(result)
                 out.append(result)
             box.destroy()

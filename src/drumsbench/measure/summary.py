@@ -91,7 +91,7 @@ class WayLine(BaseModel):
 
 
 # extra key -> (aspect, the attempt column of its phase)
-WAYS = {"reset": ("reset", "reset_s"), "verifier": ("verifier", "verify_s")}
+WAYS = {"reset": ("reset", "reset_s"), "verifier": ("verifier", "verify_s"), "trust": ("trust", "verify_s")}
 
 
 class RunHeader(BaseModel):
@@ -138,6 +138,15 @@ class RunReport(RunHeader):
     nodes: dict[str, NodeRunLine] = {}  # Ray: per node id (empty in process)
     sabotage: list[SabotageLine] = []
     ways: list[WayLine] = []  # attempts by how their reset / verifier ran (empty when no attempt says)
+    # verdicts (valid attempts) by who decided them (extra "trust": "judge", "in-process", "in-sandbox";
+    # "not recorded" for attempts that say nothing)
+    trust: dict[str, int] = {}
+
+    def trust_line(self) -> str:
+        """``N of M verdicts from a trusted judge`` (and what decided the others)."""
+        judged = self.trust.get("judge", 0)
+        others = ", ".join(f"{n} {k}" for k, n in sorted(self.trust.items()) if k != "judge" and n)
+        return f"{judged} of {self.valid} verdicts from a trusted judge" + (f" ({others})" if others else "")
 
     model_config = {"populate_by_name": True}
 
@@ -276,7 +285,15 @@ def build(ledger: Ledger, run_id: str, price: HostPrice | None = None, cols: Col
         nodes=_nodes(db, run_id, segs, wall_s),
         sabotage=_sabotage(db, run_id),
         ways=_ways(db, run_id),
+        trust=_trust(db, run_id),
     )
+
+
+def _trust(db: Any, run_id: str) -> dict[str, int]:
+    """Valid attempts by the trust level of their verdict (``extra.trust``)."""
+    return {str(level or "not recorded"): k for level, k in db.execute(
+        "SELECT json_extract(extra, '$.trust') AS t, COUNT(*) FROM attempts WHERE run_id = ? "
+        "AND outcome != 'invalid' GROUP BY t ORDER BY t", (run_id,))}
 
 
 def _ways(db: Any, run_id: str) -> list[WayLine]:

@@ -39,6 +39,7 @@ def render(r: RunReport) -> Group:
     m.add_column("value [interval]")
     m.add_column("method")
     m.add_row("success rate over valid", r.success_rate.fmt(".3f"), f"wilson, n={r.success_rate.n}")
+    m.add_row("verdicts", r.trust_line(), "who decided (docs/attribution.md)")
     m.add_row("invalid rate", r.invalid_rate.fmt(".3f"), f"wilson, n={r.invalid_rate.n}")
     m.add_row("valid rollouts per host-hour", r.valid_per_host_hour.fmt(".4g"),
               f"{r.headline_basis}; {r.valid_per_host_hour.method}")

@@ -15,9 +15,18 @@ not start, e.g. a /bin/sh the command removed), nothing timed out and the output
 — then bytes were lost between sandbox and harness (``bad_observation``). Output after the marker
 (a background process) is cut off, never parsed.
 
-Verification: ``verify_runner.py`` (see its docstring) prints a verdict authenticated with a
-per-verification secret handed over on stdin; the code under test never holds it. ``verifier``
-chooses how it runs (``VERIFIERS``): ``kept`` (the default) — where the sandbox keeps helpers
+Verification. ``judge`` (the default, ``VERIFIERS``): the **trusted judge** decides — the hidden
+tests run on the host in ``judge.py`` (forked by the kept judge, ``judge_host``), a process the
+policy's code never runs in; the code under test runs in ``boundary_server.py`` in the sandbox, as
+the sandbox's uid, started after ``end_processes`` through the sandbox's ``Streaming`` capability, and
+only plain data crosses back (docs/attribution.md). The hidden tests never enter the sandbox. Where
+the sandbox cannot stream (``Streaming``) or the task declares ``verifier = "in-process"``, the
+verdict is the in-process runner's, and ``verify_note["trust"]`` says so (``in-process``): every
+report counts verdicts per trust level.
+
+In-process: ``verify_runner.py`` (see its docstring) prints a verdict authenticated with a
+per-verification secret handed over on stdin; the code under test never holds it, but runs in the
+process that decides (its fences can be outwitted: issue 29's three classes). ``kept`` — where the sandbox keeps helpers
 (``Helpers``), one verifier server per sandbox, started at reset before the policy's first action
 as the harness's uid, out of the policy's reach, forks a worker per verification (elsewhere:
 ``warm``); ``warm`` — one interpreter per verification that does the imports, then forks the
@@ -42,8 +51,9 @@ from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFaul
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
 from drumsbench.envs.base import Action, Environment, Observation, Task, VerifierNotes
+from drumsbench.envs.coding.judge_host import run_judge
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths
+from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Streaming
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
@@ -66,8 +76,14 @@ VERIFY_MARGIN_S = 2.0
 # How the verifier runs: "kept" asks a server kept in the sandbox since reset (where the sandbox
 # keeps helpers; else "warm"), "warm" forks the child from an interpreter prepared per
 # verification, "cold" starts it afresh.
-VERIFIERS = ("kept", "warm", "cold")
-DEFAULT_VERIFIER = "kept"
+VERIFIERS = ("judge", "kept", "warm", "cold")
+DEFAULT_VERIFIER = "judge"
+# verify_note["trust"]: who decided the verdict
+TRUST_JUDGE = "judge"
+TRUST_IN_PROCESS = "in-process"
+# The boundary server's source, run with -c (never a file of the sandbox: nothing to trust there
+# anyway, but nothing to stage either).
+BOUNDARY_SERVER = (Path(__file__).parent / "boundary_server.py").read_text()
 # The process-wide choice when the environment is made without one (run, sweep, serve, gym).
 VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
 
@@ -75,6 +91,11 @@ VERIFIER_VAR = "DRUMSBENCH_VERIFIER"
 def runner_stdin(secret: bytes, config: dict[str, Any]) -> bytes:
     """What a verifier runner reads on stdin: the secret (hex), then the JSON config, a line each."""
     return secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
+
+
+def task_modules(task: CodingTask) -> set[str]:
+    """The top-level names the task's own files provide (imported through the boundary)."""
+    return {rel.split("/")[0].removesuffix(".py") for rel in task.files}
 
 
 def chosen_verifier(verifier: str | None = None) -> str:
@@ -99,11 +120,30 @@ class CodingEnv(Environment, VerifierNotes):
         # the kept verifier server of the attached sandbox (``kept``; None: it keeps none)
         self._server: Helper | None = None
         self._server_box: object | None = None
+        # the judge's interpreter when fault injection broke it (None: the kept judge)
+        self._judge_python: str | None = None
 
     def reset(self, task: Task) -> None:
         super().reset(task)
-        if self.verifier == "kept":
+        if self._in_process_verifier(task) == "kept":
             self._keep_server()
+
+    def judged(self, task: Task) -> str | None:
+        """None when the trusted judge decides ``task`` in the attached sandbox; else why not."""
+        assert isinstance(task, CodingTask)
+        if task.trust == TRUST_IN_PROCESS:
+            return "the task declares verifier = \"in-process\""
+        if self.verifier != "judge":
+            return f"verifier {self.verifier} chosen"
+        if not isinstance(self.box, Streaming):
+            return f"the {self.box.substrate} substrate cannot stream a command (no Streaming)"
+        return None
+
+    def _in_process_verifier(self, task: Task) -> str | None:
+        """The in-process runner that decides ``task`` (None: the judge does)."""
+        if self.judged(task) is None:
+            return None
+        return "kept" if self.verifier in ("judge", "kept") else self.verifier
 
     def _keep_server(self) -> None:
         """Start the kept verifier server in the attached sandbox unless one runs there already.
@@ -195,17 +235,22 @@ class CodingEnv(Environment, VerifierNotes):
 
     # -- verifier ----------------------------------------------------------------------------
     def stage_verifier(self, task: Task) -> None:
-        """End every process the policy left, then copy the runner and the hidden tests."""
+        """End every process the policy left, then (in-process runners only) copy the runner and the
+        hidden tests; the judge stages nothing in the sandbox."""
         assert isinstance(task, CodingTask)
         self.box.end_processes()
         # What the policy left there (files, links) goes; nothing of the policy runs any more.
         self.box.empty_folder(self.box.paths.verify)
+        if self._in_process_verifier(task) is None:
+            return
         files = {"runner.py": RUNNER, **{f"tests/{name}": data for name, data in task.hidden.items()}}
         self.box.put_files(self.box.paths.verify, files)
 
     def break_verifier(self) -> None:
-        """Damage the staged runner from the host and kill the kept server (fault injection):
-        neither can start a verification."""
+        """Fault injection: the judge's interpreter is gone for this environment's next
+        verification (a fresh judge is started with a path that does not exist); the staged runner
+        is damaged from the host and the kept server killed: no verifier can start."""
+        self._judge_python = "/nonexistent/drumsbench-broken-python"
         self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
         if self._server is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -223,11 +268,63 @@ class CodingEnv(Environment, VerifierNotes):
         evidence that the runner did not get to run the tests or to report (its authenticated
         READY missing, no tests defined) or that the sandbox itself failed (see ``Sandbox.probe``)."""
         assert isinstance(task, CodingTask)
+        why_not = self.judged(task)
+        if why_not is None:
+            return self._run_judge(task, timeout)
+        try:
+            return self._run_in_process(task, timeout)
+        finally:
+            self.verify_note = {**self.verify_note, "trust": TRUST_IN_PROCESS, "trust_why": why_not}
+
+    def _run_judge(self, task: CodingTask, timeout: float) -> bool:
+        """``run_verifier`` by the trusted judge (the module docstring; docs/attribution.md)."""
+        assert isinstance(self.box, Streaming)
+        secret = new_secret()
+        config = {"tests": {name.rsplit("/", 1)[-1]: data.decode() for name, data in task.hidden.items()},
+                  "task_modules": sorted(task_modules(task)), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S)}
+        self.verify_note = {"verifier": "judge", "trust": TRUST_JUDGE}
+        stream = self.box.open_stream(["python3", "-I", "-c", BOUNDARY_SERVER], cwd=self.box.paths.work)
+        try:
+            lines, timed_out, how = run_judge(stream, secret, config, timeout, python=self._judge_python)
+        finally:
+            stream.close()
+            self._judge_python = None
+        self.verify_note["judge"] = how
+        if not saw_ready(lines, secret):
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
+                                 f"the judge did not start ({how}{', timed out' if timed_out else ''})")
+        verdict = authentic_verdict(lines, secret)
+        if verdict is None:
+            if timed_out:
+                # The judge's own work between the code under test's answers is bounded by the
+                # hidden tests (which passed the oracle); what made it run past the limit came from
+                # those answers.
+                raise PolicyFault(f"the judge ran past {timeout:g} s on the code under test's answers", destroy=True)
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"the judge gave no verdict ({how})")
+        self.verify_note["judge_calls"] = verdict.get("calls")
+        status = verdict.get("status")
+        reason = str(verdict.get("reason") or "")
+        if status == "passed":
+            return True
+        if status == "failed":
+            raise PolicyFault(f"verifier: {reason or 'tests did not pass'}")
+        if status == "server_lost":
+            evidence = self.box.probe()
+            if evidence:
+                raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"{reason}: {evidence}")
+            raise PolicyFault(f"verifier: {reason}", destroy=True)
+        # no_tests (a broken task), missing_dependency (the judge's own Python lacks a module the
+        # hidden tests import: the policy cannot touch it), anything else: the judge's side
+        raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"judge: {status}: {reason}")
+
+    def _run_in_process(self, task: CodingTask, timeout: float) -> bool:
+        """``run_verifier`` by an in-process runner (``verify_runner.py``)."""
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
-                  "task_modules": sorted({rel.split("/")[0].removesuffix(".py") for rel in task.files}),
+                  "task_modules": sorted(task_modules(task)),
                   "test_imports": sorted(task.test_imports)}
-        server = self._server if self.verifier == "kept" and self._server_box is self.box else None
+        chosen = self._in_process_verifier(task)
+        server = self._server if chosen == "kept" and self._server_box is self.box else None
         if server is not None and server.alive():  # (not alive: it was started and has ended)
             self.verify_note = {"verifier": "kept"}
             res = server.call(b"go\n" + runner_stdin(secret, config), timeout=timeout, output_limit=OBS_LIMIT)
@@ -244,8 +341,8 @@ class CodingEnv(Environment, VerifierNotes):
             self.fallbacks.append(why)
             self.verify_note = {"verifier": "warm", "verifier_fallback": why}
         else:
-            self.verify_note = {"verifier": "warm" if self.verifier == "kept" else self.verifier}
-        warm = self.verifier != "cold"
+            self.verify_note = {"verifier": "warm" if chosen == "kept" else str(chosen)}
+        warm = chosen != "cold"
         res = self._exec_runner(secret, config, timeout, warm=warm)
         lines = res.stdout.decode(errors="replace").splitlines()
         if warm and not saw_ready(lines, secret) and not res.timed_out:

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -42,8 +42,14 @@ _SKIP_PARTS = {"__pycache__", ".git"}
 
 
 class VerifySpec(BaseModel):
+    """``[verify]`` of task.toml. ``verifier``: ``judge`` (the default) runs the hidden tests in the
+    trusted judge, behind the boundary (docs/attribution.md); ``in-process`` declares tests that must
+    share a process with the code under test (e.g. they monkeypatch it): they run in the sandbox with
+    the in-process runner's fences, and every report says those verdicts are not from a judge."""
+
     model_config = ConfigDict(extra="forbid")
     timeout_s: float = Field(60.0, gt=0)
+    verifier: Literal["judge", "in-process"] = "judge"
 
 
 class TaskSpec(BaseModel):
@@ -76,6 +82,8 @@ class CodingTask(Task):
         self.golden_patch = golden
         self.wrong_patches = wrong
         self.verify_timeout = spec.verify.timeout_s
+        # "judge": the hidden tests run in the trusted judge; "in-process": declared by the task
+        self.trust = spec.verify.verifier
         self._read_targets = sorted(p for p in files if p.endswith(".py"))[:2] or sorted(files)[:2]
         # read once, here: the harness parses no source in its worker threads (CPython 3.11's ast
         # is not thread-safe: "AST constructor recursion depth mismatch" under two workers)

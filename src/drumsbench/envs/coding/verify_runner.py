@@ -98,6 +98,73 @@ def _test_imports(verify_dir, names):
     return found
 
 
+def _test_bindings(verify_dir, names, task_modules):
+    """Per hidden test module: {name it binds at top level: (module, attribute or None)} for its
+    imports of modules that are not the task's, by syntax."""
+    out = {}
+    for name in names:
+        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
+            tree = ast.parse(f.read(), filename=name)
+        binds = {}
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] not in task_modules:
+                        binds[a.asname or a.name.split(".")[0]] = ((a.asname and a.name) or a.name.split(".")[0], None)
+            elif (isinstance(node, ast.ImportFrom) and node.module and not node.level
+                  and node.module.split(".")[0] not in task_modules):
+                for a in node.names:
+                    if a.name != "*":
+                        binds[a.asname or a.name] = (node.module, a.name)
+        out[name[:-3]] = binds
+    return out
+
+
+def _test_classes(verify_dir, names):
+    """Per hidden test module: {class name: (names its body defines, whether it defines tests)}, by syntax."""
+    out = {}
+    for name in names:
+        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
+            tree = ast.parse(f.read(), filename=name)
+        classes = {}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                defined = set()
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        defined.add(item.name)
+                    elif isinstance(item, ast.Assign):
+                        defined.update(t.id for t in item.targets if isinstance(t, ast.Name))
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        defined.add(item.target.id)
+                classes[node.name] = (defined, any(d.startswith("test") for d in defined))
+        out[name[:-3]] = classes
+    return out
+
+
+def _binary_in_tree(root, limit=20000):
+    """The first file under ``root`` that is a native module (an extension suffix or ELF bytes)."""
+    import importlib.machinery
+
+    suffixes = (*importlib.machinery.EXTENSION_SUFFIXES, ".so")
+    seen = 0
+    for folder, _dirs, files in os.walk(root):
+        for f in files:
+            seen += 1
+            if seen > limit:
+                return None
+            path = os.path.join(folder, f)
+            if f.endswith(suffixes):
+                return path
+            try:
+                with open(path, "rb") as fh:
+                    if fh.read(4) == b"\x7fELF":
+                        return path
+            except OSError:
+                pass
+    return None
+
+
 def _image_has(module):
     """Does the image provide top-level ``module`` with the work tree and the tests off sys.path?"""
     import importlib.util
@@ -507,6 +574,31 @@ def child(verify_dir, fd, task_modules, names):
         except BaseException:  # missing from the image: reported when the test imports it
             pass
 
+    # Issue 29's three classes, detected (never prevented: this process runs the policy's code).
+    # A native module in the work tree (it could walk frames in C, where no audit event fires).
+    binary = _binary_in_tree(os.getcwd())
+    if binary is not None:
+        emit(ev="refused", what=f"a native module in the work tree: {os.path.relpath(binary)}")
+        return
+    # What each hidden test module's own imports bind, as they are before any code under test runs:
+    # after its import and after every test the module's names must still be these objects.
+    bindings = {}
+    for module_name, binds in _test_bindings(verify_dir, names, task_modules).items():
+        expect = {}
+        for bound, (src, attr) in binds.items():
+            mod = sys.modules.get(src)
+            if mod is None:
+                continue  # not importable from the image: reported when the test imports it
+            if attr is None:
+                expect[bound] = mod
+            elif hasattr(mod, attr):
+                expect[bound] = getattr(mod, attr)
+        bindings[module_name] = expect
+    class_bodies = _test_classes(verify_dir, names)
+    allowed_dunders = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                                 "__annotations__", "__firstlineno__", "__static_attributes__",
+                                 "_classSetupFailed", "_class_cleanups"})
+
     # assertEqual compares values of one type (numbers of different types aside): an object of
     # the policy's whose __eq__ says yes to everything does not equal an expected int or str.
     base_assert_equal = unittest.TestCase.assertEqual
@@ -531,6 +623,32 @@ def child(verify_dir, fd, task_modules, names):
                        for k, v in vars(m).items() if not k.startswith("__") or m is builtins}
     sizes = {c: len(vars(c)) for c in watched}
     items, vars_, len_ = snapshot.items, vars, len
+
+    def test_module_changed(module):
+        """The hidden test module's imported names rebound, or a test class given parts its body
+        does not define or a base that is neither the file's own class nor the framework's."""
+        namespace = vars_(module)
+        for bound, obj in bindings.get(module.__name__, {}).items():
+            if namespace.get(bound) is not obj:
+                return f"{module.__name__}.{bound} is not what the hidden test imported"
+        framework = set(watched) | {object}
+        own_classes = class_bodies.get(module.__name__, {})
+        for cls_name, (body, has_tests) in own_classes.items():
+            if not has_tests:
+                continue
+            cls = namespace.get(cls_name)
+            if not isinstance(cls, type):
+                return f"{module.__name__}.{cls_name} is not the hidden test's class"
+            if type(cls) is not type:
+                return f"{module.__name__}.{cls_name} has another metaclass"
+            extra = set(vars_(cls)) - body - allowed_dunders
+            if extra:
+                return f"{module.__name__}.{cls_name} was given {', '.join(sorted(extra))}"
+            for base in cls.__mro__:
+                own = base.__module__ == module.__name__ and base.__qualname__ in own_classes
+                if not own and base not in framework:
+                    return f"{module.__name__}.{cls_name} derives from {base.__qualname__}, not the framework's"
+        return None
 
     def tampered():
         for cls, size in sizes.items():
@@ -584,7 +702,8 @@ def child(verify_dir, fd, task_modules, names):
             emit(ev="import_error", file=name, error=f"{type(e).__name__}: {e}"[:300],
                  missing=e.name if isinstance(e, ModuleNotFoundError) else None)
             continue
-        bad = tampered()
+        loaded = sys.modules.get(module)
+        bad = tampered() or (test_module_changed(loaded) if loaded is not None else f"{module} vanished")
         if bad:
             emit(ev="tampered", what=bad)
             return
@@ -596,7 +715,7 @@ def child(verify_dir, fd, task_modules, names):
                 return
             t0 = monotonic()
             test.run(result)
-            bad = tampered()
+            bad = tampered() or test_module_changed(loaded)
             if bad:
                 emit(ev="tampered", what=bad)
                 return

@@ -71,6 +71,7 @@ from drumsbench.envs.base import (
     RestoringReset,
     Resumable,
     Task,
+    VerifierNotes,
 )
 from drumsbench.envs.desktop import restore, xcb
 from drumsbench.envs.desktop.guest import GuestInstance
@@ -120,7 +121,7 @@ class ArtifactSink:
         return state.state_dir() / "artifacts"
 
 
-class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, MachineForks):
+class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, MachineForks, VerifierNotes):
     # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay, docker, podman:
     # ``requires``), or inside the guest of a sandbox that is a machine of its own (vm: ``unmet``)
     requires = (ViewLaunching, HostLaunching)
@@ -692,6 +693,10 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
 
     def break_verifier(self) -> None:
         self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
+
+    # The check runs in the sandbox (next to LibreOffice, which the policy drove): not a judge
+    # outside it (docs/attribution.md, per kind).
+    verify_note: dict[str, object] = {"trust": "in-sandbox"}  # noqa: RUF012 - never mutated
 
     def run_verifier(self, task: Task, timeout: float) -> bool:
         inst = self.inst

@@ -48,6 +48,7 @@ def sec_headline(runs: Sequence[RunData], pal: Palette) -> str:
             head + money +
             f'<div class="mid">{fmt_est(r.invalid_rate, ".2%")}</div><div class="lbl">invalid rate '
             f'({r.invalid_total:,} of {r.attempts:,})</div>'
+            f'<div class="lbl" data-key="{escape(rd.label)}/headline/trust">{escape(r.trust_line())}</div>'
             f'<div class="ctl {iso_cls}">isolation positive control: {escape(iso)}</div></div>')
     return '<div class="cards">' + "".join(cards) + "</div>"
 

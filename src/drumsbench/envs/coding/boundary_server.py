@@ -1,0 +1,296 @@
+"""The untrusted side of the trusted judge's boundary: runs the code under test, answers with data.
+
+Run in the sandbox, as the sandbox's uid, with the work folder as cwd:
+``python3 -I -c <this file's source>``. It is the **only** process that imports the policy's work
+tree during a trusted verification; the hidden tests, the test framework, the result objects and
+the verdict live in the judge (``judge.py``), a process on the host the policy's code never runs in.
+
+Protocol: the judge writes one JSON request per line on the server's stdin; the server writes one
+JSON answer per line on the stdout it had at start (fd 1 is pointed at stderr before any code of
+the work tree runs, so the code under test's prints never mix with answers). Requests:
+``{"op": OP, ...}`` with OP one of ``import`` (name), ``getattr`` (h, name), ``setattr`` (h, name,
+v), ``call`` (h, a, kw), ``callattr`` (h, name, a, kw), ``str``/``repr``/``len``/``bool``/``list``
+(h), ``getitem`` (h, k), ``contains`` (h, v), ``format`` (h, spec), ``isinstance`` (h: a class, v).
+Answers: ``{"ok": VALUE}`` or ``{"err": {"mro": [qualified class names], "msg": text}}``.
+
+Values are written by ``encode`` and read by ``decode`` (this module holds both, stdlib only, so
+the judge reads exactly the format the server writes). **Plain data** crosses as itself: None,
+bool, int, float, str, list as JSON; tuple ``$t``, set ``$s``, frozenset ``$fs``, dict ``$d`` (a
+list of pairs), bytes ``$b`` (base64); the standard library's value types Decimal ``$dec``, Fraction
+``$fr``, datetime ``$dt``, date ``$date``, time ``$time`` (naive or a fixed-offset ``timezone``),
+timedelta ``$td``, timezone ``$tz`` — matched by exact type (a subclass is not plain: it crosses as a
+handle). A dataclass instance crosses as a record ``$rec`` (its handle, its class's qualified name,
+and its compared fields as values); an exception class as ``$xc`` (its MRO's names); an exception
+instance as ``$xi``. Anything else crosses as an opaque handle ``$h`` (an index into this server's
+table, with its type's name). Nothing the server writes is trusted by the judge beyond this format:
+``decode`` there builds only plain data and the judge's own proxy objects.
+"""
+
+import base64
+import dataclasses
+import datetime
+import decimal
+import fractions
+import json
+import os
+import sys
+
+MAX_ITEMS = 100_000  # a list/iter answer longer than this is an error of the code under test
+_TAGS = ("$t", "$s", "$fs", "$d", "$b", "$dec", "$fr", "$dt", "$date", "$time", "$td", "$tz", "$h", "$rec",
+         "$xc", "$xi")
+
+
+class BoundaryError(Exception):
+    """A value that cannot cross the boundary, or a message that breaks the format."""
+
+
+def _qualname(cls):
+    return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', getattr(cls, '__name__', '?'))}"
+
+
+def _mro_names(cls):
+    return [_qualname(c) for c in cls.__mro__]
+
+
+def _plain_tz(tz):
+    return tz is None or type(tz) is datetime.timezone
+
+
+def encode(value, handle_of, depth=0):
+    """``value`` as JSON-ready data; ``handle_of(obj)`` gives the handle number of a non-plain object
+    (the server's table; the judge's proxies carry theirs)."""
+    if depth > 100:
+        raise BoundaryError("nested deeper than 100 levels")
+    t = type(value)
+    if value is None or t in (bool, int, float, str):
+        return value
+    d = depth + 1
+    if t is list:
+        return [encode(v, handle_of, d) for v in value]
+    if t is tuple:
+        return {"$t": [encode(v, handle_of, d) for v in value]}
+    if t is set:
+        return {"$s": [encode(v, handle_of, d) for v in value]}
+    if t is frozenset:
+        return {"$fs": [encode(v, handle_of, d) for v in value]}
+    if t is dict:
+        return {"$d": [[encode(k, handle_of, d), encode(v, handle_of, d)] for k, v in value.items()]}
+    if t is bytes:
+        return {"$b": base64.b64encode(value).decode()}
+    if t is decimal.Decimal:
+        return {"$dec": str(value)}
+    if t is fractions.Fraction:
+        return {"$fr": [value.numerator, value.denominator]}
+    if t is datetime.datetime and _plain_tz(value.tzinfo):
+        return {"$dt": value.isoformat()}
+    if t is datetime.date:
+        return {"$date": value.isoformat()}
+    if t is datetime.time and _plain_tz(value.tzinfo):
+        return {"$time": value.isoformat()}
+    if t is datetime.timedelta:
+        return {"$td": [value.days, value.seconds, value.microseconds]}
+    if t is datetime.timezone:
+        off = value.utcoffset(None)
+        return {"$tz": [off.days, off.seconds, off.microseconds]}
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return {"$xc": _mro_names(value)}
+    if isinstance(value, BaseException):
+        return {"$xi": _mro_names(t), "msg": _text(value)}
+    if not isinstance(value, type) and dataclasses.is_dataclass(value):
+        fields = [[f.name, encode(getattr(value, f.name), handle_of, d)]
+                  for f in dataclasses.fields(value) if f.compare]
+        return {"$rec": handle_of(value), "cls": _qualname(t), "f": fields}
+    return {"$h": handle_of(value), "type": _qualname(t)}
+
+
+def _text(exc):
+    try:
+        return str(exc)[:2000]
+    except BaseException:
+        return "<unprintable>"
+
+
+def decode(data, handle, record, exc_class, depth=0):
+    """The value ``data`` (parsed JSON) stands for; strict: anything outside the format raises
+    ``BoundaryError``. ``handle(n, type_name)``, ``record(n, cls, fields)`` and ``exc_class(mro)``
+    build the non-plain values of the decoding side."""
+    if depth > 100:
+        raise BoundaryError("nested deeper than 100 levels")
+    if data is None or type(data) in (bool, int, float, str):
+        return data
+    d = depth + 1
+    if type(data) is list:
+        return [decode(v, handle, record, exc_class, d) for v in data]
+    if type(data) is not dict or len(data) not in (1, 2, 3):
+        raise BoundaryError(f"not a value: {type(data).__name__}")
+    tag = next(iter(data))
+    if tag not in _TAGS:
+        raise BoundaryError(f"unknown tag {tag!r:.40}")
+    arg = data[tag]
+    try:
+        if tag in ("$t", "$s", "$fs"):
+            items = [decode(v, handle, record, exc_class, d) for v in _list(arg)]
+            return tuple(items) if tag == "$t" else set(items) if tag == "$s" else frozenset(items)
+        if tag == "$d":
+            out = {}
+            for pair in _list(arg):
+                k, v = _list(pair, 2)
+                out[decode(k, handle, record, exc_class, d)] = decode(v, handle, record, exc_class, d)
+            return out
+        if tag == "$b":
+            return base64.b64decode(_str(arg), validate=True)
+        if tag == "$dec":
+            return decimal.Decimal(_str(arg))
+        if tag == "$fr":
+            n, q = _list(arg, 2)
+            return fractions.Fraction(_int(n), _int(q))
+        if tag == "$dt":
+            return datetime.datetime.fromisoformat(_str(arg))
+        if tag == "$date":
+            return datetime.date.fromisoformat(_str(arg))
+        if tag == "$time":
+            return datetime.time.fromisoformat(_str(arg))
+        if tag == "$td":
+            days, secs, micros = (_int(x) for x in _list(arg, 3))
+            return datetime.timedelta(days=days, seconds=secs, microseconds=micros)
+        if tag == "$tz":
+            days, secs, micros = (_int(x) for x in _list(arg, 3))
+            return datetime.timezone(datetime.timedelta(days=days, seconds=secs, microseconds=micros))
+        if tag == "$h":
+            return handle(_int(arg), _str(data.get("type", "?")))
+        if tag == "$rec":
+            fields = [(_str(name), decode(v, handle, record, exc_class, d))
+                      for name, v in (_list(p, 2) for p in _list(data.get("f")))]
+            return record(_int(arg), _str(data.get("cls")), fields)
+        if tag == "$xc":
+            return exc_class([_str(n) for n in _list(arg)])
+        if tag == "$xi":
+            return exc_class([_str(n) for n in _list(arg)])(_str(data.get("msg", "")))
+    except BoundaryError:
+        raise
+    except (ValueError, TypeError, ArithmeticError, OverflowError) as e:
+        raise BoundaryError(f"bad {tag} value: {e}") from None
+    raise BoundaryError(f"tag {tag} not decoded")
+
+
+def _list(x, n=None):
+    if type(x) is not list or (n is not None and len(x) != n):
+        raise BoundaryError("malformed list")
+    return x
+
+
+def _str(x):
+    if type(x) is not str:
+        raise BoundaryError("malformed string")
+    return x
+
+
+def _int(x):
+    if type(x) is not int:
+        raise BoundaryError("malformed integer")
+    return x
+
+
+# -- the server ----------------------------------------------------------------------------------------
+class _Table:
+    """Objects handed to the judge, by handle number (kept for the whole verification)."""
+
+    def __init__(self):
+        self.objects = []
+        self.numbers = {}
+
+    def handle_of(self, obj):
+        n = self.numbers.get(id(obj))
+        if n is None or self.objects[n] is not obj:
+            n = len(self.objects)
+            self.objects.append(obj)
+            self.numbers[id(obj)] = n
+        return n
+
+    def get(self, n):
+        if type(n) is not int or not 0 <= n < len(self.objects):
+            raise BoundaryError(f"no handle {n!r}")
+        return self.objects[n]
+
+
+class _ServerExc(Exception):
+    """The judge handed back an exception value: the server never builds the judge's classes."""
+
+
+def serve(rfile, out_fd):
+    table = _Table()
+
+    def value(data):
+        return decode(data, lambda n, _t: table.get(n), lambda n, _c, _f: table.get(n),
+                      lambda _mro: _ServerExc)
+
+    def answer(obj):
+        line = json.dumps(obj, allow_nan=True, separators=(",", ":")).encode() + b"\n"
+        view = memoryview(line)
+        while view:
+            view = view[os.write(out_fd, view):]
+
+    ops = {
+        "import": lambda r: __import__(r["name"], fromlist=["_"]) if "." in r["name"] else __import__(r["name"]),
+        "getattr": lambda r: getattr(table.get(r["h"]), r["name"]),
+        "setattr": lambda r: setattr(table.get(r["h"]), r["name"], value(r["v"])),
+        "call": lambda r: table.get(r["h"])(*value(r["a"]), **value(r["kw"])),
+        "callattr": lambda r: getattr(table.get(r["h"]), r["name"])(*value(r["a"]), **value(r["kw"])),
+        "str": lambda r: str(table.get(r["h"])),
+        "repr": lambda r: repr(table.get(r["h"])),
+        "len": lambda r: len(table.get(r["h"])),
+        "bool": lambda r: bool(table.get(r["h"])),
+        "list": lambda r: _bounded_list(table.get(r["h"])),
+        "getitem": lambda r: table.get(r["h"])[value(r["k"])],
+        "contains": lambda r: value(r["v"]) in table.get(r["h"]),
+        "format": lambda r: format(table.get(r["h"]), r["spec"]),
+        "isinstance": lambda r: isinstance(value(r["v"]), table.get(r["h"])),
+    }
+    for line in rfile:
+        try:
+            req = json.loads(line)
+            result = ops[req["op"]](req)
+            out = {"ok": encode(result, table.handle_of)}
+        except BaseException as e:
+            out = {"err": {"mro": _mro_names(type(e)), "msg": _text(e)}}
+        try:
+            answer(out)
+        except BaseException as e:
+            answer({"err": {"mro": _mro_names(type(e)), "msg": _text(e)}})
+
+
+def _bounded_list(obj):
+    out = []
+    for item in obj:
+        out.append(item)
+        if len(out) > MAX_ITEMS:
+            raise BoundaryError(f"more than {MAX_ITEMS} items")
+    return out
+
+
+def main():
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # the code under test's prints go to stderr, never into the answers
+    sys.stdout = sys.stderr
+    os.set_inheritable(out_fd, False)
+    sys.path.insert(0, os.getcwd())
+    rfile = os.fdopen(os.dup(0), "rb", buffering=0)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the code under test's stdin is empty
+    serve(_lines(rfile), out_fd)
+
+
+def _lines(f):
+    buf = b""
+    while True:
+        chunk = f.read(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line
+
+
+if __name__ == "__main__":
+    main()
