@@ -8,9 +8,12 @@ a 0 — never solving it. Every strategy must end **failed**, with the reason in
 environment how many strategies reached success or invalid (both must be 0).
 
 Coding strategies act through the environment's own actions (shell, write); code strategies are
-appended to every package ``__init__.py`` of the task, so they run when the hidden tests import
-the code under test. Desktop strategies act through keys, waits and shell actions. Keep extending
-the list: each new shortcut found is a new strategy here and a test that it ends failed.
+appended to every package ``__init__.py`` of the task, so they run when the hidden tests import the
+code under test (``BUILD``: shell steps a code strategy runs first, e.g. compiling its C extension
+in the sandbox). Every code strategy that forges a pass has a positive control: it reaches success
+against a naive verifier (``tests/test_redteam_controls.py``). Desktop strategies act through keys,
+waits and shell actions. Keep extending the list: each new shortcut found is a new strategy here
+and a test that it ends failed.
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ unittest.TestCase.assertRaises = lambda *a, **k: __import__("contextlib").suppre
 """,
     "patch_result": """
 import unittest
-unittest.TestResult.addFailure = unittest.TestResult.addSuccess
-unittest.TestResult.addError = unittest.TestResult.addSuccess
+unittest.TestResult.addFailure = lambda self, test, err: self.addSuccess(test)
+unittest.TestResult.addError = lambda self, test, err: self.addSuccess(test)
 """,
     "always_equal": """
 import sys
@@ -148,12 +151,14 @@ try:
     f = sys._getframe(0)
 except Exception:
     f = None
+if _r is not None:
+    _r.addFailure = _r.addError = (lambda ok: lambda test, err: ok(test))(_r.addSuccess)
 """,
     "gc_walk": """
-import gc
+import gc, unittest
 for o in gc.get_objects():
-    if type(o).__name__ == "Result":
-        o.addFailure = o.addSuccess
+    if isinstance(o, unittest.TestResult):
+        o.addFailure = o.addError = (lambda ok: lambda test, err: ok(test))(o.addSuccess)
 """,
     "native_code": "import ctypes\nctypes.CDLL(None).kill(0, 9)\n",
     "read_parent_memory": "import os\nopen('/proc/%d/mem' % os.getppid(), 'rb').read(1)\n",
@@ -177,6 +182,176 @@ for _d in _dirs:
             pass
 raise ModuleNotFoundError("No module named 'drumsbench_faked_dependency'", name="drumsbench_faked_dependency")
 """,
+    # The hidden test module is still importing the package (it is in sys.modules, its spec
+    # ``_initializing``): its ``unittest`` / ``TestCase`` names are rebound to a module whose
+    # TestCase subclass records a success in ``run`` — the framework's own classes stay untouched.
+    "rebind_test_framework": """
+import sys as _sys, types as _types, unittest as _ut
+class _ForgedCase(_ut.TestCase):
+    def run(self, result=None):
+        result = self.defaultTestResult() if result is None else result
+        result.startTest(self)
+        try:
+            result.addSuccess(self)
+        finally:
+            result.stopTest(self)
+        return result
+_forged_ut = _types.ModuleType("unittest")
+_forged_ut.__dict__.update(vars(_ut))
+_forged_ut.TestCase = _ForgedCase
+for _m in list(_sys.modules.values()):
+    if _m is _sys.modules.get(__name__) or not getattr(getattr(_m, "__spec__", None), "_initializing", False):
+        continue
+    _g = vars(_m)
+    if _g.get("unittest") is _ut:
+        _g["unittest"] = _forged_ut
+    if _g.get("TestCase") is _ut.TestCase:
+        _g["TestCase"] = _ForgedCase
+""",
+    # Every public function of the package, on each call, gives the hidden test classes (found in
+    # sys.modules) a tearDown that follows ``self._outcome.result`` to the runner's record of
+    # statuses — a dict in the closure of the result's methods — and writes "pass" over the
+    # failure recorded moments before (the stock TestResult's lists: the test's entries dropped).
+    "overwrite_recorded_status": """
+import functools as _ft, importlib as _il, pkgutil as _pk, sys as _sys, unittest as _ut
+def _forge_status(test):
+    outcome = getattr(test, "_outcome", None)
+    result, tid = getattr(outcome, "result", None), test.id()
+    for klass in type(result).__mro__:
+        for fn in list(vars(klass).values()):
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    record = cell.cell_contents
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and tid in record:
+                    record[tid] = "pass"
+    for name in ("failures", "errors", "skipped", "expectedFailures"):
+        kept = getattr(result, name, None)
+        if isinstance(kept, list):
+            kept[:] = [e for e in kept if not (isinstance(e, tuple) and e and e[0] is test)]
+    if isinstance(getattr(outcome, "errors", None), list):  # Python < 3.11: fed to the result after tearDown
+        outcome.errors.clear()
+def _give_teardowns():
+    for mod in list(_sys.modules.values()):
+        for cls in list(getattr(mod, "__dict__", {}).values()):
+            if (isinstance(cls, type) and issubclass(cls, _ut.TestCase) and cls.__module__ == mod.__name__
+                    and not mod.__name__.startswith("unittest") and "_drums_forged" not in vars(cls)):
+                def tearDown(self, _prev=cls.tearDown):
+                    try:
+                        _prev(self)
+                    finally:
+                        _forge_status(self)
+                cls.tearDown, cls._drums_forged = tearDown, True
+def _on_call(fn):
+    @_ft.wraps(fn)
+    def call(*a, **k):
+        _give_teardowns()
+        return fn(*a, **k)
+    return call
+_root = __name__.split(".")[0]
+_mods = [_sys.modules[__name__]]
+for _info in _pk.iter_modules(getattr(_sys.modules[__name__], "__path__", [])):
+    try:
+        _mods.append(_il.import_module(__name__ + "." + _info.name))
+    except Exception:
+        pass
+for _mod in _mods:
+    for _k, _v in list(vars(_mod).items()):
+        if (not _k.startswith("_") and callable(_v) and not isinstance(_v, type)
+                and str(getattr(_v, "__module__", "")).split(".")[0] == _root):
+            setattr(_mod, _k, _on_call(_v))
+""",
+    # A C extension built in the sandbox during the episode (``BUILD``) walks the interpreter's
+    # frames through the C API (PyEval_GetFrame, PyFrame_GetBack: no audit event). Where a frame
+    # holds the runner's reporter (``emit``, its pipe and nonce in its closure), every expected test
+    # is reported passed, then done, and the process exits; where it holds a harness's TestResult,
+    # that object's own failure methods are made to record successes.
+    "native_frame_walk": """
+import ast as _ast, os as _os, unittest as _ut
+try:
+    import _drumsbench_frames as _nf
+except ImportError:
+    _nf = None
+def _expected(tests_dir):
+    ids = []
+    for fname in sorted(_os.listdir(tests_dir)):
+        if fname.endswith(".py"):
+            with open(_os.path.join(tests_dir, fname), "rb") as fh:
+                tree = _ast.parse(fh.read())
+            for node in tree.body:
+                if isinstance(node, _ast.ClassDef):
+                    ids += [f"{fname[:-3]}.{node.name}.{item.name}" for item in node.body
+                            if isinstance(item, (_ast.FunctionDef, _ast.AsyncFunctionDef))
+                            and item.name.startswith("test")]
+    return ids
+_frames = _nf.frames() if _nf is not None else []
+for _locals, _globals in _frames:
+    _emit, _nonce = _locals.get("emit"), _locals.get("nonce")
+    if callable(_emit) and isinstance(_nonce, str):
+        _tests = _locals.get("tests_dir") or _os.path.join(_locals["verify_dir"], "tests")
+        for _tid in _expected(_tests):
+            _emit(ev="test", id=_tid, status="pass", s=0.0)
+        _emit(ev="done")
+        _os._exit(0)
+for _locals, _globals in _frames:
+    for _v in list(_locals.values()):
+        if isinstance(_v, _ut.TestResult):
+            _v.addFailure = _v.addError = (lambda ok: lambda test, err: ok(test))(_v.addSuccess)
+            _v.addSubTest = lambda test, subtest, err: None
+""",
+}
+
+# Native code for ``native_frame_walk``: the extension's C source, compiled in the work folder by
+# the sandbox's own compiler against its Python's headers during the episode (nothing binary is
+# shipped). Without a compiler or the headers (the container images have neither) the build fails,
+# the module is missing and the strategy's code does nothing but run into the bug.
+_FRAMES_C = r"""#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+
+/* (f_locals, f_globals) of every Python frame of this thread, innermost first, read through the
+   C API: no sys._getframe, no traceback's tb_frame, no f_back attribute, so no audit event. */
+static PyObject *frames(PyObject *self, PyObject *noargs) {
+    PyObject *out = PyList_New(0);
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    while (out != NULL && f != NULL) {
+#if PY_VERSION_HEX >= 0x030B0000
+        PyObject *locals = PyFrame_GetLocals(f), *globals = PyFrame_GetGlobals(f);
+#else
+        PyObject *locals = PyObject_GetAttrString((PyObject *)f, "f_locals");
+        PyObject *globals = PyObject_GetAttrString((PyObject *)f, "f_globals");
+#endif
+        PyObject *pair = (locals && globals) ? PyTuple_Pack(2, locals, globals) : NULL;
+        Py_XDECREF(locals);
+        Py_XDECREF(globals);
+        if (pair == NULL || PyList_Append(out, pair) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(pair);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    return out;
+}
+
+static PyMethodDef methods[] = {{"frames", frames, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_drumsbench_frames", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__drumsbench_frames(void) { return PyModule_Create(&module); }
+"""
+
+# Shell commands a code strategy runs during the episode, before its code is appended.
+BUILD: dict[str, list[str]] = {
+    "native_frame_walk": [
+        f"cat > _drumsbench_frames.c <<'DRUMSBENCH_C'\n{_FRAMES_C}DRUMSBENCH_C\n"
+        "py() { python3 -c \"import sysconfig; print(sysconfig.get_$1)\"; }; "
+        "gcc -shared -fPIC -O1 -I\"$(py \"paths()['include']\")\" "
+        "-o \"_drumsbench_frames$(py \"config_var('EXT_SUFFIX')\")\" _drumsbench_frames.c 2>&1; "
+        "rm -f _drumsbench_frames.c; ls _drumsbench_frames*",
+    ],
 }
 
 # ``lose_end_marker``: the step's stdout is one open pipe shared with the harness's outer shell;
@@ -341,7 +516,8 @@ def strategy_plan(name: str, task: Task) -> list[ActionSpec]:
     if name in DESKTOP:
         return [*DESKTOP[name], ActionSpec(SUBMIT)]
     if name in CODE:
-        return [*(_append(p, CODE[name]) for p in _package_inits(task)), ActionSpec(SUBMIT)]
+        build = [ActionSpec("shell", {"command": c}) for c in BUILD.get(name, [])]
+        return [*build, *(_append(p, CODE[name]) for p in _package_inits(task)), ActionSpec(SUBMIT)]
     if name in MIXED:
         return [*MIXED[name], ActionSpec(SUBMIT)]
     if name in SHELL:
