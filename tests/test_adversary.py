@@ -119,7 +119,8 @@ def test_reasons_name_what_the_code_did(state_dir, run_id):
     out, _ = _play("process", ["verdict_stdout", "skip_at_import", "hang_verifier", "hang_step",
                                "run_past_max_steps", "leak_own_canary", "kill_verifier", "patch_asserts"],
                    state_dir, run_id)
-    assert "ended before its last test" in out["verdict_stdout"].detail
+    # the judge's reasons: the server (the code under test) ended, and where the judge was then
+    assert "server ended (exit 0), during the import of hidden test" in out["verdict_stdout"].detail
     assert "SkipTest" in out["skip_at_import"].detail
     assert "time limit" in out["hang_verifier"].detail
     assert "live sandbox" in out["hang_step"].detail
@@ -127,8 +128,9 @@ def test_reasons_name_what_the_code_did(state_dir, run_id):
     # the process substrate's canary is root's and unreadable to the sandbox uid: nothing to leak
     assert out["leak_own_canary"].outcome is Outcome.FAILED
     assert "leaked its own canary" not in out["leak_own_canary"].detail
-    assert "refused" in out["kill_verifier"].detail
-    assert "changed the test framework" in out["patch_asserts"].detail
+    assert "server ended (exit -9)" in out["kill_verifier"].detail  # it can reach only its own server
+    # unittest patched in the server's process: the judge's own assertions still run
+    assert "0 of 4 expected tests passed" in out["patch_asserts"].detail
     after = set(glob.glob("/tmp/drumsbench-leak-*") + glob.glob("/dev/shm/drumsbench-leak-*"))
     assert after <= before, f"the leaked canaries stayed in the host's shared places: {after - before}"
 

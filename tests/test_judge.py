@@ -170,3 +170,28 @@ def test_a_task_that_declares_in_process_is_verified_so_and_says_so(tmp_path: Pa
     finally:
         env.box.destroy()
         sub.close()
+
+
+@pytest.mark.parametrize("strategy,detected", [
+    ("rebind_test_framework", "is not what the hidden test imported"),
+    ("overwrite_recorded_status", "tearDown"),
+    ("native_frame_walk", "a native module in the work tree"),
+])
+def test_the_in_process_runner_detects_issue_29s_classes(strategy: str, detected: str, state_dir: Path,
+                                                         run_id: str) -> None:
+    """Each of the three wins against the runner without the new checks (tests/test_redteam_controls.py
+    plays them against the naive verifier; the issue reproduced them on the old runner); with the
+    judge they end failed by the tests' own assertions (test_adversary.py). In-process, the checks
+    name them."""
+    from drumsbench.policies.adversary import Adversary
+
+    slot = Slot(ProcessSubstrate(run_id, state_dir), CodingEnv("kept"))
+    task = load_suite("coding")[0]
+    try:
+        rec = run_attempt(slot, task, Adversary([strategy]), RolloutConfig(verify_timeout_s=20.0), CanaryRegistry(),
+                          run_id=run_id, seq=0, seed=0)
+    finally:
+        slot.destroy()
+        slot.substrate.close()
+    assert rec.outcome is Outcome.FAILED and rec.extra.get("trust") == "in-process", (rec.outcome, rec.extra)
+    assert detected in rec.detail, rec.detail

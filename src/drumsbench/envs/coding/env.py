@@ -93,6 +93,12 @@ def runner_stdin(secret: bytes, config: dict[str, Any]) -> bytes:
     return secret.hex().encode() + b"\n" + json.dumps(config).encode() + b"\n"
 
 
+def _during(verdict: dict[str, object]) -> str:
+    """Where the judge was when the server was lost: ``, during <test id>`` or at import."""
+    where = verdict.get("during")
+    return f", during {where}" if where else ""
+
+
 def task_modules(task: CodingTask) -> set[str]:
     """The top-level names the task's own files provide (imported through the boundary)."""
     return {rel.split("/")[0].removesuffix(".py") for rel in task.files}
@@ -286,6 +292,7 @@ class CodingEnv(Environment, VerifierNotes):
         stream = self.box.open_stream(["python3", "-I", "-c", BOUNDARY_SERVER], cwd=self.box.paths.work)
         try:
             lines, timed_out, how = run_judge(stream, secret, config, timeout, python=self._judge_python)
+            server_exit = stream.poll()
         finally:
             stream.close()
             self._judge_python = None
@@ -312,7 +319,8 @@ class CodingEnv(Environment, VerifierNotes):
             evidence = self.box.probe()
             if evidence:
                 raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"{reason}: {evidence}")
-            raise PolicyFault(f"verifier: {reason}", destroy=True)
+            ended = "" if server_exit is None else f" (exit {server_exit})"
+            raise PolicyFault(f"verifier: {reason}{ended}{_during(verdict)}", destroy=True)
         # no_tests (a broken task), missing_dependency (the judge's own Python lacks a module the
         # hidden tests import: the policy cannot touch it), anything else: the judge's side
         raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"judge: {status}: {reason}")

@@ -55,6 +55,8 @@ class Link:
         self.lost = None
         self.calls = 0
         self.exc_classes = {}
+        self.where = None  # what the judge was doing (an import of a hidden file, a test id)
+        self.lost_during = None
 
     def request(self, op, **args):
         """Send one request, return the decoded answer, or raise the code under test's exception."""
@@ -89,6 +91,7 @@ class Link:
 
     def _lose(self, why):
         self.lost = why
+        self.lost_during = self.where
         raise ServerLost(why)
 
     def _read_line(self):
@@ -322,9 +325,14 @@ def expected_tests(sources):
 class Record(unittest.TestResult):
     """Statuses per test id, written only here."""
 
-    def __init__(self):
+    def __init__(self, link):
         super().__init__()
+        self.link = link
         self.statuses = {}
+
+    def startTest(self, test):  # noqa: N802 - unittest's names
+        super().startTest(test)
+        self.link.where = test.id()
 
     def _put(self, test, status):
         self.statuses.setdefault(test.id(), []).append(status)
@@ -371,6 +379,7 @@ def run_tests(link, sources, task_modules):
         module = types.ModuleType(stem)
         module.__file__ = f"<hidden>/{name}"
         sys.modules[stem] = module
+        link.where = f"the import of hidden test {name}"
         try:
             exec(compile(source, name, "exec"), module.__dict__)
         except ServerLost:
@@ -384,7 +393,7 @@ def run_tests(link, sources, task_modules):
         except Exception as e:
             return _failed(link, expected, f"hidden test {name} could not import: {type(e).__name__}: {e}")
         suite.addTests(unittest.defaultTestLoader.loadTestsFromModule(module))
-    record = Record()
+    record = Record(link)
     if link.lost is None:
         suite.run(record)
     return verdict_of(expected, record, link)
@@ -392,7 +401,7 @@ def run_tests(link, sources, task_modules):
 
 def _failed(link, expected, reason):
     if link.lost is not None:
-        return {"status": "server_lost", "reason": link.lost, "expected": len(expected)}
+        return {"status": "server_lost", "reason": link.lost, "during": link.lost_during, "expected": len(expected)}
     return {"status": "failed", "reason": reason[:300], "expected": len(expected)}
 
 
@@ -402,7 +411,7 @@ def verdict_of(expected, record, link):
     for status in ("pass", "fail", "error", "skip", "xfail", "xpass"):
         counts[status] = sum(v.count(status) for v in by_id.values())
     if link.lost is not None:
-        return {"status": "server_lost", "reason": link.lost, **counts}
+        return {"status": "server_lost", "reason": link.lost, "during": link.lost_during, **counts}
     missing = [t for t in expected if not by_id.get(t)]
     bad = [t for t, v in by_id.items() if any(s != "pass" for s in v)]
     if missing or bad:
