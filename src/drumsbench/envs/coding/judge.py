@@ -330,7 +330,7 @@ class Record(unittest.TestResult):
         self.link = link
         self.statuses = {}
 
-    def startTest(self, test):  # noqa: N802 - unittest's names
+    def startTest(self, test):
         super().startTest(test)
         self.link.where = test.id()
 
