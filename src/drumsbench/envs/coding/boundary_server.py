@@ -26,14 +26,12 @@ table, with its type's name). Nothing the server writes is trusted by the judge 
 ``decode`` there builds only plain data and the judge's own proxy objects.
 """
 
-import base64
-import dataclasses
-import datetime
-import decimal
-import fractions
 import json
 import os
 import sys
+
+# base64, dataclasses, datetime, decimal and fractions are imported where a value needs them: the
+# server starts per verification, and a value of one of their types means its module is loaded.
 
 MAX_ITEMS = 100_000  # a list/iter answer longer than this is an error of the code under test
 _TAGS = ("$t", "$s", "$fs", "$d", "$b", "$dec", "$fr", "$dt", "$date", "$time", "$td", "$tz", "$h", "$rec",
@@ -53,7 +51,16 @@ def _mro_names(cls):
 
 
 def _plain_tz(tz):
-    return tz is None or type(tz) is datetime.timezone
+    if tz is None:
+        return True
+    dt = sys.modules.get("datetime")
+    return dt is not None and type(tz) is dt.timezone
+
+
+def _loaded(module, name):
+    """``module.name`` when that module is loaded (a value of its type exists only then), else None."""
+    mod = sys.modules.get(module)
+    return getattr(mod, name, None) if mod is not None else None
 
 
 def encode(value, handle_of, depth=0):
@@ -76,27 +83,30 @@ def encode(value, handle_of, depth=0):
     if t is dict:
         return {"$d": [[encode(k, handle_of, d), encode(v, handle_of, d)] for k, v in value.items()]}
     if t is bytes:
+        import base64
+
         return {"$b": base64.b64encode(value).decode()}
-    if t is decimal.Decimal:
+    if t is _loaded("decimal", "Decimal"):
         return {"$dec": str(value)}
-    if t is fractions.Fraction:
+    if t is _loaded("fractions", "Fraction"):
         return {"$fr": [value.numerator, value.denominator]}
-    if t is datetime.datetime and _plain_tz(value.tzinfo):
+    if t is _loaded("datetime", "datetime") and _plain_tz(value.tzinfo):
         return {"$dt": value.isoformat()}
-    if t is datetime.date:
+    if t is _loaded("datetime", "date"):
         return {"$date": value.isoformat()}
-    if t is datetime.time and _plain_tz(value.tzinfo):
+    if t is _loaded("datetime", "time") and _plain_tz(value.tzinfo):
         return {"$time": value.isoformat()}
-    if t is datetime.timedelta:
+    if t is _loaded("datetime", "timedelta"):
         return {"$td": [value.days, value.seconds, value.microseconds]}
-    if t is datetime.timezone:
+    if t is _loaded("datetime", "timezone"):
         off = value.utcoffset(None)
         return {"$tz": [off.days, off.seconds, off.microseconds]}
     if isinstance(value, type) and issubclass(value, BaseException):
         return {"$xc": _mro_names(value)}
     if isinstance(value, BaseException):
         return {"$xi": _mro_names(t), "msg": _text(value)}
-    if not isinstance(value, type) and dataclasses.is_dataclass(value):
+    dataclasses = sys.modules.get("dataclasses")
+    if dataclasses is not None and not isinstance(value, type) and dataclasses.is_dataclass(value):
         fields = [[f.name, encode(getattr(value, f.name), handle_of, d)]
                   for f in dataclasses.fields(value) if f.compare]
         return {"$rec": handle_of(value), "cls": _qualname(t), "f": fields}
@@ -138,24 +148,30 @@ def decode(data, handle, record, exc_class, depth=0):
                 out[decode(k, handle, record, exc_class, d)] = decode(v, handle, record, exc_class, d)
             return out
         if tag == "$b":
+            import base64
+
             return base64.b64decode(_str(arg), validate=True)
         if tag == "$dec":
+            import decimal
+
             return decimal.Decimal(_str(arg))
         if tag == "$fr":
+            import fractions
+
             n, q = _list(arg, 2)
             return fractions.Fraction(_int(n), _int(q))
-        if tag == "$dt":
-            return datetime.datetime.fromisoformat(_str(arg))
-        if tag == "$date":
-            return datetime.date.fromisoformat(_str(arg))
-        if tag == "$time":
-            return datetime.time.fromisoformat(_str(arg))
-        if tag == "$td":
+        if tag in ("$dt", "$date", "$time", "$td", "$tz"):
+            import datetime
+
+            if tag == "$dt":
+                return datetime.datetime.fromisoformat(_str(arg))
+            if tag == "$date":
+                return datetime.date.fromisoformat(_str(arg))
+            if tag == "$time":
+                return datetime.time.fromisoformat(_str(arg))
             days, secs, micros = (_int(x) for x in _list(arg, 3))
-            return datetime.timedelta(days=days, seconds=secs, microseconds=micros)
-        if tag == "$tz":
-            days, secs, micros = (_int(x) for x in _list(arg, 3))
-            return datetime.timezone(datetime.timedelta(days=days, seconds=secs, microseconds=micros))
+            delta = datetime.timedelta(days=days, seconds=secs, microseconds=micros)
+            return delta if tag == "$td" else datetime.timezone(delta)
         if tag == "$h":
             return handle(_int(arg), _str(data.get("type", "?")))
         if tag == "$rec":
