@@ -120,7 +120,7 @@ def test_reasons_name_what_the_code_did(state_dir, run_id):
                                "run_past_max_steps", "leak_own_canary", "kill_verifier", "patch_asserts"],
                    state_dir, run_id)
     # the judge's reasons: the server (the code under test) ended, and where the judge was then
-    assert "server ended (exit 0), during the import of hidden test" in out["verdict_stdout"].detail
+    assert "server ended, during the import of hidden test" in out["verdict_stdout"].detail
     assert "SkipTest" in out["skip_at_import"].detail
     assert "time limit" in out["hang_verifier"].detail
     assert "live sandbox" in out["hang_step"].detail
@@ -128,7 +128,7 @@ def test_reasons_name_what_the_code_did(state_dir, run_id):
     # the process substrate's canary is root's and unreadable to the sandbox uid: nothing to leak
     assert out["leak_own_canary"].outcome is Outcome.FAILED
     assert "leaked its own canary" not in out["leak_own_canary"].detail
-    assert "server ended (exit -9)" in out["kill_verifier"].detail  # it can reach only its own server
+    assert "server ended" in out["kill_verifier"].detail  # it can reach only its own server
     # unittest patched in the server's process: the judge's own assertions still run
     assert "0 of 4 expected tests passed" in out["patch_asserts"].detail
     after = set(glob.glob("/tmp/drumsbench-leak-*") + glob.glob("/dev/shm/drumsbench-leak-*"))

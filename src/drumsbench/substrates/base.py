@@ -414,9 +414,10 @@ class Helpers(ABC):
         """The uid a helper's children must drop to before they touch the sandbox's files."""
 
     @abstractmethod
-    def start_helper(self, argv: Sequence[str], *, cwd: str) -> Helper:
+    def start_helper(self, argv: Sequence[str], *, cwd: str, pass_fds: Sequence[int] = ()) -> Helper:
         """Start ``argv`` in the sandbox as described in the class; ``cwd`` is an in-sandbox folder
-        that outlives resets (the sandbox's root)."""
+        that outlives resets (the sandbox's root); ``pass_fds``: descriptors of the harness the
+        helper inherits under the same numbers (e.g. a Unix socket to hand it descriptors)."""
 
 
 class Stream(ABC):

@@ -503,7 +503,7 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
             raise SubstrateError(f"sandbox {self.id}: its commands run as the harness's own uid")
         return self.lease.uid
 
-    def start_helper(self, argv: Sequence[str], *, cwd: str) -> Helper:
+    def start_helper(self, argv: Sequence[str], *, cwd: str, pass_fds: Sequence[int] = ()) -> Helper:
         """``Helpers.start_helper``: as root, in the sandbox's cgroups (placed before it runs),
         labelled, in its own session, ``oom_score_adj`` -1000 (the policy's memory hog in the same
         memory group is killed before it; a helper lowers it again for what it runs as the
@@ -516,7 +516,8 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
         host_argv = list(argv) if self.cgroup is None else self.cgroup.wrap(list(argv))
         try:
             proc = subprocess.Popen(host_argv, cwd=str(self.host_path(cwd)), env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                    pass_fds=tuple(pass_fds))
         except OSError as e:
             raise SubstrateError(f"sandbox {self.id}: cannot start a helper {argv[0]!r}: {e}") from e
         with contextlib.suppress(OSError):

@@ -308,5 +308,78 @@ def _lines(f):
             yield line
 
 
+def zygote_main(work_dir, uid, sock_fd):
+    """``python3 -I -c <this source> --zygote WORK UID SOCK``: the boundary server kept warm.
+
+    Started by the harness through the sandbox's ``Helpers`` (as the harness's uid, in the
+    sandbox's cgroups, spared by ``end_processes``; the sandbox's uid cannot signal or trace it),
+    with one end of a Unix socket. It holds no secret and never imports the work tree. Per request
+    (two descriptors: the server's stdin and stdout) it forks a server that leaves its session,
+    drops to ``uid`` for good (no other descriptor, no supplementary group, an ordinary OOM score),
+    enters ``work_dir`` and runs ``main``; the zygote answers with a pidfd of the server, opened
+    before the server can have been reaped (so the harness never signals a reused pid). It saves the
+    interpreter's start and the codec's imports per verification. Ends at the socket's EOF."""
+    import signal
+    import socket
+
+    def reap(_sig, _frame):
+        while True:
+            try:
+                done, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not done:
+                return
+
+    signal.signal(signal.SIGCHLD, reap)
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        try:
+            _msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 2)
+        except OSError:
+            return
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            if not _msg:
+                return
+            continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # not reaped before its pidfd is open
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+                os.setsid()
+                os.dup2(fds[0], 0)
+                os.dup2(fds[1], 1)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # not the helper's channel to the harness
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("0")
+                os.closerange(3, 65536)
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid or os.getegid() != uid:
+                    raise SystemExit("zygote: could not drop to the sandbox's uid")
+                os.chdir(work_dir)
+                main()
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        try:
+            socket.send_fds(sock, [str(pid).encode()], [pidfd])
+        except OSError:
+            return
+        finally:
+            os.close(pidfd)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--zygote"]:
+        zygote_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main()

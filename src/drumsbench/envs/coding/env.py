@@ -52,8 +52,9 @@ from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
 from drumsbench.envs.base import Action, Environment, Observation, Task, VerifierNotes
 from drumsbench.envs.coding.judge_host import run_judge
+from drumsbench.envs.coding.server_zygote import ServerZygote
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Streaming
+from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Stream, Streaming
 
 RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
@@ -126,6 +127,8 @@ class CodingEnv(Environment, VerifierNotes):
         # the kept verifier server of the attached sandbox (``kept``; None: it keeps none)
         self._server: Helper | None = None
         self._server_box: object | None = None
+        # the boundary server's zygote in the attached sandbox (where it keeps helpers)
+        self._zygote: ServerZygote | None = None
         # the judge's interpreter when fault injection broke it (None: the kept judge)
         self._judge_python: str | None = None
 
@@ -133,6 +136,21 @@ class CodingEnv(Environment, VerifierNotes):
         super().reset(task)
         if self._in_process_verifier(task) == "kept":
             self._keep_server()
+        elif self.judged(task) is None:
+            self._keep_zygote()
+
+    def _keep_zygote(self) -> None:
+        """Start the boundary server's zygote in the attached sandbox where it keeps helpers, unless
+        one runs there already (``server_zygote``); elsewhere each verification starts a server."""
+        box = self.box
+        if self._zygote is not None and self._zygote.box is box and self._zygote.alive():
+            return
+        if self._zygote is not None:
+            self._zygote.stop()
+        self._zygote = None
+        if isinstance(box, Helpers):
+            with contextlib.suppress(SubstrateError):
+                self._zygote = ServerZygote(box)
 
     def judged(self, task: Task) -> str | None:
         """None when the trusted judge decides ``task`` in the attached sandbox; else why not."""
@@ -289,7 +307,11 @@ class CodingEnv(Environment, VerifierNotes):
         config = {"tests": {name.rsplit("/", 1)[-1]: data.decode() for name, data in task.hidden.items()},
                   "task_modules": sorted(task_modules(task)), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S)}
         self.verify_note = {"verifier": "judge", "trust": TRUST_JUDGE}
-        stream = self.box.open_stream(["python3", "-I", "-c", BOUNDARY_SERVER], cwd=self.box.paths.work)
+        zygote = self._zygote if self._zygote is not None and self._zygote.box is self.box else None
+        stream: Stream | None = zygote.open() if zygote is not None and zygote.alive() else None
+        self.verify_note["server"] = "zygote" if stream is not None else "started"
+        if stream is None:
+            stream = self.box.open_stream(["python3", "-I", "-c", BOUNDARY_SERVER], cwd=self.box.paths.work)
         try:
             lines, timed_out, how = run_judge(stream, secret, config, timeout, python=self._judge_python)
             server_exit = stream.poll()
