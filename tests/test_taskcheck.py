@@ -61,7 +61,8 @@ def test_missing_module_is_refused_by_check_and_invalid_at_run_time(substrate, t
     finally:
         slot.destroy()
     assert (rec.outcome, rec.cause) == (Outcome.INVALID, InvalidCause.VERIFIER_UNAVAILABLE), rec.detail
-    assert "fresh sandbox lacks it too" in rec.detail
+    # the hidden tests' own imports are the trusted judge's, on the host: nothing the policy can touch
+    assert "the judge's Python lacks" in rec.detail and rec.extra.get("trust") == "judge", rec.detail
 
 
 def test_a_good_suite_passes_the_check():
@@ -70,6 +71,7 @@ def test_a_good_suite_passes_the_check():
     # 7 environment checks, the data checks of 1 project and 1 task, 1 task on the image
     assert "10 of 10 checks passed (coding environment, process)" in proc.stdout
     assert "ok   process  env stale_action" in proc.stdout
+    assert "verdicts by: judge" in proc.stdout
 
 
 def test_a_policy_importing_a_missing_module_is_failed(state_dir, run_id):

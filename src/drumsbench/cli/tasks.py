@@ -14,11 +14,13 @@ from drumsbench.core.errors import UsageError
 
 
 def tasks_list(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
-    """List a suite's tasks."""
+    """List a suite's tasks (and, for a coding task, who decides its verdicts: judge or in-process)."""
     from drumsbench.envs import suites
 
     for t in suites.load(suite).tasks:
-        console.print(f"{t.id:36} {t.description.splitlines()[0][:80]}")
+        trust = getattr(t, "trust", None)
+        verdicts = f"[{trust}] " if trust else ""
+        console.print(f"{t.id:36} {verdicts}{t.description.splitlines()[0][:80]}", highlight=False, markup=False)
 
 
 def tasks_fingerprint(suite: Annotated[str, typer.Argument(help="Suite name or folder.")] = "coding") -> None:
@@ -72,7 +74,7 @@ def tasks_check(
             console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)
         else:
             # one line however long: a problem is grepped for, never wrapped
-            trust = f" [verdicts by: {c.trust}]" if c.trust else ""
+            trust = f" (verdicts by: {c.trust})" if c.trust else ""
             console.print(f"FAIL {c.substrate:8} {c.task}: {c.problem}{trust}", highlight=False, soft_wrap=True)
 
     failures = total = 0

@@ -329,6 +329,7 @@ class Record(unittest.TestResult):
         super().__init__()
         self.link = link
         self.statuses = {}
+        self.problems = {}  # test id -> its first failure or error, as text
 
     def startTest(self, test):
         super().startTest(test)
@@ -363,8 +364,8 @@ class Record(unittest.TestResult):
             self.first_problem(subtest, err)
 
     def first_problem(self, test, err):
-        if not hasattr(self, "problem"):
-            self.problem = f"{test.id()}: {err[0].__name__}: {str(err[1])[:200]}"
+        tid = getattr(test, "test_case", test).id()  # a subtest's: its test's
+        self.problems.setdefault(tid, f"{err[0].__name__}: {str(err[1])[:200]}")
 
 
 def run_tests(link, sources, task_modules):
@@ -415,11 +416,15 @@ def verdict_of(expected, record, link):
     missing = [t for t in expected if not by_id.get(t)]
     bad = [t for t, v in by_id.items() if any(s != "pass" for s in v)]
     if missing or bad:
+        # "...; <first test that did not pass>: <its statuses>" as the in-process runner says it (tasks
+        # check names flaky tests from it), then the first problem's exception
         first = (bad or missing)[0]
-        reason = getattr(record, "problem", None) or f"{first}: {','.join(by_id.get(first, ['not run']))}"
         passed = len([t for t in expected if by_id.get(t) and all(s == "pass" for s in by_id[t])])
-        return {"status": "failed", "reason": f"{passed} of {len(expected)} expected tests passed; {reason}"[:300],
-                **counts}
+        problem = record.problems.get(first)
+        statuses = ",".join(by_id.get(first, ["not run"]))
+        reason = f"{passed} of {len(expected)} expected tests passed; {first}: {statuses}" + (
+            f" ({problem})" if problem else "")
+        return {"status": "failed", "reason": reason[:300], **counts}
     return {"status": "passed", "reason": "", **counts}
 
 
