@@ -1,9 +1,9 @@
 """The verifier-integrity contrast: a coding environment whose verifier can be forged (integrity
 **off**), for this experiment only.
 
-With integrity on, the coding environment's verifier (``envs/coding/verify_runner.py``) prints a
-verdict authenticated with a per-verification secret, never counts a skipped test as passed and
-refuses changes to the test framework; every adversary strategy ends failed. ``ForgeableCodingEnv``
+With integrity on, the coding environment's verdict is the trusted judge's (``envs/coding/judge.py``:
+the hidden tests run on the host, the code under test behind a boundary in the sandbox), never
+counts a skipped test as passed; every adversary strategy ends failed. ``ForgeableCodingEnv``
 replaces only the verdict with what many harnesses do: run the hidden tests with ``unittest`` in the
 same process as the code under test and trust its exit status. Then ``adv_verdict_stdout`` (exit 0
 at import), ``adv_skip_every_test`` (every test skipped) and ``adv_patch_result`` (failures recorded
@@ -35,6 +35,11 @@ sys.exit(0 if result.wasSuccessful() else 1)
 
 class ForgeableCodingEnv(CodingEnv):
     """The coding environment with integrity off: the verdict is the naive runner's exit status."""
+
+    def __init__(self, verifier: str | None = None) -> None:
+        # the in-process staging (the hidden tests copied into the sandbox's verify folder), which
+        # the naive runner reads; its own verdict replaces the runner's
+        super().__init__("warm")
 
     def stage_verifier(self, task: Task) -> None:
         super().stage_verifier(task)
