@@ -217,9 +217,10 @@ def main() -> None:
     print(f"forwarded requests per judge verification: p50 {Estimate(**a['judge_calls_p50']).fmt('.0f')}")
     result["boundary"] = boundary_calls(args.calls, state)
     per = Estimate(**result["boundary"]["per_request_p50"])
+    us = Estimate(value=(per.value or 0) * 1e6, low=(per.low or 0) * 1e6, high=(per.high or 0) * 1e6, n=per.n,
+                  method=per.method)
     print(f"one forwarded request (judge Link -> boundary server in a process sandbox), "
-          f"{result['boundary']['requests']} requests: {per.fmt('.1f', 's')} "
-          f"= {(per.value or 0) * 1e6:.0f} us p50")
+          f"{result['boundary']['requests']} requests: p50 {us.fmt('.0f', 'us')}")
     prep = Estimate(**a["prepare_p50"])
     print(f"a runner's start and imports alone (python3 -I -c 'import ...' in the sandbox): {_ms(prep)} "
           "(paid once per sandbox by the kept server, per verification by warm and cold)")
