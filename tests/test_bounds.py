@@ -157,12 +157,13 @@ def test_vm_guest_bounded_by_the_host(state_dir: Path, run_id: str):
     assert sub.leftovers() == []
 
 
-@pytest.mark.parametrize("pool", ["off", "auto"])
-def test_a_policy_that_fills_its_disk_bound_fails_never_invalid(pool: str, tmp_path: Path):
-    """The red team's ``fill_disk`` under a 32 MiB bound: the verifier cannot be staged on the full
-    disk. That is the policy's doing (its own writes filled its own bound) — failed with the reason,
-    the sandbox destroyed — never invalid (the attempt used to end invalid/substrate_failure: an
-    escape from a 0). With and without the warm pool (its substrate reports the inner's bounds)."""
+@pytest.mark.parametrize("pool,verifier", [("off", "kept"), ("auto", "kept"), ("off", "judge")])
+def test_a_policy_that_fills_its_disk_bound_fails_never_invalid(pool: str, verifier: str, tmp_path: Path):
+    """The red team's ``fill_disk`` under a 32 MiB bound. In-process, the verifier cannot be staged on
+    the full disk. That is the policy's doing (its own writes filled its own bound) — failed with the
+    reason, the sandbox destroyed — never invalid (the attempt used to end invalid/substrate_failure:
+    an escape from a 0). With and without the warm pool (its substrate reports the inner's bounds).
+    The judge stages nothing in the sandbox: the tests run on the full disk and fail."""
     import sqlite3
 
     from helpers import cli
@@ -170,9 +171,10 @@ def test_a_policy_that_fills_its_disk_bound_fails_never_invalid(pool: str, tmp_p
     _needs_cgroups()
     out = tmp_path / "runs"
     cli("run", "--substrate", "process", "--tasks", "coding", "--policy", "adversary:fill_disk", "--attempts", "2",
-        "--concurrency", "1", "--pool", pool, "--out", str(out), "--no-progress", check=True,
+        "--concurrency", "1", "--pool", pool, "--verifier", verifier, "--out", str(out), "--no-progress", check=True,
         env={"DRUMSBENCH_STATE": str(tmp_path / "state"), LIMIT_VARS["disk_mb"]: "32"})
     rows = sqlite3.connect(out / "ledger.sqlite").execute("SELECT outcome, cause, detail FROM attempts").fetchall()
     assert len(rows) == 2, rows
+    said = "disk bound was full" if verifier == "kept" else "expected tests passed"
     for outcome, cause, detail in rows:
-        assert (outcome, cause) == ("failed", None) and "disk bound was full" in detail, (outcome, cause, detail)
+        assert (outcome, cause) == ("failed", None) and said in detail, (outcome, cause, detail)
