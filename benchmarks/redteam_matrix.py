@@ -2,7 +2,7 @@
 positive control (issue 29's "must show").
 
     .venv/bin/python benchmarks/redteam_matrix.py [--substrates process,bwrap,docker,podman]
-        [--tasks all|ID,...] [--strategies all|NAME,...] [--json out.json]
+        [--tasks all|ID,...] [--strategies all|forging|NAME,...] [--no-naive] [--json out.json]
 
 Per substrate: every coding strategy (``policies.adversary.STRATEGIES``) on every task with the
 default environment (the judge where the substrate streams) — each attempt must end **failed**; then
@@ -48,13 +48,14 @@ def _pick(given: str, every: list[str]) -> list[str]:
     return every if given == "all" else [x for x in given.split(",") if x]
 
 
-def run_substrate(name: str, tasks: list[Any], strategies: list[str], state: Path) -> dict[str, Any]:
+def run_substrate(name: str, tasks: list[Any], strategies: list[str], state: Path,
+                  naive_too: bool = True) -> dict[str, Any]:
     run_id = f"rtm-{name}-{uuid.uuid4().hex[:6]}"
     canaries = CanaryRegistry()
     seq = iter(range(10**6))
     judged: dict[str, Counter[str]] = {s: Counter() for s in strategies}
     trust: Counter[str] = Counter()
-    naive: dict[str, Counter[str]] = {s: Counter() for s in FORGING if s in strategies}
+    naive: dict[str, Counter[str]] = {s: Counter() for s in FORGING if s in strategies and naive_too}
     controls: dict[str, str] = {}
     escapes: list[str] = []
     t0 = time.monotonic()
@@ -93,18 +94,19 @@ def main() -> None:
     ap.add_argument("--substrates", default="process,bwrap,docker,podman")
     ap.add_argument("--tasks", default="all")
     ap.add_argument("--strategies", default="all")
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive verifier's positive controls")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     all_tasks = load_suite("coding")
     tasks = [t for t in all_tasks if t.id in set(_pick(args.tasks, [t.id for t in all_tasks]))]
-    strategies = _pick(args.strategies, list(STRATEGIES))
+    strategies = list(FORGING) if args.strategies == "forging" else _pick(args.strategies, list(STRATEGIES))
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="drumsbench-rtm-") as tmp:
         for name in _pick(args.substrates, []):
             missing = registry.get(name).missing()
             if missing:
                 raise SystemExit(f"--substrates: {name} is not usable here: {missing}")
-            result[name] = run_substrate(name, tasks, strategies, Path(tmp))
+            result[name] = run_substrate(name, tasks, strategies, Path(tmp), not args.no_naive)
     bad = False
     for name, r in result.items():
         print(f"\n{name}: {len(tasks)} tasks x {len(strategies)} strategies in {r['seconds']:.0f} s; "
@@ -113,7 +115,8 @@ def main() -> None:
         for s in strategies:
             j = r["judged"][s]
             n = r["naive"].get(s)
-            nv = f"{n.get('success', 0)}/{sum(n.values())}" if n is not None else "(not forging)"
+            nv = f"{n.get('success', 0)}/{sum(n.values())}" if n is not None else (
+                "(not forging)" if s not in FORGING else "(not run)")
             print(f"{s:28} {j.get('failed', 0):>14}/{j.get('success', 0)}/{j.get('invalid', 0):<13} {nv:>26}")
         bad_controls = {t: c for t, c in r["controls"].items() if c != "oracle success, null failed"}
         print(f"controls: {len(r['controls']) - len(bad_controls)}/{len(r['controls'])} tasks oracle success "
