@@ -51,6 +51,29 @@ def test_oracle_succeeds_and_null_fails_by_the_judge(substrate: str, state_dir: 
         assert int(rec.extra.get("judge_calls") or 0) > 0
 
 
+def test_the_slot_lets_go_of_the_servers_it_kept_before_destroying_the_sandbox(state_dir: Path, run_id: str) -> None:
+    """``Slot.destroy`` calls ``Environment.release``: the boundary server's zygote (judge) and the
+    kept verifier server (kept) are stopped and their sockets closed then, not at the next reset
+    (a 2-slot sweep's fds in flight rose by one socket per slot between attempts)."""
+    sub = ProcessSubstrate(run_id, state_dir)
+    try:
+        for verifier in ("judge", "kept"):
+            env = CodingEnv(verifier)
+            slot = Slot(sub, env)
+            slot.provision()
+            env.reset(TASK)
+            zygote, server = env._zygote, env._server
+            kept = zygote if verifier == "judge" else server
+            assert kept is not None and kept.alive(), verifier
+            slot.destroy()
+            assert env._zygote is None and env._server is None
+            assert not kept.alive()
+            if zygote is not None:
+                assert zygote.sock.fileno() == -1  # closed
+    finally:
+        sub.close()
+
+
 def _env(state_dir: Path, run_id: str, verifier: str | None = None) -> tuple[ProcessSubstrate, CodingEnv]:
     sub = ProcessSubstrate(run_id, state_dir)
     env = CodingEnv(verifier)

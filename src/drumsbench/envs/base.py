@@ -122,6 +122,12 @@ class Environment(ABC):
     def attach(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
 
+    def release(self) -> None:
+        """Let go of what this environment keeps in its attached sandbox (helpers, servers and the
+        harness's descriptors to them), before the slot destroys that sandbox: they would otherwise
+        be held until the next reset. Idempotent; the default keeps nothing."""
+        return None
+
     @property
     def box(self) -> Sandbox:
         if self.sandbox is None:

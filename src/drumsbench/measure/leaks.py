@@ -15,9 +15,16 @@ them, from the ledger alone:
   autocorrelation r of the residuals (n_eff = n (1 - r) / (1 + r) when r > 0; Santer et al. 2000):
   samples taken seconds apart are not independent, and the plain t-interval would be too narrow.
   With n_eff < 4 there is no interval (the quantity is "not judged"). A window's verdict asks of
-  every quantity at once whether it leaks, so each interval is at 1 - 0.05/m for the m quantities
-  measured (Bonferroni): the chance that a clean window shows any leak stays at most 5%. (At 95%
-  each, a clean 10-s CI window once showed +1,340 processes/h [+533, +2,140] under the harness.)
+  every quantity at once whether it leaks, so each interval is at 1 - FAMILY_ALPHA/m for the m
+  quantities measured (Bonferroni): the chance that a clean window shows any leak stays at most
+  FAMILY_ALPHA = 1e-4, as the model has it. The model is optimistic: on clean 10-s windows of a
+  coding sweep (2 slots, process) the slopes' z-scores under the lag-1 interval spread 1.1-1.3 times
+  wider than the t they assume (in-flight fds of running attempts come and go in steps, not as
+  AR(1) noise), and at 0.05/m a clean CI window failed (+1,970 fds/h [+636, +3,300]; at 95% each,
+  another once showed +1,340 processes/h [+533, +2,140]). A real leak grows with the soak's length
+  (its t-score as length^1.5), so the strict level costs a real soak little: at the noise of a 2-slot
+  coding sweep (sd ~4 fds, a sample every 15 s) a 1-h soak's half-interval is ~4 fds/h, and a leak
+  of 15 fds/h is called.
 - **Steps** (a second rule, for staircases): the changes between consecutive samples, counted as
   rises and falls. A quantity that only steps up (a file or an fd per attempt) has residuals so
   autocorrelated that the interval above cannot be had from a short window, yet it is the plainest
@@ -50,10 +57,11 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from drumsbench.measure.artifacts import LeakSamplesArtifact
 
-CONFIDENCE = 0.95
+CONFIDENCE = 0.95  # ``slope_interval``'s default
+FAMILY_ALPHA = 1e-4  # the leak check's chance of calling a clean window leaking, over all its quantities
 RAMP_FRACTION = 0.1
 MIN_EFFECTIVE = 4.0
-METHOD = ("least squares slope per hour; Student-t interval at 1 - 0.05/m for the m quantities measured "
+METHOD = ("least squares slope per hour; Student-t interval at 1 - 1e-4/m for the m quantities measured "
           "(Bonferroni), with n reduced for the lag-1 autocorrelation of the residuals; a quantity leaks when "
           "the interval's low end > max(0, tolerance), or when it rose at least 6 times and never fell over the "
           "span and its rise per hour > max(0, tolerance)")
@@ -194,7 +202,7 @@ def judge(samples: LeakSamplesArtifact, work_started: float, span_to: float, spa
             i = cols.index(q.key)
             series[q.key] = [(float(r[0] or 0.0), float(v)) for r in rows if (v := r[i]) is not None]
     measured = sum(1 for pts in series.values() if len(pts) >= 3)
-    conf = 1.0 - (1.0 - CONFIDENCE) / max(1, measured)  # one verdict over every quantity: Bonferroni
+    conf = 1.0 - FAMILY_ALPHA / max(1, measured)  # one verdict over every quantity: Bonferroni
     for q in QUANTITIES:
         if q.key not in series:
             continue

@@ -50,8 +50,9 @@ def resources_table(windows: list[WindowVerdict]) -> Table:
 
 
 def leaks_table(windows: list[WindowVerdict]) -> Table:
-    """Each window's leak slopes per hour [95%] and its leak check."""
-    t = Table(title="leak check: slope per hour ±95% half-interval over each window (after its ramp-up)",
+    """Each window's leak slopes per hour, ±the half-interval its leak check used, and the check."""
+    t = Table(title="leak check: slope per hour ±half-interval at the check's level (1 − 1e-4/m) over each window "
+                    "(after its ramp-up)",
               show_edge=False)
     shown = [q for q in QUANTITIES if any(v.leaks and any(s.key == q.key for s in v.leaks.slopes) for v in windows)]
     t.add_column("window")

@@ -91,6 +91,7 @@ class Slot:
         if self.sandbox is not None:
             box, self.sandbox = self.sandbox, None
             self.on_sandbox(None)
+            self.env.release()
             box.destroy()
         return time.monotonic() - t0
 

@@ -139,6 +139,16 @@ class CodingEnv(Environment, VerifierNotes):
         elif self.judged(task) is None:
             self._keep_zygote()
 
+    def release(self) -> None:
+        """Stop the boundary server's zygote and the kept verifier server (their sockets, pipes and
+        pidfds are the harness's until then)."""
+        zygote, self._zygote = self._zygote, None
+        server, self._server, self._server_box = self._server, None, None
+        if zygote is not None:
+            zygote.stop()
+        if server is not None:
+            server.stop()
+
     def _keep_zygote(self) -> None:
         """Start the boundary server's zygote in the attached sandbox where it keeps helpers, unless
         one runs there already (``server_zygote``); elsewhere each verification starts a server."""

@@ -163,7 +163,7 @@ def cluster_table(runs: Sequence[RunData]) -> str:
 
 
 def leaks_table(runs: Sequence[RunData]) -> str:
-    """Each window's leak check: the slope per hour of each sampled quantity ±its 95% half-interval."""
+    """Each window's leak check: the slope per hour of each sampled quantity ±the half-interval its check used."""
     wins = [(rd, name, w) for rd in runs for name, w in rd.art.windows.items() if w.leaks is not None]
     if not wins:
         return ""
