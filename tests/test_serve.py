@@ -158,9 +158,80 @@ def test_http_is_stateless(server):
     r = httpx.post(f"{server.url}/step", json={"action": {"kind": "submit"}}, timeout=60).json()
     assert r["done"] is True and r["reward"] is None and "stateless" in r["observation"]["error"]
     assert httpx.post(f"{server.url}/mcp", json={}, timeout=10).json()["jsonrpc"] == "2.0"
-    # the abandoned HTTP attempt is in the ledger, classified
-    last = [a for a in server.attempts() if json.loads(a["extra"]).get("client") == "anonymous"][-1]
+    # the abandoned HTTP attempt is in the ledger, classified (its session is closed off the event
+    # loop, so the record may land just after the answer)
+    deadline = time.monotonic() + 60
+    while not (rows := [a for a in server.attempts() if json.loads(a["extra"]).get("client") == "anonymous"]):
+        assert time.monotonic() < deadline, "the abandoned HTTP attempt never reached the ledger"
+        time.sleep(0.1)
+    last = rows[-1]
     assert (last["outcome"], last["cause"], last["reward"]) == ("invalid", "policy_unavailable", None)
+
+
+def _health_ms(server) -> float:
+    t0 = time.monotonic()
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    return 1000 * (time.monotonic() - t0)
+
+
+def test_hostile_reset_arguments_are_refused_before_anything_starts(server):
+    """A reset whose arguments have the wrong type (a number for ``policy``, a list or NaN for
+    ``client``, a fraction or a negative ``seed``, a control character in a name) is refused with one line naming
+    the field — 422 over HTTP, an error frame over WebSocket, whose socket then runs a normal
+    episode — and no attempt starts: nothing is recorded for it, no slot is held, /health answers."""
+    before = len(server.attempts())
+    bodies = [('{"policy": 5}', "policy"), ('{"client": ["x"]}', "client"), ('{"seed": 1.5}', "seed"),
+              ('{"seed": 1e30}', "seed"), ('{"task": "a\\nb"}', "task"), ('{"client": NaN}', "client"),
+              ('{"seed": -1}', "seed")]
+    for body, field in bodies:
+        r = httpx.post(f"{server.url}/reset", content=body, headers={"content-type": "application/json"}, timeout=30)
+        detail = r.json()["detail"]  # ours, or FastAPI's for what OpenEnv's own request model refuses
+        named = detail.startswith(f"reset: {field}: ") if isinstance(detail, str) else \
+            any(field in e["loc"] for e in detail)
+        assert r.status_code == 422 and named, (body, r.text)
+        assert _health_ms(server) < 1000
+    ws_url = server.url.replace("http://", "ws://") + "/ws"
+    with ws_connect(ws_url, open_timeout=30) as ws:
+        for body, field in bodies:
+            ws.send('{"type": "reset", "data": ' + body + "}")
+            msg = json.loads(ws.recv(timeout=60))
+            assert msg["type"] == "error" and msg["data"]["message"].startswith(f"reset: {field}: "), (body, msg)
+        ws.send(json.dumps({"type": "reset", "data": {"client": "hostile-then-fine", "seed": 3}}))
+        first = json.loads(ws.recv(timeout=60))
+        assert first["type"] == "observation" and first["data"]["done"] is False, first
+        ws.send(json.dumps({"type": "step", "data": {"kind": "submit"}}))
+        last = json.loads(ws.recv(timeout=120))
+        assert last["data"]["done"] is True and last["data"]["observation"]["outcome"] == "failed", last
+    rows = server.attempts()[before:]
+    assert [json.loads(a["extra"])["client"] for a in rows] == ["hostile-then-fine"], rows
+    deadline = time.monotonic() + 30
+    while server.status()["sessions"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.status()["sessions"] == 0
+
+
+def test_a_web_page_cannot_drive_a_loopback_server(server):
+    """Cross-site WebSocket hijacking and DNS rebinding: a browser sends the page's ``Origin`` or,
+    rebound, the page's host name as ``Host``; the loopback server refuses both (403; a WebSocket
+    refused at its handshake). Its own origin and clients that send none pass (the controls)."""
+    from websockets.exceptions import InvalidStatus
+
+    port = httpx.URL(server.url).port
+    health = f"{server.url}/health"
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": f"http://127.0.0.1:{port + 1}"},
+                    {"Origin": "null"}, {"Host": f"evil.example:{port}"}):
+        r = httpx.get(health, headers=headers, timeout=10)
+        assert r.status_code == 403 and ("Origin" in r.json()["detail"] or "Host" in r.json()["detail"]), headers
+    for headers in ({}, {"Origin": f"http://127.0.0.1:{port}"}, {"Origin": f"http://localhost:{port}"},
+                    {"Host": f"localhost:{port}"}):
+        assert httpx.get(health, headers=headers, timeout=10).status_code == 200, headers
+    ws_url = server.url.replace("http://", "ws://") + "/ws"
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(ws_url, origin="http://evil.example", open_timeout=30)  # type: ignore[arg-type]
+    assert refused.value.response.status_code == 403
+    with ws_connect(ws_url, origin=f"http://127.0.0.1:{port}", open_timeout=30) as ws:  # type: ignore[arg-type]
+        ws.send(json.dumps({"type": "state"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "state"
 
 
 def test_gym_env_over_the_served_environment(server):
@@ -200,7 +271,8 @@ def test_bind_and_token_rules(tmp_path):
 
     runner = CliRunner()
     for args, flag in [(["--host", "0.0.0.0"], "--host"), (["--token", "short"], "--token"),
-                       (["--idle", "soon"], "--idle"), (["--port", "70000"], "--port")]:
+                       (["--idle", "soon"], "--idle"), (["--port", "70000"], "--port"),
+                       (["--allow-origin", "evil.example"], "--allow-origin")]:
         result = runner.invoke(app, ["serve", *args, "--out", str(tmp_path / "runs")])
         assert isinstance(result.exception, UsageError) and str(result.exception).startswith(flag), result.output
     token = "t0ken-of-the-test-0123456789"

@@ -36,6 +36,9 @@ def serve(
     episode_timeout: o.EpisodeTimeout = "300s",
     verify_timeout: o.VerifyTimeout = "task",
     seed: Annotated[int, typer.Option("--seed", help="Seed of attempts whose reset gives none.")] = 0,
+    allow_origin: Annotated[list[str] | None, typer.Option(
+        help="On a loopback bind, a browser origin (e.g. http://127.0.0.1:3000) allowed besides the "
+        "server's own; repeatable.")] = None,
     out: o.Out = o.RUNS,
 ) -> None:
     """Serve the environments over HTTP and WebSocket (OpenEnv); every attempt goes to the ledger."""
@@ -54,6 +57,10 @@ def serve(
         raise UsageError("--token: use at least 16 characters (e.g. `openssl rand -hex 16`)")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port: {port} is not a port; give 0 to 65535")
+    for origin in allow_origin or []:
+        if not origin.startswith(("http://", "https://")) or "/" in origin.split("//", 1)[1].rstrip("/"):
+            raise UsageError(f"--allow-origin: {origin!r} is not an origin; give SCHEME://HOST[:PORT], "
+                             "e.g. http://127.0.0.1:3000")
     if max_sessions < 1:
         raise UsageError(f"--max-sessions: {max_sessions} must be at least 1")
     try:
@@ -78,7 +85,8 @@ def serve(
         sock.close()
         raise
     try:
-        server = uvicorn.Server(uvicorn.Config(wrap(create_app(hub), token), log_level="warning",
+        server = uvicorn.Server(uvicorn.Config(wrap(create_app(hub), token, bound if host in LOOPBACK else None,
+                                                    allow_origin or ()), log_level="warning",
                                                ws_ping_interval=20, ws_ping_timeout=20,
                                                timeout_graceful_shutdown=10))
         url = f"http://{host}:{bound}" + (f"/t/{token}" if token else "")

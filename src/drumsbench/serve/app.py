@@ -2,8 +2,10 @@
 
 OpenEnv provides the routes (``/reset`` ``/step`` ``/state`` ``/health`` ``/metadata`` ``/schema``
 ``POST /mcp`` and the ``/ws`` session), the wire envelope and the per-session capacity. DrumsBench
-adds: the idle reaper (``reaper.py``), ``503 at capacity`` for stateless HTTP resets, a token gate
-for binds other than loopback, and ``GET /drumsbench/status`` (live sessions and sandboxes).
+adds: the idle reaper (``reaper.py``), ``503 at capacity`` for stateless HTTP resets, ``422`` for
+reset arguments of the wrong type (``session.ResetArgs``), a token gate for binds other than
+loopback, an origin gate for loopback binds (``LoopbackOnly``: a web page in the user's browser
+cannot drive a session) and ``GET /drumsbench/status`` (live sessions and sandboxes).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import contextlib
 import functools
 import hmac
 import json
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -22,7 +26,7 @@ from openenv.core.env_server.types import ConcurrencyConfig
 
 from drumsbench.serve.hub import AtCapacity, Hub
 from drumsbench.serve.reaper import reap_idle
-from drumsbench.serve.session import ServedEnv
+from drumsbench.serve.session import BadRequest, ServedEnv
 from drumsbench.serve.wire import DrumsAction, DrumsObservation
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -84,6 +88,10 @@ def create_app(hub: Hub) -> FastAPI:
     async def at_capacity(_request: Request, exc: AtCapacity) -> JSONResponse:
         return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": "1"})
 
+    @app.exception_handler(BadRequest)
+    async def bad_request(_request: Request, exc: BadRequest) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
     @app.get("/drumsbench/status", tags=["DrumsBench"])
     async def status() -> dict[str, object]:
         return {**hub.status(), "ws_sessions": server.active_sessions}
@@ -107,6 +115,58 @@ class QuietDisconnect:
             await self.app(scope, receive, send)
 
 
-def wrap(app: FastAPI, token: str | None) -> Any:
-    quiet = QuietDisconnect(app)
+class LoopbackOnly:
+    """ASGI middleware of a loopback bind: a request's ``Host`` must name loopback (127.0.0.1,
+    localhost, ::1) and its ``Origin``, when sent, must be a loopback origin on the server's own port
+    or one of ``allowed`` (``--allow-origin``). A web page open in the user's browser sends its own
+    origin (cross-site WebSocket hijacking) or, after DNS rebinding, its own host name: either is
+    refused (HTTP 403; a WebSocket closed with 1008 before it is accepted). Clients that are not
+    browsers send no Origin and a loopback Host, and pass."""
+
+    def __init__(self, app: Any, port: int, allowed: Iterable[str] = ()) -> None:
+        self.app, self.port = app, port
+        self.allowed = {o.rstrip("/").lower() for o in allowed}
+
+    def problem(self, headers: dict[bytes, bytes]) -> str | None:
+        host = headers.get(b"host", b"").decode(errors="replace").lower()
+        name = urlsplit(f"//{host}").hostname if host else None
+        if name not in LOOPBACK:
+            return f"Host {host!r} is not this machine's loopback"
+        origin = headers.get(b"origin")
+        if origin is None:
+            return None
+        text = origin.decode(errors="replace").rstrip("/").lower()
+        if text in self.allowed:
+            return None
+        try:
+            o = urlsplit(text)
+            port = o.port or {"http": 80, "https": 443}.get(o.scheme)
+        except ValueError:
+            return f"Origin {text!r} is not a URL"
+        if o.scheme in ("http", "https") and o.hostname in LOOPBACK and port == self.port:
+            return None
+        return f"Origin {text!r} is not this server (allow it with --allow-origin)"
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        why = self.problem(dict(scope.get("headers") or []))
+        if why is None:
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
+            return
+        body = json.dumps({"detail": why}).encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def wrap(app: FastAPI, token: str | None, port: int | None = None, allowed: Iterable[str] = ()) -> Any:
+    """The served application with its gates: the token's (when given) and, with ``port`` (a
+    loopback bind's), the origin gate."""
+    quiet: Any = QuietDisconnect(app)
+    if port is not None:
+        quiet = LoopbackOnly(quiet, port, allowed)
     return TokenGate(quiet, token) if token else quiet

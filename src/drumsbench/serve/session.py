@@ -15,13 +15,15 @@ an unknown kind) is the policy's own failed step.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from openenv.core.env_server.interfaces import Environment as OEEnvironment
 from openenv.core.env_server.types import EnvironmentMetadata
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from drumsbench.envs.base import Action
 from drumsbench.serve.hub import Episode, Hub
@@ -35,6 +37,35 @@ from drumsbench.serve.wire import (
 )
 
 GONE = "the client's session ended before it submitted (disconnected, reset, or a stateless HTTP /reset)"
+
+Name = Annotated[StrictStr, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class BadRequest(ValueError):
+    """A client's request the server refuses before anything starts (HTTP 422; a WebSocket error
+    frame): one line naming the field."""
+
+
+class ResetArgs(BaseModel):
+    """What a client may pass to ``reset``: names are short printable strings (never a number, a
+    list or NaN), the seed a whole number from 0 to 2^63 - 1 (as OpenEnv's own HTTP model reads it:
+    "7" is 7, 1.5 is refused); anything else is refused before an episode starts."""
+
+    model_config = ConfigDict(extra="ignore")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    episode_id: Name | None = None
+    task: Name | None = None
+    client: Name | None = None
+    policy: Name | None = None
+
+    @classmethod
+    def check(cls, **given: object) -> ResetArgs:
+        try:
+            return cls.model_validate(given)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "reset"
+            raise BadRequest(f"reset: {field}: {first['msg']} (got {type(first.get('input')).__name__})") from None
 
 
 class ServedEnv(OEEnvironment[DrumsAction, DrumsObservation, DrumsState]):
@@ -75,6 +106,8 @@ class ServedEnv(OEEnvironment[DrumsAction, DrumsObservation, DrumsState]):
     # -- OpenEnv interface ----------------------------------------------------------------------
     def reset(self, seed: int | None = None, episode_id: str | None = None, task: str | None = None,
               client: str | None = None, policy: str | None = None, **kwargs: Any) -> DrumsObservation:
+        args = ResetArgs.check(seed=seed, episode_id=episode_id, task=task, client=client, policy=policy)
+        seed, episode_id, task, client, policy = args.seed, args.episode_id, args.task, args.client, args.policy
         with self._lock:
             self._enter()
             try:
@@ -138,7 +171,19 @@ class ServedEnv(OEEnvironment[DrumsAction, DrumsObservation, DrumsState]):
         self.close_extra = {"reaped": True, "idle_s": round(idle_s, 3)}
 
     def close(self) -> None:
-        """End an unfinished attempt as invalid/policy_unavailable; destroy the sandbox; free the slot."""
+        """End an unfinished attempt as invalid/policy_unavailable; destroy the sandbox; free the slot.
+
+        Called on the server's event loop (OpenEnv closes a stateless HTTP request's session there),
+        the work — which waits for the attempt's record and destroys a sandbox — goes to a thread of
+        its own: the loop answers every other client meanwhile."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._close()
+        threading.Thread(target=self._close, name=f"drumsbench-close-{self.id}", daemon=True).start()
+        return None
+
+    def _close(self) -> None:
         reason, extra = self.close_reason, self.close_extra
         with self._lock:
             if self.closed:
