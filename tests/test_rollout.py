@@ -74,6 +74,38 @@ def test_noisy_gives_both_valid_outcomes(state_dir, run_id):
     assert seen == {Outcome.SUCCESS, Outcome.FAILED}
 
 
+def test_a_submit_of_another_generation_is_stale_like_any_action(state_dir, run_id):
+    """Gate 2 holds for the submit too: a submit computed from an earlier observation (a trainer's
+    stale queue) is refused, never verified; the same submit of the current generation is verified."""
+    from drumsbench.envs.base import Action, Observation
+    from drumsbench.policies.scripted import Policy
+
+    class SubmitOf(Policy):
+        name = "submit-of"
+
+        def __init__(self, shift: int) -> None:
+            super().__init__()
+            self.shift = shift
+
+        def plan(self, task, rng):
+            return []
+
+        def act(self, obs: Observation) -> Action:
+            return Action("submit", obs.generation + self.shift)
+
+    slot = slot_on("process", run_id, state_dir)
+    task = load_suite(MINI)[0]
+    try:
+        recs = [run_attempt(slot, task, SubmitOf(shift), FAST, CanaryRegistry(), run_id=run_id, seq=i, seed=0)
+                for i, shift in enumerate((-1, 0, -10**6))]
+    finally:
+        slot.destroy()
+    assert [(r.outcome, r.cause) for r in recs] == [(Outcome.INVALID, InvalidCause.STALE_GENERATION),
+                                                    (Outcome.FAILED, None),
+                                                    (Outcome.INVALID, InvalidCause.STALE_GENERATION)], \
+        [r.detail for r in recs]
+
+
 @pytest.mark.parametrize("cause", list(InvalidCause), ids=lambda c: c.value)
 def test_each_fault_is_caught_with_its_cause(substrate_name, cause, state_dir, run_id):
     slot = slot_on(substrate_name, run_id, state_dir)

@@ -139,6 +139,9 @@ def test_an_invalid_attempt_is_a_normal_final_observation(server):
         assert obs["attempt"].startswith(server.run_id + "/")
         r = env.step({"kind": "submit"})  # after the end: the same final observation, never a new reward
         assert r.done and r.reward is None and "over" in r.observation["error"]
+        r = env.reset(seed=0, client="stale")
+        r = env.step({"kind": "submit", "generation": -1})  # a negative number is not "the current one"
+        assert (r.done, r.reward, r.observation["cause"]) == (True, None, "stale_generation")
 
 
 def test_a_malformed_action_is_the_policys_failed_step(server):
@@ -282,6 +285,9 @@ def test_bind_and_token_rules(tmp_path):
         assert httpx.get(f"{srv.url}/health", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()[
             "status"] == "healthy"
         assert httpx.get(f"{srv.url}/t/{token}/health", timeout=10).json()["status"] == "healthy"
+        for auth, code in ((f"bearer {token}", 200), (f"BEARER  {token}", 200), (f"Basic {token}", 401),
+                           (f"Bearer {token}x", 401), ("Bearer", 401)):
+            assert httpx.get(f"{srv.url}/health", headers={"Authorization": auth}, timeout=10).status_code == code, auth
         with pytest.raises(ConnectionError), GenericEnvClient(base_url=srv.url).sync() as c:
             c.reset()
         tasks = {t.id: t for t in load_suite("coding")}

@@ -37,6 +37,7 @@ from drumsbench.core.errors import (
     MissingDependency,
     PolicyFault,
     PolicyUnavailable,
+    StaleGeneration,
     SubstrateError,
     UsageError,
 )
@@ -216,6 +217,8 @@ class _Episode:
                 time.sleep(min(cfg.think_time_s, max(0.0, self.deadline - time.monotonic())))
             action = self.policy.act(obs)
             if action.kind == SUBMIT:
+                if action.generation != env.generation:  # gate 2 holds for the submit too
+                    raise StaleGeneration(action.generation, env.generation)
                 break
             if env.step_count >= cfg.max_steps:
                 raise PolicyFault(f"truncated: the policy did not submit within {cfg.max_steps} steps")

@@ -65,7 +65,8 @@ class TokenGate:
             rest = path[len(self.prefix):] or "/"
             return await self.app({**scope, "path": rest, "raw_path": rest.encode()}, receive, send)
         auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode(errors="replace")
-        if hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
+        scheme, _, given = auth.strip().partition(" ")  # the scheme is case-insensitive (RFC 7235)
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode()):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             await receive()  # websocket.connect

@@ -59,6 +59,15 @@ class _Abort:
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class _Current:
+    """An action the client sent without a generation: it is for the observation it is answering
+    (every number the client sends, a negative one too, is checked as given)."""
+
+    kind: str
+    payload: dict[str, Any]
+
+
 class RemotePolicy(Policy):
     """The client is the policy: ``act`` hands the observation out and waits for an action."""
 
@@ -78,7 +87,9 @@ class RemotePolicy(Policy):
         ep.waiting_since = None
         if isinstance(item, _Abort):
             raise PolicyUnavailable(item.reason)
-        return item if item.generation >= 0 else Action(item.kind, obs.generation, item.payload)
+        if isinstance(item, _Current):
+            return Action(item.kind, obs.generation, item.payload)
+        return item
 
 
 @dataclass
@@ -90,7 +101,7 @@ class Episode:
     client: str
     policy_name: str
     session: str
-    inbox: queue.Queue[Action | _Abort] = field(default_factory=queue.Queue)
+    inbox: queue.Queue[Action | _Current | _Abort] = field(default_factory=queue.Queue)
     outbox: queue.Queue[tuple[str, Any]] = field(default_factory=queue.Queue)
     record: AttemptRecord | None = None
     waiting_since: float | None = None
@@ -122,8 +133,9 @@ class Episode:
         except queue.Empty:
             raise RuntimeError(f"the episode gave no answer within {timeout:g} s") from None
 
-    def send(self, action: Action) -> None:
-        self.inbox.put(action)
+    def send(self, kind: str, generation: int | None, payload: dict[str, Any]) -> None:
+        """The client's action; ``generation`` None: for the observation it answers."""
+        self.inbox.put(_Current(kind, payload) if generation is None else Action(kind, generation, payload))
 
     def abort(self, reason: str, **extra: object) -> None:
         self.extra.update(extra)

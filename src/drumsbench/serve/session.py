@@ -25,7 +25,6 @@ from openenv.core.env_server.interfaces import Environment as OEEnvironment
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from drumsbench.envs.base import Action
 from drumsbench.serve.hub import Episode, Hub
 from drumsbench.serve.wire import (
     DrumsAction,
@@ -140,10 +139,9 @@ class ServedEnv(OEEnvironment[DrumsAction, DrumsObservation, DrumsState]):
                 problem = action_problem(self.hub.suite.kind, action)
                 if problem:
                     # Reaches the environment as an unknown kind: a failed step the policy sees.
-                    ep.send(Action(f"malformed: {problem}", -1 if action.generation is None else action.generation))
+                    ep.send(f"malformed: {problem}", action.generation, {})
                 else:
-                    ep.send(Action(action.kind, -1 if action.generation is None else action.generation,
-                                   action.payload()))
+                    ep.send(action.kind, action.generation, action.payload())
                 return self._observe(error=problem or "")
             finally:
                 self._leave()
