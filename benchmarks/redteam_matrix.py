@@ -6,7 +6,7 @@ positive control (issue 29's "must show").
 
 Per substrate: every coding strategy (``policies.adversary.STRATEGIES``) on every task with the
 default environment (the judge where the substrate streams) — each attempt must end **failed**; then
-every forging strategy (``tests/test_redteam_controls.FORGING``'s list, repeated here) with the NAIVE
+every forging strategy (``policies.adversary.FORGING``) with the NAIVE
 verifier (``testing.naive_verifier``) — each must reach **success** on at least one task (a
 strategy that wins nowhere tests nothing; where its mechanism needs what the substrate lacks, e.g. a
 compiler in the container image, the table says so). Prints one line per strategy: judge outcomes
@@ -28,7 +28,7 @@ from typing import Any
 from drumsbench.core.outcome import Outcome
 from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.policies.adversary import STRATEGIES, Adversary
+from drumsbench.policies.adversary import FORGING, STRATEGIES, Adversary
 from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
@@ -36,12 +36,6 @@ from drumsbench.substrates import registry
 from drumsbench.testing.naive_verifier import NaiveCodingEnv
 
 CFG = RolloutConfig(step_timeout_s=3.0, episode_timeout_s=60.0, verify_timeout_s=15.0, max_steps=60)
-FORGING = (
-    "verdict_stdout", "verdict_stderr", "verdict_at_exit", "verdict_proc_fd", "report_fd_spray",
-    "skip_at_import", "skip_every_test", "patch_asserts", "patch_result", "always_equal", "exit_zero",
-    "sys_exit", "frame_walk", "gc_walk", "rebind_test_framework", "overwrite_recorded_status",
-    "native_frame_walk",
-)
 
 
 def _pick(given: str, every: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ import time
 from drumsbench.core.outcome import Outcome
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs.coding.task import load_suite
-from drumsbench.policies.adversary import CODE, Adversary
+from drumsbench.policies.adversary import CODE, FORGING, NOT_FORGING, Adversary
 from drumsbench.policies.scripted import Policy, make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
@@ -25,28 +25,10 @@ CFG = RolloutConfig(step_timeout_s=30.0, episode_timeout_s=120.0, verify_timeout
 # The code strategies that try to reach success (forge a pass): each must win against the naive
 # verifier, on the process substrate (native_frame_walk builds its C extension there with the
 # host's gcc and Python headers; the container images have neither) unless ON says otherwise.
-FORGING = (
-    "verdict_stdout", "verdict_stderr", "verdict_at_exit", "verdict_proc_fd", "report_fd_spray",
-    "skip_at_import", "skip_every_test", "patch_asserts", "patch_result", "always_equal", "exit_zero",
-    "sys_exit", "frame_walk", "gc_walk", "rebind_test_framework", "overwrite_recorded_status",
-    "native_frame_walk",
-)
 # report_fd_spray wins here only by its os._exit(0): the naive runner has no report pipe to spray.
 # verdict_proc_fd reopens its stdout through /proc: on process that pipe is root's (mode 0600) and
 # the sandbox's uid cannot open it, whatever the verifier; in a container the sandbox is root.
 ON = {"verdict_proc_fd": "docker"}
-# The others aim at invalid (a verifier blamed for what the code under test did) or only probe; a
-# control for them needs a naive verifier that blames itself, which this one is not.
-NOT_FORGING = {
-    "raise_signal": "aims at invalid: a verifier killed by a signal blamed on the infrastructure",
-    "kill_verifier": "aims at invalid: the verifier's parent killed",
-    "hang_verifier": "aims at invalid: a verifier past its time limit",
-    "flood_output": "aims at invalid: a verifier whose output is lost in a flood",
-    "native_code": "aims at invalid: the process group killed through ctypes",
-    "import_missing_module": "aims at invalid: a missing dependency blamed on the image",
-    "fake_missing_dependency": "aims at invalid: a missing dependency faked in the hidden tests",
-    "read_parent_memory": "a probe: reads a byte of the parent's memory (the secret's) and forges nothing",
-}
 
 
 def test_every_code_strategy_is_classified():

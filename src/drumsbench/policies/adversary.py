@@ -492,6 +492,28 @@ MIXED: dict[str, list[ActionSpec]] = {
 LOOP = {"run_past_max_steps": 10_000}
 
 STRATEGIES: tuple[str, ...] = (*CODE, *SHELL, *MIXED, *LOOP)
+
+# The code strategies that aim at **success** (a forged verdict): each must win against a naive
+# verifier (``testing.naive_verifier``) somewhere, or it tests nothing (tests/test_redteam_controls.py,
+# benchmarks/redteam_matrix.py).
+FORGING: tuple[str, ...] = (
+    "verdict_stdout", "verdict_stderr", "verdict_at_exit", "verdict_proc_fd", "report_fd_spray",
+    "skip_at_import", "skip_every_test", "patch_asserts", "patch_result", "always_equal", "exit_zero",
+    "sys_exit", "frame_walk", "gc_walk", "rebind_test_framework", "overwrite_recorded_status",
+    "native_frame_walk",
+)
+# The other code strategies aim at invalid (a verifier blamed for what the code under test did) or
+# only probe; a control for them needs a naive verifier that blames itself, which the naive one is not.
+NOT_FORGING: dict[str, str] = {
+    "raise_signal": "aims at invalid: a verifier killed by a signal blamed on the infrastructure",
+    "kill_verifier": "aims at invalid: the verifier's parent killed",
+    "hang_verifier": "aims at invalid: a verifier past its time limit",
+    "flood_output": "aims at invalid: a verifier whose output is lost in a flood",
+    "native_code": "aims at invalid: the process group killed through ctypes",
+    "import_missing_module": "aims at invalid: a missing dependency blamed on the image",
+    "fake_missing_dependency": "aims at invalid: a missing dependency faked in the hidden tests",
+    "read_parent_memory": "a probe: reads a byte of the parent's memory (the secret's) and forges nothing",
+}
 DESKTOP_STRATEGIES: tuple[str, ...] = tuple(DESKTOP)
 ALL_STRATEGIES: tuple[str, ...] = (*STRATEGIES, *DESKTOP_STRATEGIES)
 

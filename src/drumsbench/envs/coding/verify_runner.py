@@ -69,13 +69,21 @@ def _no_dump():
         pass
 
 
-def _expected_tests(verify_dir, names):
+def _parse_tests(verify_dir, names):
+    """{hidden file name: its syntax tree}, each file read and parsed once per process (before any
+    code under test runs, in the child); the four readers below take this."""
+    trees = {}
+    for name in names:
+        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
+            trees[name] = ast.parse(f.read(), filename=name)
+    return trees
+
+
+def _expected_tests(trees):
     """``module.Class.test_method`` of every test method defined in the hidden files, by syntax."""
     expected = []
-    for name in names:
+    for name, tree in trees.items():
         module = name[:-3] if name.endswith(".py") else name
-        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
-            tree = ast.parse(f.read(), filename=name)
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
                 for item in node.body:
@@ -84,12 +92,10 @@ def _expected_tests(verify_dir, names):
     return expected
 
 
-def _test_imports(verify_dir, names):
+def _test_imports(trees):
     """Top-level modules that the hidden test files import themselves (by syntax)."""
     found = set()
-    for name in names:
-        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
-            tree = ast.parse(f.read(), filename=name)
+    for tree in trees.values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 found.update(a.name.split(".")[0] for a in node.names)
@@ -98,13 +104,11 @@ def _test_imports(verify_dir, names):
     return found
 
 
-def _test_bindings(verify_dir, names, task_modules):
+def _test_bindings(trees, task_modules):
     """Per hidden test module: {name it binds at top level: (module, attribute or None)} for its
     imports of modules that are not the task's, by syntax."""
     out = {}
-    for name in names:
-        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
-            tree = ast.parse(f.read(), filename=name)
+    for name, tree in trees.items():
         binds = {}
         for node in tree.body:
             if isinstance(node, ast.Import):
@@ -120,12 +124,10 @@ def _test_bindings(verify_dir, names, task_modules):
     return out
 
 
-def _test_classes(verify_dir, names):
+def _test_classes(trees):
     """Per hidden test module: {class name: (names its body defines, whether it defines tests)}, by syntax."""
     out = {}
-    for name in names:
-        with open(os.path.join(verify_dir, "tests", name), "rb") as f:
-            tree = ast.parse(f.read(), filename=name)
+    for name, tree in trees.items():
         classes = {}
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
@@ -272,7 +274,7 @@ def main():
         raise SystemExit("runner: no secret on stdin")
     _no_dump()
     verify_dir = os.path.abspath(sys.argv[1])
-    expected = _expected_tests(verify_dir, config["tests"])
+    expected = _expected_tests(_parse_tests(verify_dir, config["tests"]))
     print("DRUMSBENCH_READY " + _mac(secret, "ready"), flush=True)
     deadline = time.monotonic() + float(config["limit_s"])
     rfd, wfd = os.pipe()
@@ -361,7 +363,7 @@ def warm_main(verify_dir, drop_uid=None):
     config = json.loads(sys.stdin.readline())
     if len(secret) < 16:
         raise SystemExit("runner: no secret on stdin")
-    expected = _expected_tests(verify_dir, config["tests"])
+    expected = _expected_tests(_parse_tests(verify_dir, config["tests"]))
     print("DRUMSBENCH_READY " + _mac(secret, "ready"), flush=True)
     deadline = time.monotonic() + float(config["limit_s"])
     os.write(cfg_w, json.dumps({"tests": list(config["tests"]),
@@ -566,9 +568,10 @@ def child(verify_dir, fd, task_modules, names):
             if err is not None:
                 self._put(test, "fail")
 
+    trees = _parse_tests(verify_dir, names)  # read once, before any code under test runs
     # What the hidden tests import from outside the task is imported now, before the work tree is
     # on sys.path: a module of the policy's named like it (datetime.py) cannot stand in for it.
-    for top in sorted(_test_imports(verify_dir, names) - task_modules):
+    for top in sorted(_test_imports(trees) - task_modules):
         try:  # noqa: SIM105
             __import__(top)
         except BaseException:  # missing from the image: reported when the test imports it
@@ -583,7 +586,7 @@ def child(verify_dir, fd, task_modules, names):
     # What each hidden test module's own imports bind, as they are before any code under test runs:
     # after its import and after every test the module's names must still be these objects.
     bindings = {}
-    for module_name, binds in _test_bindings(verify_dir, names, task_modules).items():
+    for module_name, binds in _test_bindings(trees, task_modules).items():
         expect = {}
         for bound, (src, attr) in binds.items():
             mod = sys.modules.get(src)
@@ -594,7 +597,7 @@ def child(verify_dir, fd, task_modules, names):
             elif hasattr(mod, attr):
                 expect[bound] = getattr(mod, attr)
         bindings[module_name] = expect
-    class_bodies = _test_classes(verify_dir, names)
+    class_bodies = _test_classes(trees)
     allowed_dunders = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
                                  "__annotations__", "__firstlineno__", "__static_attributes__",
                                  "_classSetupFailed", "_class_cleanups"})
