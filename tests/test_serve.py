@@ -213,6 +213,27 @@ def test_hostile_reset_arguments_are_refused_before_anything_starts(server):
     assert server.status()["sessions"] == 0
 
 
+def test_a_reaped_sessions_socket_is_closed_by_the_server(server):
+    """A client that is alive (it answers pings) but sends nothing past the idle limit: its session
+    is reaped (the attempt invalid/policy_unavailable, reaped) and the server closes its WebSocket
+    (1000) — the connection does not stay open after its sandbox is gone."""
+    from websockets.exceptions import ConnectionClosedOK
+
+    ws_url = server.url.replace("http://", "ws://") + "/ws"
+    with ws_connect(ws_url, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"client": "silent", "seed": 4}}))
+        assert json.loads(ws.recv(timeout=60))["type"] == "observation"
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionClosedOK) as closed:
+            ws.recv(timeout=120)  # the idle limit is 20 s
+        waited = time.monotonic() - t0
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+    assert 20 <= waited < 40, waited
+    rows = [a for a in server.attempts() if json.loads(a["extra"]).get("client") == "silent"]
+    assert [(a["outcome"], a["cause"], json.loads(a["extra"]).get("reaped")) for a in rows] == \
+        [("invalid", "policy_unavailable", True)]
+
+
 def test_a_web_page_cannot_drive_a_loopback_server(server):
     """Cross-site WebSocket hijacking and DNS rebinding: a browser sends the page's ``Origin`` or,
     rebound, the page's host name as ``Host``; the loopback server refuses both (403; a WebSocket

@@ -10,7 +10,9 @@ cannot drive a session) and ``GET /drumsbench/status`` (live sessions and sandbo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import functools
 import hmac
 import json
@@ -32,14 +34,36 @@ from drumsbench.serve.wire import DrumsAction, DrumsObservation
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+# The hang-up of the WebSocket connection being served in this task (set by ``QuietDisconnect``):
+# a session made while serving it is tied to it, and reaping the session hangs it up.
+_HANGUP: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("drumsbench_hangup", default=None)
+
+
 class DrumsHTTPServer(HTTPEnvServer):
-    """OpenEnv's server with DrumsBench's idle reaper in place of its own."""
+    """OpenEnv's server with DrumsBench's idle reaper in place of its own; a reaped session's
+    WebSocket is closed by the server (a client that is alive but silent no longer holds a socket)."""
 
     def __init__(self, hub: Hub) -> None:
         super().__init__(functools.partial(ServedEnv, hub), DrumsAction, DrumsObservation,
                          concurrency_config=ConcurrencyConfig(max_concurrent_envs=hub.cfg.max_sessions,
                                                               session_timeout=hub.cfg.idle_s))
         self.hub = hub
+        self.hangups: dict[str, asyncio.Event] = {}
+
+    async def _create_session(self) -> tuple[str, Any]:
+        session_id, env = await super()._create_session()
+        hangup = _HANGUP.get()
+        if hangup is not None:
+            self.hangups[session_id] = hangup
+        return session_id, env
+
+    async def _destroy_session(self, session_id: str) -> None:
+        try:
+            await super()._destroy_session(session_id)
+        finally:
+            hangup = self.hangups.pop(session_id, None)
+            if hangup is not None:
+                hangup.set()
 
     async def _reap_idle_sessions(self) -> None:
         def count() -> None:
@@ -104,7 +128,11 @@ def create_app(hub: Hub) -> FastAPI:
 class QuietDisconnect:
     """OpenEnv's ``/ws`` handler closes an already disconnected socket on its way out (a client that
     died); the ``WebSocketDisconnect`` this raises is the expected end of that session, not an error
-    to log. The session was destroyed (and its attempt recorded) before."""
+    to log. The session was destroyed (and its attempt recorded) before.
+
+    It also gives each WebSocket connection a hang-up (``_HANGUP``): when the connection's session is
+    destroyed by the server (reaped), the handler's next wait for a message ends as a disconnect, so
+    the handler closes the socket (close code 1000) instead of waiting for a client that is gone."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -112,8 +140,26 @@ class QuietDisconnect:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             return await self.app(scope, receive, send)
-        with contextlib.suppress(WebSocketDisconnect):
-            await self.app(scope, receive, send)
+        hangup = asyncio.Event()
+        token = _HANGUP.set(hangup)
+
+        async def receive_or_hang_up() -> Any:
+            if hangup.is_set():
+                return {"type": "websocket.disconnect", "code": 1000}
+            message = asyncio.ensure_future(receive())
+            hung_up = asyncio.ensure_future(hangup.wait())
+            done, _ = await asyncio.wait({message, hung_up}, return_when=asyncio.FIRST_COMPLETED)
+            if message in done:
+                hung_up.cancel()
+                return message.result()
+            message.cancel()
+            return {"type": "websocket.disconnect", "code": 1000}
+
+        try:
+            with contextlib.suppress(WebSocketDisconnect):
+                await self.app(scope, receive_or_hang_up, send)
+        finally:
+            _HANGUP.reset(token)
 
 
 class LoopbackOnly:
