@@ -179,7 +179,8 @@ def _health_ms(server) -> float:
 
 def test_hostile_reset_arguments_are_refused_before_anything_starts(server):
     """A reset whose arguments have the wrong type (a number for ``policy``, a list or NaN for
-    ``client``, a fraction or a negative ``seed``, a control character in a name) is refused with one line naming
+    ``client``, a fraction or a negative ``seed``, a control character in a name), and a WebSocket
+    message that is JSON but not an object, are refused with one line naming
     the field — 422 over HTTP, an error frame over WebSocket, whose socket then runs a normal
     episode — and no attempt starts: nothing is recorded for it, no slot is held, /health answers."""
     before = len(server.attempts())
@@ -198,7 +199,14 @@ def test_hostile_reset_arguments_are_refused_before_anything_starts(server):
         for body, field in bodies:
             ws.send('{"type": "reset", "data": ' + body + "}")
             msg = json.loads(ws.recv(timeout=60))
-            assert msg["type"] == "error" and msg["data"]["message"].startswith(f"reset: {field}: "), (body, msg)
+            said = msg["data"]["message"]
+            # NaN is refused as JSON before OpenEnv reads the message; the rest by the reset's check
+            assert msg["type"] == "error" and (said.startswith(f"reset: {field}: ") or
+                                               ("NaN" in body and "NaN is not JSON" in said)), (body, msg)
+        for text in ("[1, 2]", "5", '"reset"', "null"):  # JSON, but not an object: an error frame, not a hang-up
+            ws.send(text)
+            msg = json.loads(ws.recv(timeout=60))
+            assert msg["type"] == "error" and "a JSON object is expected" in msg["data"]["message"], (text, msg)
         ws.send(json.dumps({"type": "reset", "data": {"client": "hostile-then-fine", "seed": 3}}))
         first = json.loads(ws.recv(timeout=60))
         assert first["type"] == "observation" and first["data"]["done"] is False, first

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.websockets import WebSocketDisconnect
 from openenv.core.env_server.http_server import HTTPEnvServer
-from openenv.core.env_server.types import ConcurrencyConfig
+from openenv.core.env_server.types import ConcurrencyConfig, WSErrorCode, WSErrorResponse
 
 from drumsbench.serve.hub import AtCapacity, Hub
 from drumsbench.serve.reaper import reap_idle
@@ -125,6 +125,29 @@ def create_app(hub: Hub) -> FastAPI:
     return app
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def refused_message(message: dict[str, Any]) -> str | None:
+    """Why a WebSocket message is answered with an error frame here instead of reaching OpenEnv's
+    handler (which ends the connection on a message that is JSON but not an object), or None:
+    a message must be a JSON object, without NaN or Infinity (Python's reader takes them; the
+    ledger's JSON would not). Text that is not JSON at all is left to OpenEnv (its own error frame)."""
+    if message.get("type") != "websocket.receive" or message.get("text") is None:
+        return None
+    text = message["text"]
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError:
+        return None
+    except ValueError as e:
+        return f"Invalid JSON: {e} (write a number, or null)"
+    if not isinstance(value, dict):
+        return f"Invalid message: a JSON object is expected, not a {type(value).__name__}"
+    return None
+
+
 class QuietDisconnect:
     """OpenEnv's ``/ws`` handler closes an already disconnected socket on its way out (a client that
     died); the ``WebSocketDisconnect`` this raises is the expected end of that session, not an error
@@ -143,7 +166,7 @@ class QuietDisconnect:
         hangup = asyncio.Event()
         token = _HANGUP.set(hangup)
 
-        async def receive_or_hang_up() -> Any:
+        async def receive_one() -> Any:
             if hangup.is_set():
                 return {"type": "websocket.disconnect", "code": 1000}
             message = asyncio.ensure_future(receive())
@@ -154,6 +177,15 @@ class QuietDisconnect:
                 return message.result()
             message.cancel()
             return {"type": "websocket.disconnect", "code": 1000}
+
+        async def receive_or_hang_up() -> Any:
+            while True:
+                message = await receive_one()
+                problem = refused_message(message)
+                if problem is None:
+                    return message
+                await send({"type": "websocket.send", "text": WSErrorResponse(
+                    data={"message": problem, "code": WSErrorCode.INVALID_JSON}).model_dump_json()})
 
         try:
             with contextlib.suppress(WebSocketDisconnect):
