@@ -65,8 +65,13 @@ def test_kill_9_then_gc(substrate, tasks, concurrency, tmp_path):
     if tasks == "desktop":
         assert desktop_processes(f"DRUMSBENCH_RUN={run_id}") or substrate == "docker", \
             "a killed desktop run should have left its instances behind"
+    status = sqlite3.connect(out / "ledger.sqlite").execute("SELECT status FROM runs").fetchone()[0]
+    assert status == "running"  # killed: nobody could say otherwise
     gc = cli("gc", env={"DRUMSBENCH_STATE": str(state)}, check=True)
     assert "1 dead run" in gc.stdout
+    assert f"run {run_id} marked interrupted" in gc.stdout, gc.stdout
+    status = sqlite3.connect(out / "ledger.sqlite").execute("SELECT status FROM runs").fetchone()[0]
+    assert status == "interrupted"  # resumable (`run --resume`), never taken for a run still going
     time.sleep(1)
     assert sub.leftovers() == [], sub.leftovers()
     assert not pids_with_env("DRUMSBENCH_RUN", run_id)

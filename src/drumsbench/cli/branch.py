@@ -81,7 +81,7 @@ def branch(
     sub = make_substrate(substrate, run_id, suite)
     ledger = open_ledger(out)
     ledger.create_run(run_id, "branch", cfg.model_dump(mode="json"), machine_info(), commit())
-    state.register(run_id, [substrate])  # a crash leaves sandboxes, continuations, exports that gc can find
+    state.register(run_id, [substrate], ledger.path)  # a crash leaves sandboxes, continuations, exports for gc
     try:
         with finishing(ledger, run_id, [sub]), progress_lines(progress) as say:
             report = run_branch(cfg, sub, ledger, run_id, say=say)

@@ -93,7 +93,7 @@ def coldstart(
     results = []
     pools: list[PoolColdstartArtifact] = []
     desktop: list[DesktopColdstartArtifact] = []
-    state.register(run_id, chosen)  # a crash leaves sandboxes (pooled ones too) that gc can find
+    state.register(run_id, chosen, ledger.path)  # a crash leaves sandboxes (pooled ones too) that gc can find
     try:
         with finishing(ledger, run_id, subs), progress_lines(progress) as say:
             for sub in subs:

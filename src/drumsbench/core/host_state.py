@@ -27,12 +27,18 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def register(run_id: str, substrates: list[str]) -> Path:
+def register(run_id: str, substrates: list[str], ledger: Path | None = None) -> Path:
+    """Record that this process runs ``run_id`` on ``substrates`` (what ``gc`` cleans when the process
+    is gone), and the ledger that holds the run (``gc`` marks a dead run still ``running`` there as
+    ``interrupted``: it can be resumed, never taken for one still going)."""
     folder = state_dir() / "runs"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{run_id}.json"
     pid = os.getpid()
-    path.write_text(json.dumps({"run_id": run_id, "pid": pid, "start": _start_time(pid), "substrates": substrates}))
+    entry: dict[str, Any] = {"run_id": run_id, "pid": pid, "start": _start_time(pid), "substrates": substrates}
+    if ledger is not None:
+        entry["ledger"] = str(Path(ledger).resolve())
+    path.write_text(json.dumps(entry))
     return path
 
 

@@ -175,7 +175,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
         ledger.set_status(run_id, "complete")
         return "complete", Progress()
 
-    state.register(run_id, [cfg.substrate])
+    state.register(run_id, [cfg.substrate], ledger.path)
     seg = ledger.start_segment(run_id, os.getpid(), cfg.window)
     progress = Progress()
     pool_started = time.time()

@@ -181,7 +181,7 @@ class Hub:
         self.ledger = open_ledger(self.out)
         cfg = self.cfg.model_copy(update={"concurrency": self.cfg.max_sessions})
         self.ledger.create_run(self.run_id, self.kind, cfg.model_dump(mode="json"), machine_info(), commit())
-        state.register(self.run_id, [self.cfg.substrate])
+        state.register(self.run_id, [self.cfg.substrate], self.ledger.path)
         try:
             self.segment = self.ledger.start_segment(self.run_id, os.getpid(), "")
             control = positive_control(self.substrate)
