@@ -242,6 +242,30 @@ def test_a_reaped_sessions_socket_is_closed_by_the_server(server):
         [("invalid", "policy_unavailable", True)]
 
 
+def test_mcp_sessions_count_against_capacity_and_are_reaped(server):
+    """Sessions made over HTTP ``/mcp`` (``openenv/session/create``, no connection kept) hold capacity
+    like WebSocket ones: at capacity a WebSocket session is refused; past the idle limit they are
+    reaped, and a WebSocket session runs again."""
+    from openenv.core.generic_client import GenericEnvClient as Client
+
+    def create() -> dict:
+        return httpx.post(f"{server.url}/mcp", timeout=30, json={
+            "jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}).json()
+
+    made = [create() for _ in range(8)]  # the module server's --max-sessions
+    assert all("session_id" in (m.get("result") or {}) for m in made), made
+    assert "error" in create()  # the ninth: capacity
+    with ws_connect(server.url.replace("http://", "ws://") + "/ws", open_timeout=30) as ws:
+        msg = json.loads(ws.recv(timeout=30))  # the server's answer to a session it cannot make
+        assert msg["type"] == "error" and msg["data"]["code"] == "CAPACITY_REACHED", msg
+    deadline = time.monotonic() + 60  # idle limit 20 s, plus the reaper's tick
+    while server.status()["ws_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert server.status()["ws_sessions"] == 0
+    with Client(base_url=server.url).sync() as c:
+        assert c.reset(client="after-mcp").observation["task"]
+
+
 def test_a_web_page_cannot_drive_a_loopback_server(server):
     """Cross-site WebSocket hijacking and DNS rebinding: a browser sends the page's ``Origin`` or,
     rebound, the page's host name as ``Host``; the loopback server refuses both (403; a WebSocket
