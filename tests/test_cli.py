@@ -156,6 +156,7 @@ def test_kill_9_then_gc_then_resume(tmp_path, env):
     gc = cli("gc", env=env, check=True)
     assert "1 dead run" in gc.stdout
     assert not sandboxes.exists()
+    assert sqlite3.connect(ledger).execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
 
     cli("run", "--resume", run_id, "--out", str(out), "--no-progress", env=env, check=True)
     after = sqlite3.connect(ledger).execute("SELECT seq, outcome, t_end FROM attempts ORDER BY seq").fetchall()
@@ -174,6 +175,10 @@ def test_default_run_is_short_and_reports(tmp_path, env):
     proc = cli("run", "--duration", "3s", "--out", str(tmp_path / "runs"), env=env, check=True)
     for needle in ("valid rollouts per", "USD per valid rollout", "positive", "policy_unavailable", "p95"):
         assert needle in proc.stdout, needle
+    # the ledger holds every action (an oracle's are the answer key): its owner's alone, -wal and -shm too
+    files = sorted((tmp_path / "runs").glob("ledger.sqlite*"))
+    assert files and {f.name for f in files} <= {"ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm"}
+    assert [(f.name, oct(f.stat().st_mode & 0o077)) for f in files] == [(f.name, "0o0") for f in files]
 
 
 def test_main_job_needs_no_test_extra(tmp_path, env):

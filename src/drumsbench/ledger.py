@@ -13,7 +13,9 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -109,8 +111,11 @@ class Ledger:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():  # made its owner's alone before SQLite opens it (see _private)
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
+            self._private()
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(SCHEMA)
@@ -121,6 +126,17 @@ class Ledger:
         version = int(self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
         if version != SCHEMA_VERSION:
             raise UsageError(f"{self.path}: ledger schema {version}, this DrumsBench reads {SCHEMA_VERSION}")
+
+    def _private(self) -> None:
+        """The ledger holds every action of every attempt — an oracle's are the answer key — and the
+        run's details: its file and SQLite's -wal and -shm beside it are readable by their owner
+        alone (a sandbox's uid on ``process`` reads whatever any user can). A ledger of another
+        user is left as it is."""
+        for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+                    os.chmod(p, st.st_mode & 0o700)
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
