@@ -72,6 +72,19 @@ class DrumsHTTPServer(HTTPEnvServer):
         await reap_idle(self, self.hub.cfg.idle_s, count)
 
 
+async def refuse(scope: dict[str, Any], receive: Any, send: Any, status: int, detail: str,
+                 ws_reason: str | None = None) -> None:
+    """Answer a request a gate refuses: HTTP ``status`` with ``{"detail": detail}``, or a WebSocket
+    closed with 1008 before it is accepted (the client sees the handshake refused)."""
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        await send({"type": "websocket.close", "code": 1008, "reason": (ws_reason or detail)[:120]})
+        return
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
+
+
 class TokenGate:
     """ASGI middleware: with a token, every request needs ``Authorization: Bearer TOKEN`` or the path
     prefix ``/t/TOKEN`` (for clients that cannot send headers on a WebSocket: OpenEnv's own client
@@ -92,14 +105,8 @@ class TokenGate:
         scheme, _, given = auth.strip().partition(" ")  # the scheme is case-insensitive (RFC 7235)
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode()):
             return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": "token required"})
-            return
-        body = json.dumps({"detail": "token required: send Authorization: Bearer TOKEN"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+        await refuse(scope, receive, send, 401, "token required: send Authorization: Bearer TOKEN",
+                     ws_reason="token required")
 
 
 def create_app(hub: Hub) -> FastAPI:
@@ -232,14 +239,7 @@ class LoopbackOnly:
         why = self.problem(dict(scope.get("headers") or []))
         if why is None:
             return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
-            return
-        body = json.dumps({"detail": why}).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+        await refuse(scope, receive, send, 403, why)
 
 
 def wrap(app: FastAPI, token: str | None, port: int | None = None, allowed: Iterable[str] = ()) -> Any:
