@@ -139,9 +139,14 @@ class Environment(ABC):
         self.generation += 1
         self.step_count = 0
 
-    def step(self, action: Action, timeout: float) -> Observation:
+    def check_generation(self, action: Action) -> None:
+        """Gate 2: ``StaleGeneration`` unless ``action`` (any action, the submit too) was computed
+        from an observation of the current generation."""
         if action.generation != self.generation:
             raise StaleGeneration(action.generation, self.generation)
+
+    def step(self, action: Action, timeout: float) -> Observation:
+        self.check_generation(action)
         self.step_count += 1
         return self._apply(action, timeout)
 

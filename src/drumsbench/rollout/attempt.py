@@ -37,7 +37,6 @@ from drumsbench.core.errors import (
     MissingDependency,
     PolicyFault,
     PolicyUnavailable,
-    StaleGeneration,
     SubstrateError,
     UsageError,
 )
@@ -217,8 +216,7 @@ class _Episode:
                 time.sleep(min(cfg.think_time_s, max(0.0, self.deadline - time.monotonic())))
             action = self.policy.act(obs)
             if action.kind == SUBMIT:
-                if action.generation != env.generation:  # gate 2 holds for the submit too
-                    raise StaleGeneration(action.generation, env.generation)
+                env.check_generation(action)  # gate 2 holds for the submit too
                 break
             if env.step_count >= cfg.max_steps:
                 raise PolicyFault(f"truncated: the policy did not submit within {cfg.max_steps} steps")
