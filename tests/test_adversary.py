@@ -31,7 +31,7 @@ SAMPLE = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "ou
           "kill_own_shells", "hang_step", "stop_own_step", "delete_own_folders", "leak_own_canary",
           "read_neighbours", "background_rewrites_verifier", "plant_links", "write_through_link",
           "many_processes_then_hang", "fill_disk", "lose_end_marker", "fill_memory",
-          "remove_outer_shell", "fake_missing_dependency", "plant_fifos"]
+          "remove_outer_shell", "fake_missing_dependency", "plant_fifos", "read_answer_key"]
 
 
 def _play(substrate: str, strategies: list[str], state_dir, run_id, cfg: RolloutConfig = CFG, workers: int = 1):
@@ -104,7 +104,7 @@ def test_replayed_canaries_are_the_policys_own_doing(substrate, state_dir, run_i
 def test_vm_a_sample_of_strategies_ends_failed(state_dir, run_id):
     """The guest runs the same runner; a sample keeps this under a few minutes under TCG."""
     sample = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "kill_own_shells",
-              "exec_away", "background_rewrites_verifier", "leak_own_canary"]
+              "exec_away", "background_rewrites_verifier", "leak_own_canary", "read_answer_key"]
     out, control = _play("vm", sample, state_dir, run_id,
                          RolloutConfig(step_timeout_s=10.0, episode_timeout_s=120.0, verify_timeout_s=40.0))
     escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}

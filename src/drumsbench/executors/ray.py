@@ -231,13 +231,14 @@ class RemoteJob:
     substrate_cls: type[Substrate]
     driver_host: str
     driver_state_dir: str
+    hidden: tuple[str, ...] = ()  # the driver substrate's answer-key folders (``Substrate.hide``)
 
     @classmethod
     def of(cls, job: Job, substrate: Substrate) -> RemoteJob:
         return cls(run_id=job.run_id, tasks={t.id: t for t in job.tasks}, make_policy=job.make_policy,
                    make_env=job.make_env, rollout=job.rollout, seed=job.seed, meta=dict(job.meta),
                    substrate_cls=type(substrate), driver_host=socket.gethostname(),
-                   driver_state_dir=str(substrate.state_dir))
+                   driver_state_dir=str(substrate.state_dir), hidden=tuple(map(str, substrate.hidden)))
 
     def state_dir(self) -> Path:
         """The driver's state folder on the driver's host; the node's own elsewhere."""
@@ -281,6 +282,7 @@ class NodeRunner:
             return info
         state_dir = self.spec.state_dir()
         self.substrate = with_flavor(cls(self.spec.run_id, state_dir), env.image_flavor)
+        self.substrate.hide(*map(Path, self.spec.hidden))
         if self.host != self.spec.driver_host:  # let `drumsbench gc` on this host clean after a crash
             from drumsbench.core import host_state as state
 

@@ -25,6 +25,7 @@ from drumsbench.core.errors import LedgerUnwritable, UsageError
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Environment
+from drumsbench.envs.coding.task import suite_dir
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
 from drumsbench.experiments.leak_sampler import LeakSampler
@@ -124,7 +125,10 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
     missing = cls.missing()
     if missing:
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
-    return with_flavor(cls(run_id, state.state_dir()), flavor)
+    substrate = with_flavor(cls(run_id, state.state_dir()), flavor)
+    if tasks is not None:
+        substrate.hide(suite_dir(tasks))  # its answer keys (``core.answer_keys``)
+    return substrate
 
 
 def _fits(env_class: type[Environment], name: str) -> bool:

@@ -32,6 +32,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
+from drumsbench.core.answer_keys import harness_places
 from drumsbench.core.canary_scan import SCAN_SCRIPT
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.fingerprint import DIGEST_SCRIPT
@@ -654,6 +655,13 @@ class Substrate(ABC):
         self.state_dir = state_dir
         # Bounds of the sandboxes ``create`` makes from now on; a caller may replace them first.
         self.limits = SandboxLimits.from_env()
+        # Host folders holding answer keys (``core.answer_keys``), out of every sandbox's sight where
+        # its file view is the host's (process, bwrap); ``hide`` adds a run's suite folder.
+        self.hidden: list[Path] = list(harness_places())
+
+    def hide(self, *folders: Path) -> None:
+        """Keep ``folders`` (a run's task folders) out of the sight of the sandboxes made from now on."""
+        self.hidden += [Path(os.path.realpath(f)) for f in folders]
 
     def limit_mechanisms(self) -> dict[str, str]:
         """Per bound (``pids``, ``memory_mb``, ``disk_mb``): how this substrate enforces it here, or

@@ -2,8 +2,11 @@
 
 What a command sees:
 
-- ``/`` is the host's root, read-only (each top-level entry bound read-only onto a read-only
-  tmpfs root, so that the sandbox folder can sit at the fixed path ``/sandbox``). ``/run`` is an
+- ``/`` is the host's system, read-only: each top-level entry of ``answer_keys.SYSTEM_FOLDERS``
+  (``/usr``, ``/etc``, ``/var``, ...) bound read-only onto a read-only tmpfs root, so that the
+  sandbox folder can sit at the fixed path ``/sandbox``; the others (``/work``, ``/home``, ``/opt``,
+  ...: checkouts, task suites) are absent, and the harness's package, checkout and the run's suite
+  (``Substrate.hidden``) are covered by empty tmpfs wherever they are. ``/run`` is an
   empty tmpfs (hides host sockets such as the docker socket); the state folder (so one sandbox
   cannot read another's files), ``/root`` and the image cache are hidden by empty tmpfs too.
 - ``/sandbox`` is the sandbox's host folder, read-write, with ``work``, ``home``, ``tmp`` and
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench import images
+from drumsbench.core.answer_keys import SYSTEM_FOLDERS
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
@@ -123,7 +127,7 @@ def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
     for cap in SANDBOX_CAPS:
         argv += ["--cap-add", f"CAP_{cap.upper()}"]
     for name in sorted(os.listdir("/")):
-        if name in _NOT_BOUND:
+        if name in _NOT_BOUND or name not in SYSTEM_FOLDERS:  # the rest may hold answer keys
             continue
         host = f"/{name}"
         if os.path.islink(host):
@@ -279,14 +283,14 @@ class BwrapSubstrate(Substrate):
             shutil.rmtree(root, ignore_errors=True)
             raise SubstrateError(f"bwrap: cannot create sandbox folder {root}: {e}") from e
         if not self.freezer:
-            return BwrapSandbox(self.run_id, sid, root, self._hide)
+            return BwrapSandbox(self.run_id, sid, root, [*self._hide, *self.hidden])
         try:
             cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
         except SubstrateError:
             unmount_below(root)
             shutil.rmtree(root, ignore_errors=True)
             raise
-        return FreezableBwrapSandbox(self.run_id, sid, root, self._hide, cgroup)
+        return FreezableBwrapSandbox(self.run_id, sid, root, [*self._hide, *self.hidden], cgroup)
 
     def limit_mechanisms(self) -> dict[str, str]:
         return host_limit_mechanisms(self.limits, self.freezer, "the sandbox folder (/sandbox and /tmp inside; "

@@ -9,6 +9,9 @@ from the command line for a plugin author.
 from __future__ import annotations
 
 import random
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -137,6 +140,31 @@ def check_separate_sandboxes(sub: Substrate) -> None:
         expect(b"only-a" not in res.stdout, "a file written in one sandbox appears in another")
 
 
+_PROBE = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 5).close()\n    print('reached')\n"
+          "except OSError as e:\n    print('blocked:', e)\n")
+
+
+def check_no_host_loopback(sub: Substrate) -> None:
+    """A substrate that declares no network (``capabilities.network`` False) keeps its sandboxes off
+    the host's loopback: a listener on the host's 127.0.0.1 (as the service, Ray or an inference
+    endpoint listen) is out of a sandbox's reach, while a plain host process reaches it (the check's
+    positive control, run first)."""
+    if sub.capabilities.network:
+        return
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        probe = _PROBE.format(port=listener.getsockname()[1])
+        host = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, timeout=30, check=False)
+        expect(host.stdout.startswith(b"reached"), f"positive control: a host process did not reach the listener "
+               f"({host.stdout!r})")
+        with sandbox(sub) as box:
+            box.write_file(f"{box.paths.work}/probe.py", probe.encode())
+            res = box.exec("python3 -I probe.py 2>&1", timeout=30, cwd=box.paths.work)
+        expect(res.stdout.startswith(b"blocked:"), f"a sandbox of a substrate without network reached (or did not "
+               f"try) a listener on the host's 127.0.0.1: {res.stdout[:200]!r}")
+
+
 def check_parallel_exec(sub: Substrate) -> None:
     with sandbox(sub) as box:
         results: list[bytes] = []
@@ -246,6 +274,7 @@ CHECKS = [
         check_files,
         check_digest_and_scan,
         check_separate_sandboxes,
+        check_no_host_loopback,
         check_parallel_exec,
         check_reset_in_place,
         check_capabilities_declared,

@@ -38,7 +38,7 @@ from drumsbench.core.canary_scan import scan_tokens
 from drumsbench.core.errors import SubstrateError
 from drumsbench.core.fingerprint import tree_digest
 from drumsbench.core.host_places import shared_places
-from drumsbench.substrates import rootedfs
+from drumsbench.substrates import own_view, rootedfs
 from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
     Capabilities,
@@ -83,6 +83,7 @@ from drumsbench.substrates.hostproc import (
     uid_separation_available,
     unmount_below,
 )
+from drumsbench.substrates.own_view import OwnView
 from drumsbench.substrates.spawner import Spawner
 
 RUN_VAR = HostLaunching.RUN_VAR
@@ -220,7 +221,9 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
     Subclasses choose how commands run (``_argv``) and how paths map (``host_path``).
     ``cgroup``: the sandbox's freezer group (every command joins it before its payload runs, or is
     born in it: ``spawns_inside``); ``lease``: the sandbox's own uid, which commands run as
-    (``None``: the harness's).
+    (``None``: the harness's); ``view``: the sandbox's own network and mount namespaces
+    (``own_view``), which every command, stream, helper and the spawner start inside
+    (``_inside``); launchers (``exec_launcher``, ``launch_view``) do not.
     """
 
     # Start the sandbox's own commands from a spawner inside its groups (``substrates/spawner.py``)
@@ -237,6 +240,7 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         *,
         cgroup: FreezerCgroup | None = None,
         lease: UidLease | None = None,
+        view: OwnView | None = None,
     ):
         self.substrate = substrate
         self.run_id = run_id
@@ -247,6 +251,7 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         self._destroyed = False
         self.cgroup = cgroup
         self.lease = lease
+        self.view = view
         self._fs = rootedfs.RootedFS(str(host_root))
         # kept helpers (``Helpers``) by pid: spared by ``kill_all``, stopped by ``destroy``
         self._helpers: dict[int, HostHelper] = {}
@@ -299,6 +304,13 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         the harness thread that starts it: ``open_stream``)."""
         return argv, str(self.host_path(cwd)), env
 
+    def _inside(self, argv: list[str], cwd: str | None, uid: int | None) -> tuple[list[str], int | None]:
+        """(argv, uid to start it as): ``argv`` entering the sandbox's own view first, where it has
+        one (then ``nsenter`` drops to ``uid`` after entering, and the command starts as root)."""
+        if self.view is None:
+            return argv, uid
+        return [*self.view.prefix(cwd or str(self.host_root), uid), *argv], None
+
     # -- interface -----------------------------------------------------------------------------
     def _run(self, req: ExecRequest) -> ExecResult:
         return self._run_as(req, self.uid)
@@ -328,6 +340,8 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         plain = host_argv
         if self.cgroup is not None:
             host_argv = self.cgroup.wrap(host_argv)
+        if not launcher:
+            host_argv, uid = self._inside(host_argv, host_cwd, uid)
         return self.groups.run(host_argv, req, cwd=host_cwd, env=host_env, uid=uid, spawner=spawner,
                                spawn_argv=plain)
 
@@ -345,7 +359,8 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         host_argv, host_cwd, host_env = command
         if self.cgroup is not None:
             host_argv = self.cgroup.wrap(host_argv)
-        return start_stream(host_argv, cwd=host_cwd, env=host_env, uid=self.uid, groups=self.groups, token=token)
+        host_argv, uid = self._inside(host_argv, host_cwd, self.uid)
+        return start_stream(host_argv, cwd=host_cwd, env=host_env, uid=uid, groups=self.groups, token=token)
 
     def _live_spawner(self) -> Spawner | None:
         """The sandbox's spawner; the first call starts it in the background (it is ready a few
@@ -370,8 +385,13 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         if old is not None:
             old.stop()
         env = sandbox_env(self.paths, None, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        cgroup = self.cgroup
+
+        def place(argv: list[str]) -> list[str]:
+            return self._inside(cgroup.wrap(argv), str(self.host_root), None)[0]
+
         try:
-            spawner: Spawner | None = Spawner.start(self.cgroup.wrap, self.lease.uid, str(self.host_root), env)
+            spawner: Spawner | None = Spawner.start(place, self.lease.uid, str(self.host_root), env)
         except OSError:
             spawner = None
         with self._spawner_lock:
@@ -461,6 +481,8 @@ class HostFolderSandbox(rootedfs.RootedFiles, HostFolders, Streaming):
         self.kill_all()
         if self.cgroup is not None:
             self.cgroup.remove()
+        if self.view is not None:
+            self.view.close()
         unmount_below(self.host_root)  # the disk bound's tmpfs, with everything written into it
         shutil.rmtree(self.host_root, ignore_errors=True)
         if self.lease is not None:
@@ -514,6 +536,7 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
             raise SubstrateError(f"sandbox {self.id} is destroyed")
         env = sandbox_env(self.paths, None, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
         host_argv = list(argv) if self.cgroup is None else self.cgroup.wrap(list(argv))
+        host_argv, _ = self._inside(host_argv, str(self.host_path(cwd)), None)
         try:
             proc = subprocess.Popen(host_argv, cwd=str(self.host_path(cwd)), env=env, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -574,19 +597,27 @@ class ProcessSubstrate(Substrate):
     capabilities = Capabilities(
         isolation=Isolation.NONE,
         reset_strategies=(ResetStrategy.IN_PLACE, ResetStrategy.RECREATE),
-        network=True,
+        network=False,
         notes=(
             "plain host processes: as root each sandbox runs as its own uid (processes of the "
-            "harness and other sandboxes out of reach, sandbox folders private) but host files "
-            "and the network are shared; Freezable (cgroup v1 freezer, per-sandbox group) only "
-            "where /sys/fs/cgroup/freezer is mounted and writable, decided at construction"
+            "harness and other sandboxes out of reach, sandbox folders private) in its own network "
+            "namespace (lo only) and mount view (the host's files, answer keys covered: own_view); "
+            "without root, host files and the network are shared; Freezable (cgroup v1 freezer, "
+            "per-sandbox group) only where /sys/fs/cgroup/freezer is mounted and writable, decided "
+            "at construction"
         ),
     )
+    # False: sandboxes share the host's network and files (a control for the answer-key and
+    # loopback tests, never a user's choice)
+    make_views: ClassVar[bool] = True
 
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self.separate_uids = uid_separation_available()
         self.freezer = FreezerCgroup.hierarchy() is not None
+        self.views = self.make_views and self.separate_uids and own_view.available() is None
+        if not self.views:
+            self.capabilities = self.capabilities.model_copy(update={"network": True})
 
     @classmethod
     def missing(cls) -> str | None:
@@ -601,6 +632,7 @@ class ProcessSubstrate(Substrate):
         root = sandbox_root(self.state_dir, self.run_id) / sid
         lease: UidLease | None = None
         cgroup: FreezerCgroup | None = None
+        view: OwnView | None = None
         try:
             _make_reachable(root.parent)
             root.mkdir(mode=0o755)
@@ -612,9 +644,13 @@ class ProcessSubstrate(Substrate):
                 cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
                                               owner=None if lease is None else lease.uid, limits=self.limits)
             paths = SandboxPaths.under(str(root))
+            if self.views:
+                view = OwnView.create(self.hidden, root)
             cls = FreezableProcessSandbox if cgroup is not None else ProcessSandbox
-            return cls(self.name, self.run_id, sid, root, paths, cgroup=cgroup, lease=lease)
+            return cls(self.name, self.run_id, sid, root, paths, cgroup=cgroup, lease=lease, view=view)
         except (OSError, SubstrateError) as e:
+            if view is not None:
+                view.close()
             if cgroup is not None:
                 cgroup.remove()
             if lease is not None:

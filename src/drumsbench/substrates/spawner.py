@@ -33,6 +33,9 @@ from typing import IO
 SOURCE = (Path(__file__).parent / "spawner_main.py").read_text()
 # A request larger than this (a huge environment or command line) is started the old way.
 _MAX_REQUEST = 512 * 1024
+# The spawner's interpreter: the system's (a sandbox's own view covers the harness's checkout,
+# where its virtual environment may live: ``own_view``); the harness's where there is none.
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 # How long ``SpawnedProcess.wait`` waits for the spawner's exit message after the command ended.
 _EXIT_WAIT_S = 5.0
 
@@ -104,7 +107,7 @@ class Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * _MAX_REQUEST)
-            argv = wrap([sys.executable, "-I", "-S", "-c", SOURCE, str(uid)])
+            argv = wrap([PYTHON, "-I", "-S", "-c", SOURCE, str(uid)])
             proc = subprocess.Popen(argv, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, cwd=cwd, env=dict(env), start_new_session=True)
         except OSError:
