@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -172,9 +173,10 @@ def test_a_sandbox_under_a_covered_folder_keeps_its_own(run_id):
 def test_no_launch_path_walks_around_the_covers(substrate_class, state_dir, run_id):
     """A relative walk up from the work folder (``../../..``) to the harness's checkout, from every
     way a process sandbox starts something: a command (its first, started directly, and later ones,
-    by the spawner), a stream and a helper. Each must be refused; on the control (no view) each
-    lists the tasks, so the probe itself works. (nsenter's ``--wd`` left a command's cwd on the
-    host's mount, and this walk reached the checkout around every cover.)"""
+    by the spawner), a stream, a helper and the launch view (the desktop's instance). Each must be
+    refused; on the control (no view) each lists the tasks, so the probe itself works. (nsenter's
+    ``--wd`` left a command's cwd on the host's mount, and this walk reached the checkout around
+    every cover.)"""
     target = harness_places()[0] / "tasks"
     sub = substrate_class(run_id, state_dir)
     box = sub.create()
@@ -193,7 +195,10 @@ def test_no_launch_path_walks_around_the_covers(substrate_class, state_dir, run_
         helper = box.start_helper(["sh", "-c", f"while read _; do {probe}; echo {end} 0; done"], cwd=box.paths.work)
         seen["helper (root)"] = helper.call(b"go\n", timeout=30).stdout
         helper.stop()
-        assert set(seen) == {"direct", "spawner", "stream", "helper (root)"}, seen
+        view = box.launch_view()  # the desktop's instance starts from here, as root
+        seen["launch view (root)"] = subprocess.run([*view.prefix, "sh", "-c", f"cd {box.paths.work} && {probe}"],
+                                                    capture_output=True, timeout=30).stdout
+        assert set(seen) == {"direct", "spawner", "stream", "helper (root)", "launch view (root)"}, seen
         for path, out in seen.items():
             if substrate_class is BareProcess:
                 assert b"coding" in out, (path, out)
@@ -215,3 +220,17 @@ def _read_all(fd: int, timeout: float = 30.0) -> bytes:
                 break
             out += chunk
     return out
+
+
+def test_a_run_refuses_a_suite_its_sandboxes_could_read(suite, run_id, monkeypatch):
+    """Where the substrate cannot cover the suite (process without its own view), the run is
+    refused before any sandbox exists, in one line naming an answer key's path."""
+    from drumsbench.core.errors import UsageError
+    from drumsbench.experiments.run import make_substrate
+
+    monkeypatch.setattr(ProcessSubstrate, "make_views", False)
+    with pytest.raises(UsageError, match="could read the answer key") as e:
+        make_substrate("process", run_id, str(suite))
+    message = str(e.value)
+    assert "\n" not in message and str(next(suite.glob("*/golden.patch"))) in message, message
+    make_substrate("process", run_id).close()  # no suite: nothing to refuse

@@ -118,7 +118,7 @@ def train(
 
         select_tasks(cfg)
         run_id = new_run_id()
-        sub = make_substrate(cfg.substrate, run_id)
+        sub = make_substrate(cfg.substrate, run_id, cfg.tasks)
         ledger.create_run(run_id, RUN_KIND, cfg.model_dump(mode="json"), machine_info(), commit())
         err.print(f"train {run_id}: {', '.join(a.label for a in cfg.arms())} x seeds {cfg.seeds}, "
                   f"{cfg.fault_mode} faults, {cfg.substrate}, ledger {ledger.path}")

@@ -127,7 +127,14 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
     substrate = with_flavor(cls(run_id, state.state_dir()), flavor)
     if tasks is not None:
-        substrate.hide(suite_dir(tasks))  # its answer keys (``core.answer_keys``)
+        folder = suite_dir(tasks)
+        substrate.hide(folder)  # its answer keys (``core.answer_keys``)
+        exposed = substrate.answer_keys_exposed()
+        if exposed:
+            substrate.close()
+            key = next(iter(sorted(folder.glob("*/golden.patch")) or sorted(folder.glob("*/hidden"))), folder)
+            raise UsageError(f"--substrate {name}: {exposed}, so a sandbox could read the answer key {key}; "
+                             f"run as root or choose another substrate")
     return substrate
 
 

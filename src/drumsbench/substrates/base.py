@@ -659,6 +659,12 @@ class Substrate(ABC):
         # its file view is the host's (process, bwrap); ``hide`` adds a run's suite folder.
         self.hidden: list[Path] = list(harness_places())
 
+    def answer_keys_exposed(self) -> str | None:
+        """Why this substrate's sandboxes could read host folders in ``hidden`` (one line), or None
+        when they cannot (their own root file system, or the folders covered). A run refuses a
+        suite where it is not None (``experiments.run.make_substrate``)."""
+        return None
+
     def hide(self, *folders: Path) -> None:
         """Keep ``folders`` (a run's task folders) out of the sight of the sandboxes made from now on."""
         self.hidden += [Path(os.path.realpath(f)) for f in folders]

@@ -566,12 +566,14 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
                     os.unlink(entry.path)
 
     def launch_view(self) -> LaunchView:
-        """``unshare`` on the host: new namespaces, the host's file system (``process`` confines no
-        file: its commands see the host as they are). Shell commands drop to the sandbox's uid."""
+        """``unshare`` from the sandbox's own view (where it has one: the host's system, the answer
+        keys and the non-system folders covered; else the host's file system as it is): new
+        namespaces, no file confined beyond the view. Shell commands drop to the sandbox's uid."""
         if self._destroyed:
             raise SubstrateError(f"sandbox {self.id} is destroyed")
-        prefix = ("unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
-                  "--propagation", "private", "--")
+        unshare = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
+                   "--propagation", "private", "--"]
+        prefix = tuple(self._inside(unshare, str(self.host_root), None)[0])
         return LaunchView(prefix, self.host_root, str(self.host_root))
 
     def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
@@ -622,6 +624,13 @@ class ProcessSubstrate(Substrate):
     @classmethod
     def missing(cls) -> str | None:
         return None
+
+    def answer_keys_exposed(self) -> str | None:
+        if self.views:
+            return None
+        if not self.separate_uids:
+            return "without root its commands run as your own uid, on the host's files"
+        return f"its sandboxes have no own view here ({own_view.available() or 'turned off'})"
 
     def limit_mechanisms(self) -> dict[str, str]:
         return host_limit_mechanisms(self.limits, self.freezer, "the sandbox folder (its work, home, tmp and "

@@ -380,8 +380,9 @@ class DesktopInstance(RunningDesktop):
         # in_init: the sandbox's own namespaces, under its init (the view's prefix detaches it)
         prefix = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--"] if ckpt and not self.in_init \
             else list(self.view.prefix)
-        # in a view the holder's file may be out of sight (overlay): its source is passed instead
-        holder = [str(HOLDER)] if self.inside_root is None else ["-c", HOLDER.read_text()]
+        # the holder's file is out of sight in every view (overlay's; process's own view covers the
+        # package and its checkout): its source is passed instead
+        holder = ["-c", HOLDER.read_text()]
         argv = [*prefix, "env", f"{RUN_VAR}={box.run_id}", f"{SANDBOX_VAR}={box.id}",
                 python, "-I", *holder, json.dumps(cfg)]
         self.t_launch = time.monotonic()
