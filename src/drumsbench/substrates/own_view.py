@@ -38,6 +38,9 @@ from drumsbench.core.answer_keys import SYSTEM_FOLDERS
 from drumsbench.core.errors import SubstrateError
 
 _SETUP_TIMEOUT_S = 10.0
+# By absolute path: a command's environment (its PATH) is the sandbox's, which may lack them.
+_NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+_ENV = shutil.which("env") or "/usr/bin/env"
 
 
 def available() -> str | None:
@@ -133,13 +136,13 @@ class OwnView:
         if self._closed:
             raise SubstrateError("own view: closed")
         me = os.getpid()
-        argv = ["nsenter", f"--net=/proc/{me}/fd/{self._net_fd}", f"--mount=/proc/{me}/fd/{self._mnt_fd}"]
+        argv = [_NSENTER, f"--net=/proc/{me}/fd/{self._net_fd}", f"--mount=/proc/{me}/fd/{self._mnt_fd}"]
         if uid is not None:
             argv += [f"--setuid={uid}", f"--setgid={uid}"]
         # The working folder is set by path once inside (``env -C``), never with nsenter's --wd:
         # that opens the folder before entering, so the command's cwd would be the host's mount of
         # it and ``../..`` would walk the host's tree, around every cover.
-        return [*argv, "--", "env", "-C", cwd, "--"]
+        return [*argv, "--", _ENV, "-C", cwd, "--"]
 
     def close(self) -> None:
         """Let go of the namespaces (they end when the last command inside ends too)."""
