@@ -179,6 +179,7 @@ def test_default_run_is_short_and_reports(tmp_path, env):
     files = sorted((tmp_path / "runs").glob("ledger.sqlite*"))
     assert files and {f.name for f in files} <= {"ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm"}
     assert [(f.name, oct(f.stat().st_mode & 0o077)) for f in files] == [(f.name, "0o0") for f in files]
+    assert (tmp_path / "runs").stat().st_mode & 0o077 == 0  # the out folder it made, with every artifact
 
 
 def test_main_job_needs_no_test_extra(tmp_path, env):

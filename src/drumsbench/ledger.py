@@ -110,7 +110,8 @@ class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.parent.exists():  # a new out folder is its owner's alone (artifacts go there)
+                self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
             if not self.path.exists():  # made its owner's alone before SQLite opens it (see _private)
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)

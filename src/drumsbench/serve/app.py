@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from fastapi.websockets import WebSocketDisconnect
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.types import ConcurrencyConfig, WSErrorCode, WSErrorResponse
+from starlette.websockets import WebSocketDisconnected
 
 from drumsbench.serve.hub import AtCapacity, Hub
 from drumsbench.serve.reaper import reap_idle
@@ -157,8 +158,10 @@ def refused_message(message: dict[str, Any]) -> str | None:
 
 class QuietDisconnect:
     """OpenEnv's ``/ws`` handler closes an already disconnected socket on its way out (a client that
-    died); the ``WebSocketDisconnect`` this raises is the expected end of that session, not an error
-    to log. The session was destroyed (and its attempt recorded) before.
+    died), and answers a send that failed because the client left mid-step with another send; the
+    ``WebSocketDisconnect`` / ``WebSocketDisconnected`` this raises is the expected end of that
+    session, not an error to log (the latter only once a send did fail). The session was destroyed
+    (and its attempt recorded) before.
 
     It also gives each WebSocket connection a hang-up (``_HANGUP``): when the connection's session is
     destroyed by the server (reaped), the handler's next wait for a message ends as a disconnect, so
@@ -194,9 +197,24 @@ class QuietDisconnect:
                 await send({"type": "websocket.send", "text": WSErrorResponse(
                     data={"message": problem, "code": WSErrorCode.INVALID_JSON}).model_dump_json()})
 
+        gone = False
+
+        async def send_or_note(message: Any) -> None:
+            nonlocal gone
+            try:
+                await send(message)
+            except Exception:
+                gone = True  # the client is gone (uvicorn's ClientDisconnected, a reset connection)
+                raise
+
         try:
             with contextlib.suppress(WebSocketDisconnect):
-                await self.app(scope, receive_or_hang_up, send)
+                await self.app(scope, receive_or_hang_up, send_or_note)
+        except WebSocketDisconnected:
+            # OpenEnv answers a failed send (the client left mid-step, no close frame) with another
+            # send, which Starlette refuses: the expected end of a session whose client is gone
+            if not gone:
+                raise
         finally:
             _HANGUP.reset(token)
 
