@@ -99,7 +99,8 @@ def open_ledger(out: Path) -> Ledger:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} is a file; give a folder")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if not out.exists():  # a new out folder is its owner's alone (the ledger's, the artifacts')
+            out.mkdir(parents=True, mode=0o700, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--out: cannot create {out} ({e.strerror}); choose a writable folder") from None
     if not os.access(out, os.W_OK):
