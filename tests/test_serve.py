@@ -545,3 +545,34 @@ def test_desktop_served_with_typed_screenshots(tmp_path):
         srv.stop()
     assert "Traceback" not in srv.errors(), srv.errors()
     srv.assert_nothing_left()
+
+
+def test_the_servers_connections_send_without_delay():
+    """Each accepted connection of the server's listening socket gets TCP_NODELAY from asyncio (as
+    uvicorn serves it): a socket made with proto 0 did not, and every answer waited ~40 ms for the
+    client's delayed ACK."""
+    import socket
+
+    from drumsbench.cli.serve import listening_socket
+
+    async def accepted_nodelay() -> int:
+        sock = listening_socket("127.0.0.1")
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        got: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Proto(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                s = transport.get_extra_info("socket")
+                got.set_result(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        server = await asyncio.get_running_loop().create_server(Proto, sock=sock)
+        try:
+            _, writer = await asyncio.open_connection(*sock.getsockname())
+            value = await asyncio.wait_for(got, 10)
+            writer.close()
+            return value
+        finally:
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
