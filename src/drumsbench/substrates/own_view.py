@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -68,10 +69,6 @@ def covered_places(hidden: Sequence[Path], folder: Path) -> list[Path]:
     return out
 
 
-def _quote(path: Path) -> str:
-    return "'" + str(path).replace("'", "'\\''") + "'"
-
-
 class OwnView:
     """The two namespaces, held by descriptor; ``covered``: the folders hidden in it."""
 
@@ -86,14 +83,15 @@ class OwnView:
         """``SubstrateError`` when the namespaces cannot be made (the cause in one line)."""
         covered = covered_places(hidden, folder)
         keep = Path(os.path.realpath(folder))
-        steps = [f"exec 3< {_quote(keep)}"]
+        q = shlex.quote
+        tmpfs = "mount -t tmpfs -o {},nosuid,nodev,noexec drumsbench-hidden {}"
+        steps = [f"exec 3< {q(str(keep))}"]
         for p in covered:
             if p in keep.parents:  # a skeleton with the sandbox's folder bound back
-                steps += [f"mount -t tmpfs -o mode=0755,size=1m,nosuid,nodev,noexec drumsbench-hidden {_quote(p)}",
-                          f"mkdir -p {_quote(keep)}", f"mount -c --rbind /proc/self/fd/3 {_quote(keep)}",
-                          f"mount -o remount,ro {_quote(p)}"]
+                steps += [tmpfs.format("mode=0755,size=1m", q(str(p))), f"mkdir -p {q(str(keep))}",
+                          f"mount -c --rbind /proc/self/fd/3 {q(str(keep))}", f"mount -o remount,ro {q(str(p))}"]
             else:
-                steps.append(f"mount -t tmpfs -o ro,mode=0,size=4k,nosuid,nodev,noexec drumsbench-hidden {_quote(p)}")
+                steps.append(tmpfs.format("ro,mode=0,size=4k", q(str(p))))
         steps += ["exec 3<&-", "ip link set lo up"]
         # The shell makes the view, says so, and waits for the harness to take the namespaces.
         script = " && ".join(steps) + " && echo ready && read _"
