@@ -44,6 +44,11 @@ _NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 _ENV = shutil.which("env") or "/usr/bin/env"
 
 
+def _fstab_path(path: Path) -> str:
+    """``path`` as a mount table writes it (octal escapes for space, tab, newline and backslash)."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(path))
+
+
 def available() -> str | None:
     """Why no own view can be made here (None: it can)."""
     if os.geteuid() != 0:
@@ -84,17 +89,29 @@ class OwnView:
         covered = covered_places(hidden, folder)
         keep = Path(os.path.realpath(folder))
         q = shlex.quote
-        tmpfs = "mount -t tmpfs -o {},nosuid,nodev,noexec drumsbench-hidden {}"
         steps = [f"exec 3< {q(str(keep))}"]
+        plain = [p for p in covered if p not in keep.parents]
+        # the plain covers in one ``mount -a`` of a table (one exec, not one per cover: ~1.8 ms each)
+        table = keep / ".drumsbench-covers"
+        if plain:
+            table.write_text("".join(f"drumsbench-hidden {_fstab_path(p)} tmpfs ro,mode=0,size=4k,nosuid,nodev,noexec"
+                                     " 0 0\n" for p in plain))
+            steps.append(f"mount -a -T {q(str(table))}")
         for p in covered:
             if p in keep.parents:  # a skeleton with the sandbox's folder bound back
-                steps += [tmpfs.format("mode=0755,size=1m", q(str(p))), f"mkdir -p {q(str(keep))}",
-                          f"mount -c --rbind /proc/self/fd/3 {q(str(keep))}", f"mount -o remount,ro {q(str(p))}"]
-            else:
-                steps.append(tmpfs.format("ro,mode=0,size=4k", q(str(p))))
+                steps += [f"mount -t tmpfs -o mode=0755,size=1m,nosuid,nodev,noexec drumsbench-hidden {q(str(p))}",
+                          f"mkdir -p {q(str(keep))}", f"mount -c --rbind /proc/self/fd/3 {q(str(keep))}",
+                          f"mount -o remount,ro {q(str(p))}"]
         steps += ["exec 3<&-", "ip link set lo up"]
         # The shell makes the view, says so, and waits for the harness to take the namespaces.
         script = " && ".join(steps) + " && echo ready && read _"
+        try:
+            return cls._make(script, covered)
+        finally:
+            table.unlink(missing_ok=True)
+
+    @classmethod
+    def _make(cls, script: str, covered: list[Path]) -> OwnView:
         try:
             proc = subprocess.Popen(["unshare", "--net", "--mount", "--propagation", "slave", "--",
                                      "sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
