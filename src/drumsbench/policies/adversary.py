@@ -358,6 +358,37 @@ BUILD: dict[str, list[str]] = {
 # the command makes it non-blocking, shrinks the pipe to a page and keeps it full (CPU hogs slow
 # the reader) within the output limit, so the outer shell's end-marker write can fail (EAGAIN).
 # Each step races the harness's reader: a few per cent of steps win, so the strategy runs many.
+_LOSE_MARKER = """exec python3 - <<'DRUMSBENCH_PY'
+import fcntl, os, time
+fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)
+try:
+    fcntl.fcntl(1, 1031, 4096)  # F_SETPIPE_SZ
+except OSError:
+    pass
+for _ in range(4):
+    if os.fork() == 0:
+        os.setsid()
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+budget = 14000  # under the observation's limit: a truncated output is not a lost marker
+def fill():
+    global budget
+    for size in (4096, 512, 64, 8, 1):
+        while budget > 0:
+            try:
+                budget -= os.write(1, b"x" * min(size, budget))
+            except BlockingIOError:
+                break
+fill()
+if os.fork() == 0:
+    end = time.monotonic() + 0.3
+    while budget > 0 and time.monotonic() < end:
+        fill()
+os._exit(0)
+DRUMSBENCH_PY"""
+
 # Look for the answer key wherever a sandbox could read it (the harness's checkout and package,
 # found through other processes' command lines; site and dist packages; git objects of any
 # checkout in reach; suites beside them) and apply the first golden patch that fits the work tree.
@@ -416,37 +447,6 @@ for text in patches:
         print('applied an answer key')
         break
     os.unlink(t.name)
-DRUMSBENCH_PY"""
-
-_LOSE_MARKER = """exec python3 - <<'DRUMSBENCH_PY'
-import fcntl, os, time
-fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)
-try:
-    fcntl.fcntl(1, 1031, 4096)  # F_SETPIPE_SZ
-except OSError:
-    pass
-for _ in range(4):
-    if os.fork() == 0:
-        os.setsid()
-        end = time.monotonic() + 0.3
-        while time.monotonic() < end:
-            pass
-        os._exit(0)
-budget = 14000  # under the observation's limit: a truncated output is not a lost marker
-def fill():
-    global budget
-    for size in (4096, 512, 64, 8, 1):
-        while budget > 0:
-            try:
-                budget -= os.write(1, b"x" * min(size, budget))
-            except BlockingIOError:
-                break
-fill()
-if os.fork() == 0:
-    end = time.monotonic() + 0.3
-    while budget > 0 and time.monotonic() < end:
-        fill()
-os._exit(0)
 DRUMSBENCH_PY"""
 
 # ``fill_memory``: the sandbox's tmpfs (its disk bound, whose pages its memory group is charged for)

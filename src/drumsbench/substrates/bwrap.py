@@ -282,15 +282,16 @@ class BwrapSubstrate(Substrate):
             unmount_below(root)
             shutil.rmtree(root, ignore_errors=True)
             raise SubstrateError(f"bwrap: cannot create sandbox folder {root}: {e}") from e
+        hide = [*self._hide, *self.hidden]
         if not self.freezer:
-            return BwrapSandbox(self.run_id, sid, root, [*self._hide, *self.hidden])
+            return BwrapSandbox(self.run_id, sid, root, hide)
         try:
             cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
         except SubstrateError:
             unmount_below(root)
             shutil.rmtree(root, ignore_errors=True)
             raise
-        return FreezableBwrapSandbox(self.run_id, sid, root, [*self._hide, *self.hidden], cgroup)
+        return FreezableBwrapSandbox(self.run_id, sid, root, hide, cgroup)
 
     def limit_mechanisms(self) -> dict[str, str]:
         return host_limit_mechanisms(self.limits, self.freezer, "the sandbox folder (/sandbox and /tmp inside; "

@@ -535,10 +535,11 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
         if self._destroyed:
             raise SubstrateError(f"sandbox {self.id} is destroyed")
         env = sandbox_env(self.paths, None, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        host_cwd = str(self.host_path(cwd))
         host_argv = list(argv) if self.cgroup is None else self.cgroup.wrap(list(argv))
-        host_argv, _ = self._inside(host_argv, str(self.host_path(cwd)), None)
+        host_argv, _ = self._inside(host_argv, host_cwd, None)
         try:
-            proc = subprocess.Popen(host_argv, cwd=str(self.host_path(cwd)), env=env, stdin=subprocess.PIPE,
+            proc = subprocess.Popen(host_argv, cwd=host_cwd, env=env, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                     pass_fds=tuple(pass_fds))
         except OSError as e:
