@@ -325,3 +325,29 @@ def test_a_lease_whose_folder_vanished_is_swept(proc_sub: ProcessSubstrate) -> N
     assert any(str(lease) in r for r in sweep_orphans())
     assert not lease.is_symlink()
     box.destroy()
+
+
+@needs_root
+def test_a_sandbox_below_the_shared_base_whose_state_folder_vanished_is_swept(tmp_path, run_id) -> None:
+    """A run killed without a gc whose state folder cannot be searched by sandbox uids (pytest's
+    tmp, ``/root``): its sandboxes live below ``SHARED_BASE``, which outlives the state folder. Once
+    that folder is gone and nothing of the run runs, the sweep removes the sandbox's folder, its
+    disk-bound tmpfs and its lease; while the state folder exists it keeps them (the control)."""
+    from drumsbench.substrates.hostproc import mounts_below
+    from drumsbench.substrates.process import SHARED_BASE, sweep_orphans
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    sub = ProcessSubstrate(run_id, state)
+    box = sub.create()
+    assert isinstance(box, ProcessSandbox) and box.lease is not None and SHARED_BASE in box.host_root.parents
+    lease = box.lease.path
+    box.kill_all()
+    box.stop_helpers()
+    assert not any(str(lease) in r for r in sweep_orphans())  # the state folder is there: live
+    assert lease.is_symlink() and box.host_root.is_dir()
+    shutil.rmtree(state)  # the run "crashed" and its state folder was deleted without a gc
+    removed = sweep_orphans()
+    assert any(str(lease) in r for r in removed) and any(str(box.host_root) in r for r in removed), removed
+    assert not lease.is_symlink() and not box.host_root.exists() and not mounts_below(box.host_root)
+    sub.close()

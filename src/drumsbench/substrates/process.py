@@ -698,16 +698,33 @@ class ProcessSubstrate(Substrate):
         return removed + sweep_orphans(cls.name)
 
 
+def _mirrored_state(folder: Path) -> Path | None:
+    """The state folder a sandbox folder below ``SHARED_BASE`` stands for
+    (``SHARED_BASE/<state path>/<run>/<sandbox>``), or None for a folder elsewhere."""
+    if SHARED_BASE not in folder.parents or len(folder.relative_to(SHARED_BASE).parts) < 3:
+        return None
+    return Path("/", *folder.relative_to(SHARED_BASE).parts[:-2])
+
+
 def sweep_orphans(substrate: str = "process") -> list[str]:
-    """Machine-wide: uid leases whose sandbox folder is gone, and ``substrate``'s freezer cgroups
+    """Machine-wide: uid leases whose sandbox folder is gone — or lies below ``SHARED_BASE`` for a
+    state folder that is gone, with no process of its run left (the folder, its mounts, the lease
+    go) — and ``substrate``'s freezer cgroups
     without a lease for over a minute (leases are taken before and released after the cgroup), e.g. of runs whose
     state folder vanished without a ``gc``. One line per thing removed."""
     removed = []
     live: set[tuple[str, str]] = set()
+    labelled = set(pids_with_env(RUN_VAR).values())
     for path, (run, label, folder) in UidLease.entries().items():
-        if os.path.isdir(folder):
+        state = _mirrored_state(Path(folder))
+        if os.path.isdir(folder) and (state is None or state.exists() or run in labelled):
             live.add((run, label))
             continue
+        if os.path.isdir(folder):  # below the shared base, its state folder gone, nothing of it runs
+            removed += [f"mount {m}" for m in unmount_below(Path(folder))]
+            shutil.rmtree(folder, ignore_errors=True)
+            _remove_empty_parents(Path(folder))
+            removed.append(f"folder {folder} (its state folder {state} is gone)")
         with contextlib.suppress(OSError):
             path.unlink()
             removed.append(f"uid lease {path} ({folder} is gone)")
