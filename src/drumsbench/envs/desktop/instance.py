@@ -340,13 +340,16 @@ class DesktopInstance(RunningDesktop):
             shutil.rmtree(self.profile)
         copy_profile(self.profile)
         if self.app_ids is not None:
-            # the profile, and the work folder's files the harness put there (the document, or a
-            # continuation's copied files): LibreOffice's to write (else it opens them read-only)
-            for top in (self.profile, self.work):
+            # what the harness put in the sandbox's folders (the document, the profile, a
+            # continuation's copied files) and what an earlier instance as root left there (a
+            # restored one): LibreOffice's to write (else it opens the document read-only or shows
+            # no window). Xvfb's own (root's) folders in tmp stay root's.
+            keep = {self.x_dir, self.tmp / "xkb"}
+            for top in (self.work, self.home, self.tmp):
                 for folder, dirs, files in os.walk(top):
+                    dirs[:] = [d for d in dirs if Path(folder) / d not in keep]
                     for name in [*dirs, *files]:
                         self._give(Path(folder) / name)
-            self._give(self.profile)
         if not os.path.isdir("/var/lib/xkb"):  # mount point of the keymap bind
             os.makedirs("/var/lib/xkb", mode=0o1777, exist_ok=True)
 
