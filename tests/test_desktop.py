@@ -223,7 +223,9 @@ def test_a_shell_action_cannot_reach_libreoffice_or_the_x_server(slot):
                                  stdin=None, output_limit=65536)
     assert b"UNO REACHED" in res.stdout, res
     wait_for(lambda: (work / "reached").exists(), 10, "LibreOffice's command")
-    assert (work / "reached").stat().st_uid == 0  # run by LibreOffice as root: what the change closes
+    # run by LibreOffice as the sandbox's second uid (before: as root); never the policy's commands' uid
+    assert inst.app_ids is not None
+    assert (work / "reached").stat().st_uid == inst.app_ids[0] != uid
 
 
 def test_closing_libreoffice_is_the_policys_doing_not_an_infrastructure_fault(slot):
@@ -409,7 +411,7 @@ def test_libreoffice_killed_under_a_step_that_awaits_a_title_is_invalid_not_the_
 def test_a_status_file_the_policy_wrote_is_no_evidence_of_a_kill(slot):
     """The exit status lies in the sandbox's tmp, which the policy's shell (its own uid) may write: a
     137 it writes there is no evidence of a kill (a file of its uid). Positive control: LibreOffice
-    killed from outside afterwards; its exit wrapper replaces the file with its own (root's)."""
+    killed from outside afterwards; its exit wrapper replaces the file with its own."""
     task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
     env = slot.env
     assert isinstance(env, DesktopEnv)
@@ -427,7 +429,9 @@ def test_a_status_file_the_policy_wrote_is_no_evidence_of_a_kill(slot):
     assert died is not None and "status 137" in died, died
     # what the rollout asks on a step or episode timeout (``_timed_out``) names the kill too
     assert "status 137" in (env.failure_evidence() or ""), env.failure_evidence()
-    assert os.stat(inst.app_exit_file).st_uid == 0
+    # the wrapper's (openbox starts it as the applications' uid), never the policy's commands' uid
+    assert inst.app_ids is not None
+    assert os.stat(inst.app_exit_file).st_uid == inst.app_ids[0] != inst.policy_uid
 
 
 # -- nothing left behind -------------------------------------------------------------------------------

@@ -528,6 +528,11 @@ class LaunchView:
     # launcher returns at once, and the tree's /tmp is the sandbox's own, reached at ``host_tmp``
     init_pid: int | None = None
     host_tmp: Path | None = None
+    # (uid, gid) the tree's applications run as, once its set-up is done (its X server stays root):
+    # a uid of the sandbox's that is not its commands' uid, so a policy's command can neither signal
+    # nor trace them, and whose gid is the sandbox's (its folders are group-writable for it).
+    # None: they run as the view's root (the view confines them)
+    app_ids: tuple[int, int] | None = None
 
 
 class ViewLaunching(ABC):

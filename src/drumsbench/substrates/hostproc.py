@@ -94,6 +94,9 @@ CGROUP_PREFIX = "drumsbench"
 UID_BASE = 2_000_000
 UID_SPAN = 1_000_000
 UID_LEASES = Path("/run/drumsbench/uids")
+# A sandbox's second uid, for the applications an environment launches in it (the desktop's
+# LibreOffice): its lease's uid + APP_UID_OFFSET (in [3_000_000, 4_000_000), never a lease's own)
+APP_UID_OFFSET = UID_SPAN
 # How long destroy/reset wait for a cgroup's tasks to go after SIGKILL (thawed first).
 _CGROUP_KILL_WAIT_S = 5.0
 
@@ -115,6 +118,11 @@ class UidLease:
     @property
     def path(self) -> Path:
         return UID_LEASES / str(self.uid)
+
+    @property
+    def app_uid(self) -> int:
+        """The sandbox's second uid (``APP_UID_OFFSET``): as exclusive as the lease itself."""
+        return self.uid + APP_UID_OFFSET
 
     @classmethod
     def acquire(cls, run_id: str, sandbox_id: str, folder: Path) -> UidLease:

@@ -574,8 +574,17 @@ class ProcessSandbox(HostFolderSandbox, HostLaunching, ViewLaunching, Helpers):
             raise SubstrateError(f"sandbox {self.id} is destroyed")
         unshare = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
                    "--propagation", "private", "--"]
-        prefix = tuple(self._inside(unshare, str(self.host_root), None)[0])
-        return LaunchView(prefix, self.host_root, str(self.host_root))
+        # in the sandbox's cgroups (its memory, pids and freezer groups count and stop the tree)
+        placed = self.cgroup.wrap(unshare) if self.cgroup is not None else unshare
+        prefix = tuple(self._inside(placed, str(self.host_root), None)[0])
+        app_ids = None
+        if self.lease is not None:
+            # the tree's applications run as the sandbox's second uid with its gid: its folders
+            # become group-writable for them (no other uid has that gid)
+            app_ids = (self.lease.app_uid, self.lease.uid)
+            for sub in ("work", "home", "tmp"):
+                os.chmod(self.host_root / sub, 0o770, follow_symlinks=False)
+        return LaunchView(prefix, self.host_root, str(self.host_root), app_ids=app_ids)
 
     def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
         """Run a *harness-made* launcher as root (the harness's uid), not as the sandbox's uid.

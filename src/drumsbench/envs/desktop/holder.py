@@ -41,6 +41,8 @@ PR_SET_NO_NEW_PRIVS = 38
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 MS_BIND = 4096
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+# instance.SHARED_WRITABLE (this file runs alone, under the system's Python)
+SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
 
 
 def _libc() -> ctypes.CDLL:
@@ -83,6 +85,8 @@ def main() -> int:
         socket.sethostname(cfg["hostname"])
         loopback_up()
         for src, dst in cfg["binds"]:
+            if dst in SHARED_WRITABLE and not os.path.isdir(dst):
+                continue  # a view without that shared place has nothing there to cover
             if not os.path.isdir(dst):  # a view without it (overlay's rootfs has no /var/lib/xkb)
                 os.makedirs(dst, mode=0o1777, exist_ok=True)
             bind(src, dst)
@@ -131,21 +135,26 @@ def main() -> int:
             return 3
         time.sleep(0.01)
     os.chmod(sock, 0o700)
+    as_user = list(cfg.get("as_user") or [])
+    if cfg.get("x_owner") is not None:
+        os.chown(sock, int(cfg["x_owner"]), -1)  # the applications' uid reaches it, no other
 
-    app = list(cfg.get("app") or ["true"])
+    # wm_first: openbox (already as_user) starts the application; else the holder does, as_user
+    app = [*([] if cfg.get("wm_first", True) else as_user), *(cfg.get("app") or ["true"])]
     if cfg.get("app_exit_file"):
         # a shell waits for the application and writes its exit status: 0 when the user (the
         # policy) closed it, anything else when it crashed or was killed. The file is made anew
         # (noclobber: O_EXCL, no link followed): one the policy's shell put there first goes, and
-        # the status file is always root's (the harness takes no other as evidence)
+        # the status file is root's or the applications' uid's, never the policy's commands' uid
+        # (the harness takes no other as evidence)
         app = ["/bin/sh", "-c", '"$@"; s=$?; rm -f "$0"; set -C; echo $s > "$0"', cfg["app_exit_file"], *app]
     if cfg.get("wm_first", True):
         # the application starts once openbox manages windows (openbox runs --startup then)
-        subprocess.Popen(["openbox", "--startup", shlex.join(app)], env=env,
+        subprocess.Popen([*as_user, "openbox", "--startup", shlex.join(app)], env=env,
                          stdin=devnull, stdout=devnull, stderr=devnull)
     else:
         # both at once: openbox is up long before LibreOffice maps its first window
-        subprocess.Popen(["openbox"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen([*as_user, "openbox"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
         subprocess.Popen(app, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     while True:
         try:

@@ -154,6 +154,11 @@ class Settings:
                             self.settle_wm_quiet_s)
 
 
+# Folders every uid may write on a Debian system besides /tmp; the instance sees its sandbox's tmp at
+# each one its view has (the holder binds those that exist)
+SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
+
+
 def screen_problem(rgb: np.ndarray) -> str | None:
     """'black screen' / 'blank screen (one colour)' for a frame no person could act on, else None."""
     sample = rgb[::4, ::4].reshape(-1, 3).astype(np.int16)
@@ -270,9 +275,24 @@ class DesktopInstance(RunningDesktop):
         return {p.relative_to(self.work).as_posix(): p.read_bytes()
                 for p in sorted(self.work.rglob("*")) if p.is_file()}
 
+    @property
+    def app_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) LibreOffice and the window manager run as (``LaunchView.app_ids``); None: root
+        of the view. A checkpointable instance on the host keeps root (docs/desktop.md)."""
+        if self.settings.checkpointable or self.in_init:
+            return None
+        return self.view.app_ids
+
+    def _give(self, path: Path) -> None:
+        """A file or folder the harness made for the instance becomes its applications' (never
+        following a link)."""
+        if self.app_ids is not None:
+            os.chown(path, *self.app_ids, follow_symlinks=False)
+
     def write_work(self, name: str, data: bytes) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         (self.work / name).write_bytes(data)
+        self._give(self.work / name)
 
     def remove_stale(self) -> None:
         if self.work.is_dir():
@@ -319,6 +339,17 @@ class DesktopInstance(RunningDesktop):
         if self.profile.exists():
             shutil.rmtree(self.profile)
         copy_profile(self.profile)
+        if self.app_ids is not None:
+            # what the harness put in the sandbox's folders (the document, the profile, a
+            # continuation's copied files) and what an earlier instance as root left there (a
+            # restored one): LibreOffice's to write (else it opens the document read-only or shows
+            # no window). Xvfb's own (root's) folders in tmp stay root's.
+            keep = {self.x_dir, self.tmp / "xkb"}
+            for top in (self.work, self.home, self.tmp):
+                for folder, dirs, files in os.walk(top):
+                    dirs[:] = [d for d in dirs if Path(folder) / d not in keep]
+                    for name in [*dirs, *files]:
+                        self._give(Path(folder) / name)
         if not os.path.isdir("/var/lib/xkb"):  # mount point of the keymap bind
             os.makedirs("/var/lib/xkb", mode=0o1777, exist_ok=True)
 
@@ -339,7 +370,10 @@ class DesktopInstance(RunningDesktop):
         work = Path(self.inside(self.work)) if self.inside_root is not None else self.work.resolve()
         if Path("/tmp") in work.parents:
             return [[self.inside(self.x_dir), "/tmp/.X11-unix"], xkb]
-        return [[self.inside(self.tmp), "/tmp"], xkb]
+        # the other places every uid may write (the host's, a container's) are the sandbox's tmp
+        # too: nothing the instance saves there outlives the sandbox or meets a neighbour's files
+        shared = [[self.inside(self.tmp), place] for place in SHARED_WRITABLE]
+        return [[self.inside(self.tmp), "/tmp"], xkb, *shared]
 
     def launch(self, document: str) -> None:
         """Start the namespaces, Xvfb, openbox and soffice on ``document`` (its name in the work
@@ -375,6 +409,13 @@ class DesktopInstance(RunningDesktop):
             "drop_admin": self.view.drop_admin,
             "keep_caps": self.view.keep_caps,
         }
+        if self.app_ids is not None:
+            # LibreOffice and openbox as the sandbox's second uid, with no way back to privileges;
+            # Xvfb and the holder stay root (the X socket becomes that uid's alone)
+            uid, gid = self.app_ids
+            cfg["as_user"] = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                              "--no-new-privs", "--"]
+            cfg["x_owner"] = uid
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
         # checkpointable: no mount namespace of its own (CRIU), the process substrate only (__init__)
         # in_init: the sandbox's own namespaces, under its init (the view's prefix detaches it)

@@ -44,6 +44,7 @@ from drumsbench.core import criu
 from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop.instance import Settings
 from drumsbench.substrates.base import SANDBOX_FOLDERS, HostFolders, HostLaunching, Sandbox
+from drumsbench.substrates.hostproc import APP_UID_OFFSET
 
 
 @dataclass
@@ -58,12 +59,19 @@ class Timings:
 
 
 def copy_frozen(frozen: Path, root: Path, origin_uid: int | None, uid: int | None) -> None:
-    """The frozen folder's contents into ``root``; what the origin sandbox's uid owned, this
-    sandbox's uid owns."""
+    """The frozen folder's contents into ``root``; what the origin sandbox's uid, its second
+    (applications') uid or its gid (the same number as its uid) owned, this sandbox's own do: the
+    folders' group decides whether this sandbox's applications may write them (0770)."""
     subprocess.run(["cp", "-a", f"{frozen}/.", str(root)], check=True, capture_output=True, timeout=120)
-    if origin_uid is not None and uid is not None and origin_uid != uid:
-        subprocess.run(["chown", "-R", "--no-dereference", f"--from={origin_uid}", str(uid), str(root)],
-                       check=True, capture_output=True, timeout=120)
+    if origin_uid is None or uid is None or origin_uid == uid:
+        return
+    uids = {origin_uid: uid, origin_uid + APP_UID_OFFSET: uid + APP_UID_OFFSET}
+    paths = [str(root)] + [os.path.join(top, n) for top, dirs, files in os.walk(root) for n in (*dirs, *files)]
+    for path in paths:
+        st = os.lstat(path)
+        if st.st_uid in uids or st.st_gid == origin_uid:
+            os.chown(path, uids.get(st.st_uid, st.st_uid), uid if st.st_gid == origin_uid else st.st_gid,
+                     follow_symlinks=False)
 
 
 class ScreenMismatch(SubstrateError):

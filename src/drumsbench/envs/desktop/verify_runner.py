@@ -73,12 +73,21 @@ def documents(desktop):
 
 
 def find_document(desktop):
+    """The task's document: the open one whose file is the work folder's document itself, else one
+    saved under another name directly in the work folder (Save As). A document of the same name
+    anywhere else (a copy the policy stashed in an earlier attempt, outside what the reset empties)
+    is not the task's: with only such documents open the task is not done."""
+    import uno  # only under the system Python
+
+    folders = {uno.systemPathToFileUrl(p).rstrip("/") + "/" for p in (work, os.path.realpath(work))}
+    name = uno.systemPathToFileUrl("/" + spec["document"])[len("file:///"):]
     docs = documents(desktop)
     for d in docs:
-        if d.getURL().endswith("/" + spec["document"]):
+        if d.getURL() in {folder + name for folder in folders}:
             return d
-    for d in docs:  # saved under another name (Save As): the one document in the work folder
-        if "/" + os.path.basename(work) + "/" in d.getURL():
+    for d in docs:
+        url = d.getURL()
+        if any(url.startswith(folder) and "/" not in url[len(folder):] for folder in folders):
             return d
     return None
 
