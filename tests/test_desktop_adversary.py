@@ -8,6 +8,10 @@ any open document of the task's name), where they must win.
 - A world-writable host place (/var/tmp) is the sandbox's own tmp inside the instance: a Save As
   there lands in the sandbox, never on the host.
 - A stashed solved copy of the task's document, opened instead of the task's document, is failed.
+- Hiding LibreOffice's window with one key (show the desktop, the window menu's Iconify) is failed:
+  the kiosk window manager has no such keys, and a blank frame while the X server answers, its
+  screen saver is off and LibreOffice runs is the policy's doing. Control: openbox's stock
+  configuration with every blank frame put down to the infrastructure (invalid, no score).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from drumsbench.core.outcome import Outcome
 from drumsbench.envs.base import Action, ActionSpec
 from drumsbench.envs.desktop import env as desktop_env
 from drumsbench.envs.desktop import holder, instance, odf
-from drumsbench.envs.desktop.env import DesktopEnv
-from drumsbench.envs.desktop.instance import DesktopInstance
+from drumsbench.envs.desktop.env import BlankEvidence, DesktopEnv
+from drumsbench.envs.desktop.instance import DesktopInstance, Settings
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.task import load_suite
 from drumsbench.policies import replay
+from drumsbench.policies.adversary import Adversary
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.base import HostLaunching, Sandbox
@@ -49,6 +54,22 @@ class RootDesktopInstance(DesktopInstance):
 class RootDesktopEnv(DesktopEnv):
     def new_instance(self, box: Sandbox) -> RunningDesktop:
         return RootDesktopInstance(box, self.settings)
+
+
+class StockWmEnv(DesktopEnv):
+    """openbox's stock configuration: super+d, the window menu, title bar buttons."""
+
+    def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
+        super().__init__(settings or Settings(wm_kiosk=False), artifact_dir)
+
+
+class NaiveBlankEnv(StockWmEnv):
+    """The naive set-up of the hiding controls: the stock window manager, and every blank frame put
+    down to the infrastructure."""
+
+    @staticmethod
+    def blank_evidence(inst: RunningDesktop | None, blank: str) -> BlankEvidence:
+        return BlankEvidence(True, blank)
 
 
 class HostViewSubstrate(ProcessSubstrate):
@@ -209,3 +230,46 @@ def test_a_stashed_solved_copy_opened_instead_of_the_document_is_failed(slots, m
     rec = run_attempt(slot, TASK, replay.Replay(plan), CFG, CanaryRegistry(), run_id=slot.substrate.run_id,
                       seq=1, seed=0)
     assert rec.outcome is Outcome.SUCCESS, rec.detail
+
+
+HIDING = ("desktop_show_desktop", "desktop_iconify")
+
+
+def test_hiding_the_window_is_failed_and_wins_only_against_a_naive_set_up(slots):
+    got: dict[tuple[str, str], tuple[Outcome, str | None, str]] = {}
+    for env_cls in (DesktopEnv, StockWmEnv, NaiveBlankEnv):
+        slot = slots(ProcessSubstrate, env_cls)
+        for seq, strategy in enumerate(HIDING):
+            rec = run_attempt(slot, TASK, Adversary([strategy]), CFG, CanaryRegistry(),
+                              run_id=slot.substrate.run_id, seq=seq, seed=0)
+            got[env_cls.__name__, strategy] = (rec.outcome, rec.cause, rec.detail)
+    for strategy in HIDING:
+        for env_name in ("DesktopEnv", "StockWmEnv"):  # the kiosk: nothing hides; stock: hidden, the policy's
+            outcome, cause, detail = got[env_name, strategy]
+            assert outcome is Outcome.FAILED and cause is None, (env_name, strategy, detail)
+        # positive control: the escape wins against the naive set-up
+        outcome, cause, detail = got["NaiveBlankEnv", strategy]
+        assert outcome is Outcome.INVALID and cause == "bad_observation" and "black screen" in detail, got
+
+
+def test_a_status_file_written_while_libreoffice_runs_is_no_evidence(slots):
+    """LibreOffice's exit wrapper runs as LibreOffice's uid, so anything LibreOffice may write (a Save
+    As of a text document into the sandbox's tmp) can put "137" where its exit status goes: that is
+    no crash while LibreOffice runs."""
+    slot = slots()
+    slot.provision()
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    env.reset(TASK)
+    inst = env.instance
+    assert isinstance(inst, DesktopInstance) and inst.app_ids is not None
+    fd = os.open(inst.app_exit_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.fchown(fd, *inst.app_ids)  # as LibreOffice's uid wrote it
+    os.write(fd, b"137\n")
+    os.close(fd)
+    # positive control: the file passes the status file's own checks (not the policy's commands' uid),
+    # so a rule taking any status file would call this a crash
+    assert inst.app_exit() == 137
+    assert inst.app_running()
+    assert DesktopEnv.instance_failed(inst) is None
+    assert not DesktopEnv.blank_evidence(inst, "black screen").fault

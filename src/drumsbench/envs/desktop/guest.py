@@ -39,8 +39,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.envs.desktop import xcb
-from drumsbench.envs.desktop.instance import DISPLAY, HOLDER, HOSTNAME, SYSTEM_PYTHON, Settings
+from drumsbench.envs.desktop import kiosk, saver, xcb
+from drumsbench.envs.desktop.instance import DISPLAY, HOLDER, HOSTNAME, SAVER, SYSTEM_PYTHON, Settings
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, template_profile
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.settle import Frame, SettleReport, settle_quiet
@@ -202,8 +202,12 @@ class GuestInstance(RunningDesktop):
         cfg = {"hostname": HOSTNAME, "binds": [], "display": self.display, "screen": f"{s.width}x{s.height}x24",
                "env": env, "app": app, "wm_first": s.wm_first, "app_exit_file": self._exit_file,
                "xvfb_args": ["-fbdir", self.fb_dir], "x_timeout": 60.0}
+        if s.wm_kiosk:
+            rc = cfg["wm_rc"] = f"{self.tmp}/{kiosk.FILE_NAME}"
+            self.box.write_file(rc, kiosk.RC_XML.encode())
         holder = f"{self.tmp}/.drumsbench-holder.py"
         self.box.write_file(holder, HOLDER.read_bytes())
+        self.box.write_file(self._saver, SAVER.read_bytes())
         self.t_launch = time.monotonic()
         argv = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--",
                 SYSTEM_PYTHON, "-I", holder, json.dumps(cfg)]
@@ -349,6 +353,20 @@ class GuestInstance(RunningDesktop):
         if lit:
             raise SubstrateError(f"desktop (guest): the screen saver was forced on, but {lit} pixels of the "
                                  "framebuffer are not black")
+
+    @property
+    def _saver(self) -> str:
+        return f"{self.tmp}/.drumsbench-saver.py"
+
+    def screen_saver(self) -> str:
+        """Asked by ``saver.py`` run under the guest's Python (written next to the holder)."""
+        res = self.box.exec([SYSTEM_PYTHON, "-I", self._saver, "/tmp/.X11-unix", str(self.display),
+                             str(self.settings.grab_timeout_s)], timeout=30.0, cwd="/", env={"PATH": GUEST_PATH})
+        said = res.stdout.decode(errors="replace").strip()
+        if res.exit_code != 0 or res.timed_out or said not in saver.STATES.values():
+            raise xcb.XError(f"screen saver state (guest): exit {res.exit_code} "
+                             f"{res.stderr.decode(errors='replace').strip()[-200:]}")
+        return said
 
     def freeze_display(self) -> None:
         self._checked("pkill -STOP -x Xvfb", "stopping the X server")

@@ -12,8 +12,9 @@ the harness's virtualenv). It
    ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide,
    then drops what the launcher gave for that (``drop_admin``) and, in a container, every
    capability its own commands lack (``keep_caps``, with no_new_privs),
-4. starts ``Xvfb -r -noreset -nolock`` (no key autorepeat) and waits until it answers the X handshake, then ``openbox``
-   whose ``--startup`` command starts the application once the window manager manages windows,
+4. starts ``Xvfb -r -noreset -nolock -s 0`` (no key autorepeat, no screen-saver timer) and waits until it
+   answers the X handshake, then ``openbox`` (with the harness's ``--config-file``, ``wm_rc``) whose
+   ``--startup`` command starts the application once the window manager manages windows,
 5. waits, reaping children, until Xvfb dies or it gets SIGTERM; then it exits, and the kernel
    kills every other process of the namespace.
 
@@ -124,7 +125,9 @@ def main() -> int:
     # policy's shell action (the sandbox's uid) cannot blank, freeze or drive the screen itself.
     # ``-r``: no key autorepeat (under load xdotool's release may come more than the 660 ms repeat
     # delay after its press: typed text then got a doubled letter, "counnt")
-    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-r", "-noreset", "-nolock", "-nolisten", "tcp",
+    # ``-s 0``: no screen-saver timer (an idle episode longer than ten minutes would go black; the
+    # saver's state is the evidence of a blank screen the harness did not cause — saver.py)
+    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-r", "-noreset", "-nolock", "-s", "0", "-nolisten", "tcp",
                              "-nolisten", "local", "-screen", "0", cfg["screen"], *cfg.get("xvfb_args", [])],
                             env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     deadline = time.monotonic() + float(cfg.get("x_timeout", 10.0))
@@ -148,13 +151,15 @@ def main() -> int:
         # the status file is root's or the applications' uid's, never the policy's commands' uid
         # (the harness takes no other as evidence)
         app = ["/bin/sh", "-c", '"$@"; s=$?; rm -f "$0"; set -C; echo $s > "$0"', cfg["app_exit_file"], *app]
+    # wm_rc: the harness's configuration file (kiosk.py: no bindings, no decorations), else openbox's own
+    wm = [*as_user, "openbox", *(["--config-file", cfg["wm_rc"]] if cfg.get("wm_rc") else [])]
     if cfg.get("wm_first", True):
         # the application starts once openbox manages windows (openbox runs --startup then)
-        subprocess.Popen([*as_user, "openbox", "--startup", shlex.join(app)], env=env,
-                         stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen([*wm, "--startup", shlex.join(app)], env=env, stdin=devnull, stdout=devnull,
+                         stderr=devnull)
     else:
         # both at once: openbox is up long before LibreOffice maps its first window
-        subprocess.Popen([*as_user, "openbox"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen(wm, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
         subprocess.Popen(app, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     while True:
         try:

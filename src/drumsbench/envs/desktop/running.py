@@ -129,6 +129,11 @@ class RunningDesktop(ABC):
         """Force the X server's screen saver on: a black window over everything."""
 
     @abstractmethod
+    def screen_saver(self) -> str:
+        """The X server's screen-saver state as it says (``saver.py``: "on", "off", "disabled");
+        ``xcb.XError`` when it does not answer."""
+
+    @abstractmethod
     def freeze_display(self) -> None:
         """Stop the X server (SIGSTOP)."""
 
