@@ -9,7 +9,8 @@ the harness's virtualenv). It
 2. sets the instance's host name (lock files name it; one fixed name keeps forks faithful),
    brings the loopback up (UNO listens on 127.0.0.1 inside),
 3. bind-mounts the sandbox's private folders over the shared ones (``/tmp/.X11-unix``,
-   ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide,
+   ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide, and
+   with ``writable_only`` (a container) makes its root mount read-only but for those paths,
    then drops what the launcher gave for that (``drop_admin``) and, in a container, every
    capability its own commands lack (``keep_caps``, with no_new_privs),
 4. starts ``Xvfb -r -noreset -nolock -s 0`` (no key autorepeat, no screen-saver timer) and waits until it
@@ -41,6 +42,7 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 MS_BIND = 4096
+MS_RDONLY, MS_REMOUNT = 1, 32
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 # instance.SHARED_WRITABLE (this file runs alone, under the system's Python)
 SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
@@ -57,9 +59,9 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
 
 
-def bind(src: str, dst: str) -> None:
+def bind(src: str, dst: str, flags: int = 0) -> None:
     libc = _libc()
-    if libc.mount(src.encode(), dst.encode(), None, MS_BIND, None) != 0:
+    if libc.mount(src.encode(), dst.encode(), None, MS_BIND | flags, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"bind {src} -> {dst}: {os.strerror(err)}")
 
@@ -85,12 +87,17 @@ def main() -> int:
     try:
         socket.sethostname(cfg["hostname"])
         loopback_up()
+        writable = cfg.get("writable_only")
+        for path in writable or ():
+            bind(path, path)  # a mount point of its own: stays writable when the root is made read-only
         for src, dst in cfg["binds"]:
             if dst in SHARED_WRITABLE and not os.path.isdir(dst):
                 continue  # a view without that shared place has nothing there to cover
             if not os.path.isdir(dst):  # a view without it (overlay's rootfs has no /var/lib/xkb)
                 os.makedirs(dst, mode=0o1777, exist_ok=True)
             bind(src, dst)
+        if writable is not None:
+            bind("/", "/", MS_REMOUNT | MS_RDONLY)  # this namespace's root mount only
         drop = [CAP_SYS_ADMIN, CAP_NET_ADMIN] if cfg.get("drop_admin") else []
         keep = cfg.get("keep_caps")
         if keep is not None:

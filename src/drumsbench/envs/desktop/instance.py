@@ -419,6 +419,8 @@ class DesktopInstance(RunningDesktop):
             "wm_first": s.wm_first,
             "app_exit_file": self.inside(self.app_exit_file),
             "wm_rc": self.inside(self.tmp / kiosk.FILE_NAME) if s.wm_kiosk else None,
+            # a container's layer read-only to the instance but for the sandbox's folder and /tmp
+            "writable_only": [self.view.inside_root, "/tmp"] if self.view.read_only_system and not ckpt else None,
             "drop_admin": self.view.drop_admin,
             "keep_caps": self.view.keep_caps,
         }
