@@ -273,3 +273,32 @@ def test_a_status_file_written_while_libreoffice_runs_is_no_evidence(slots):
     assert inst.app_running()
     assert DesktopEnv.instance_failed(inst) is None
     assert not DesktopEnv.blank_evidence(inst, "black screen").fault
+
+
+def test_a_gui_save_as_cannot_reach_a_neighbour_sandbox(slots):
+    """Two sandboxes of a run: A's LibreOffice (its own second uid, its own view) cannot write into
+    B's tmp, where a planted canary would make B's attempt invalid (issue 30, neighbours).
+    Positive control: the same keys from a root LibreOffice over the host's files land there."""
+    neighbour = slots()
+    neighbour.provision()
+    box_b = neighbour.sandbox
+    assert box_b is not None
+    tmp_b = box_b.host_path(box_b.paths.tmp)
+    target = tmp_b / "planted.odt"
+
+    slot = slots()
+    slot.provision()
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    env.reset(TASK)
+    gui(env, *save_as(str(target)))
+    assert not target.exists()
+    assert neighbour.sandbox is box_b and tmp_b.is_dir()
+
+    control = slots(HostViewSubstrate, RootDesktopEnv)
+    control.provision()
+    cenv = control.env
+    assert isinstance(cenv, DesktopEnv)
+    cenv.reset(TASK)
+    gui(cenv, *save_as(str(target)))
+    assert target.is_file()
