@@ -221,3 +221,14 @@ def test_a_save_as_into_the_containers_system_fails_and_no_reset_keeps_a_change_
     finally:
         env.stop()
         box.destroy()
+
+
+def test_hiding_the_window_is_the_policys_failure_everywhere(slot):
+    """The one-key escapes of issue 30 (show the desktop, the window menu's Iconify) end failed on
+    every substrate: the kiosk window manager has no such keys, and a blank frame while the X server
+    answers is put down to the policy (their positive controls: tests/test_desktop_adversary.py)."""
+    from drumsbench.policies.adversary import Adversary
+
+    for seq, strategy in enumerate(("desktop_show_desktop", "desktop_iconify")):
+        rec = attempt(slot, "writer-fix-typo", Adversary([strategy]), seq=seq)
+        assert rec.outcome is Outcome.FAILED and rec.cause is None, (strategy, rec.outcome, rec.cause, rec.detail)
