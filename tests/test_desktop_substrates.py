@@ -232,3 +232,21 @@ def test_hiding_the_window_is_the_policys_failure_everywhere(slot):
     for seq, strategy in enumerate(("desktop_show_desktop", "desktop_iconify")):
         rec = attempt(slot, "writer-fix-typo", Adversary([strategy]), seq=seq)
         assert rec.outcome is Outcome.FAILED and rec.cause is None, (strategy, rec.outcome, rec.cause, rec.detail)
+
+
+def test_libreoffice_is_not_root_on_overlay(desktop_ready, state_dir, run_id, tmp_path):
+    """On overlay the instance's applications run as ``VIEW_APP_UID`` (no capability): the view's
+    root would read every root-owned file the view shows. Control: Xvfb, started by the same holder,
+    is root — the comparison can fail."""
+    from drumsbench.substrates.hostproc import VIEW_APP_UID
+
+    for slot in _slot("overlay", state_dir, run_id, tmp_path):
+        env = slot.env
+        assert isinstance(env, DesktopEnv)
+        task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+        slot.provision()
+        env.reset(task)
+        by_name = {Path(f"/proc/{p}/comm").read_text().strip(): p for p in env.instance.namespace_pids().values()}
+        office = _status(by_name["soffice.bin"])
+        assert office["Uid"].split()[0] == str(VIEW_APP_UID) and int(office["CapEff"], 16) == 0, office
+        assert _status(by_name["Xvfb"])["Uid"].split()[0] == "0"
