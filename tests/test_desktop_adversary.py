@@ -243,6 +243,7 @@ def test_hiding_the_window_is_failed_and_wins_only_against_a_naive_set_up(slots)
             rec = run_attempt(slot, TASK, Adversary([strategy]), CFG, CanaryRegistry(),
                               run_id=slot.substrate.run_id, seq=seq, seed=0)
             got[env_cls.__name__, strategy] = (rec.outcome, rec.cause, rec.detail)
+            assert rec.extra.get("office") in (None, "unprivileged uid"), rec.extra  # None: invalid before the check
     for strategy in HIDING:
         for env_name in ("DesktopEnv", "StockWmEnv"):  # the kiosk: nothing hides; stock: hidden, the policy's
             outcome, cause, detail = got[env_name, strategy]

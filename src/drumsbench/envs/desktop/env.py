@@ -726,7 +726,14 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
 
     # The check runs in the sandbox (next to LibreOffice, which the policy drove): not a judge
     # outside it (docs/attribution.md, per kind).
-    verify_note: dict[str, object] = {"trust": "in-sandbox"}  # noqa: RUF012 - never mutated
+    @property
+    def verify_note(self) -> dict[str, object]:  # type: ignore[override]
+        """Recorded in the attempt's extra: the check is decided in the sandbox, and who LibreOffice
+        ran as (``office``: the report's ways table says it, a stated gap where it is root)."""
+        note: dict[str, object] = {"trust": "in-sandbox"}
+        if self.inst is not None:
+            note["office"] = self.inst.office_runs_as
+        return note
 
     def run_verifier(self, task: Task, timeout: float) -> bool:
         inst = self.inst

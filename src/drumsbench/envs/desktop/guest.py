@@ -355,6 +355,10 @@ class GuestInstance(RunningDesktop):
                                  "framebuffer are not black")
 
     @property
+    def office_runs_as(self) -> str:
+        return "root of the VM guest"
+
+    @property
     def _saver(self) -> str:
         return f"{self.tmp}/.drumsbench-saver.py"
 

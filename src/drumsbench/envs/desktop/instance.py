@@ -288,6 +288,16 @@ class DesktopInstance(RunningDesktop):
             return None
         return self.view.app_ids
 
+    @property
+    def office_runs_as(self) -> str:
+        if self.app_ids is not None:
+            return "unprivileged uid"
+        if self.settings.checkpointable and not self.in_init:
+            return "root on the host (checkpointable)"
+        if self.view.read_only_system or self.in_init:
+            return "container root"
+        return "root of the view"
+
     def _give(self, path: Path) -> None:
         """A file or folder the harness made for the instance becomes its applications' (never
         following a link)."""
