@@ -303,3 +303,28 @@ def test_a_gui_save_as_cannot_reach_a_neighbour_sandbox(slots):
     cenv.reset(TASK)
     gui(cenv, *save_as(str(target)))
     assert target.is_file()
+
+
+def test_a_changed_template_profile_is_built_anew_before_it_reaches_an_instance(desktop_ready, tmp_path,
+                                                                                  monkeypatch):
+    """Every instance's profile is a copy of one template per host (issue 30: a file saved into it
+    reached every later instance of every run). The copy is checked against the digest recorded at
+    the template's build; a changed template is removed and built again. Positive control: a plain
+    copy of the changed template carries the change."""
+    from drumsbench.envs.desktop import profile
+
+    monkeypatch.setenv("DRUMSBENCH_CACHE", str(tmp_path / "cache"))  # never the host's shared template
+    template = profile.template_profile()
+    assert str(template).startswith(str(tmp_path))
+    built = profile.profile_digest(template)
+    (template / "user" / "registrymodifications.xcu").write_text("<poisoned/>")
+    (template / "user" / "drumsbench-poison.xcd").write_text("<poisoned/>")
+    shutil.copytree(template, tmp_path / "plain", symlinks=True)  # the copy as it was made before
+    assert (tmp_path / "plain" / "user" / "drumsbench-poison.xcd").exists()
+
+    profile.copy_profile(tmp_path / "checked")
+    assert not (tmp_path / "checked" / "user" / "drumsbench-poison.xcd").exists()
+    assert "<poisoned/>" not in (tmp_path / "checked" / "user" / "registrymodifications.xcu").read_text()
+    assert not (profile.template_profile() / "user" / "drumsbench-poison.xcd").exists()  # built anew
+    assert profile.profile_digest(tmp_path / "checked") != profile.profile_digest(tmp_path / "plain")
+    assert built.startswith("sha256:")

@@ -41,7 +41,7 @@ import numpy as np
 from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop import kiosk, saver, xcb
 from drumsbench.envs.desktop.instance import DISPLAY, HOLDER, HOSTNAME, SAVER, SYSTEM_PYTHON, Settings
-from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, template_profile
+from drumsbench.envs.desktop.profile import COMPLETE, PROFILE_NAME, SOFFICE, verified_template
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.settle import Frame, SettleReport, settle_quiet
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, GuestLaunching, Sandbox
@@ -98,7 +98,7 @@ def _profile_files(template: Path) -> dict[str, bytes]:
     """The template profile's files (relative path -> bytes), read once per process: every reset
     copies them into the guest."""
     return {p.relative_to(template).as_posix(): p.read_bytes()
-            for p in sorted(template.rglob("*")) if p.is_file() and p.name != ".drumsbench-complete"}
+            for p in sorted(template.rglob("*")) if p.is_file() and p.name != COMPLETE}
 
 
 def parse_xwd(data: bytes) -> np.ndarray:
@@ -185,7 +185,7 @@ class GuestInstance(RunningDesktop):
 
     # -- life cycle ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        files = _profile_files(template_profile())
+        files = _profile_files(verified_template())
         self._checked('rm -rf "$1" "$2" "$3" && mkdir -p "$4" "$2"', "preparing the folders",
                       self.profile, self.fb_dir, self._exit_file, self.work)
         self.box.put_files(self.profile, files)
