@@ -106,6 +106,16 @@ def root_only_folder():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def started(slots, *classes) -> tuple[Slot, DesktopEnv]:
+    """A slot of ``slots(*classes)`` provisioned, its environment reset to ``TASK`` (LibreOffice up)."""
+    slot = slots(*classes)
+    slot.provision()
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    env.reset(TASK)
+    return slot, env
+
+
 def gui(env: DesktopEnv, *specs: ActionSpec) -> None:
     for spec in specs:
         env.step(Action.of(spec, env.generation), 30)
@@ -139,11 +149,7 @@ def test_the_holder_covers_the_same_shared_places_as_the_instance_names():
 
 def test_libreoffice_runs_as_the_sandboxs_second_uid_and_a_gui_save_as_cannot_write_the_host(
         slots, root_only_folder):
-    slot = slots()
-    slot.provision()
-    env = slot.env
-    assert isinstance(env, DesktopEnv)
-    env.reset(TASK)
+    slot, env = started(slots)
     box = slot.sandbox
     assert box is not None and box.uid is not None and box.lease is not None
     pid = soffice_of(box.id)
@@ -171,11 +177,7 @@ def test_libreoffice_runs_as_the_sandboxs_second_uid_and_a_gui_save_as_cannot_wr
     assert (box.host_path(box.paths.tmp) / name).is_file()
 
     # positive control: the same keys against LibreOffice as root on the host's files
-    control = slots(HostViewSubstrate, RootDesktopEnv)
-    control.provision()
-    cenv = control.env
-    assert isinstance(cenv, DesktopEnv)
-    cenv.reset(TASK)
+    control, cenv = started(slots, HostViewSubstrate, RootDesktopEnv)
     cbox = control.sandbox
     assert cbox is not None
     assert os.stat(f"/proc/{soffice_of(cbox.id)}").st_uid == 0
@@ -257,11 +259,7 @@ def test_a_status_file_written_while_libreoffice_runs_is_no_evidence(slots):
     """LibreOffice's exit wrapper runs as LibreOffice's uid, so anything LibreOffice may write (a Save
     As of a text document into the sandbox's tmp) can put "137" where its exit status goes: that is
     no crash while LibreOffice runs."""
-    slot = slots()
-    slot.provision()
-    env = slot.env
-    assert isinstance(env, DesktopEnv)
-    env.reset(TASK)
+    _slot, env = started(slots)
     inst = env.instance
     assert isinstance(inst, DesktopInstance) and inst.app_ids is not None
     fd = os.open(inst.app_exit_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -287,20 +285,12 @@ def test_a_gui_save_as_cannot_reach_a_neighbour_sandbox(slots):
     tmp_b = box_b.host_path(box_b.paths.tmp)
     target = tmp_b / "planted.odt"
 
-    slot = slots()
-    slot.provision()
-    env = slot.env
-    assert isinstance(env, DesktopEnv)
-    env.reset(TASK)
+    _slot, env = started(slots)
     gui(env, *save_as(str(target)))
     assert not target.exists()
     assert neighbour.sandbox is box_b and tmp_b.is_dir()
 
-    control = slots(HostViewSubstrate, RootDesktopEnv)
-    control.provision()
-    cenv = control.env
-    assert isinstance(cenv, DesktopEnv)
-    cenv.reset(TASK)
+    _control, cenv = started(slots, HostViewSubstrate, RootDesktopEnv)
     gui(cenv, *save_as(str(target)))
     assert target.is_file()
 

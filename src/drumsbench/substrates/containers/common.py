@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -462,6 +462,9 @@ def decode_tail(data: bytes, n: int = 300) -> str:
     return data.decode(errors="replace").strip()[-n:]
 
 
+_Box = TypeVar("_Box", bound="ContainerSandbox")
+
+
 class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming):
     """One container of an engine. What the engines share is here: the exec token, batched file
     writes, reset and end of processes by scripts run inside, the host's entry into the container
@@ -556,6 +559,15 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
     def _upper_dir(self) -> Path:
         """The container's writable layer (overlay upper folder) on the host, from the engine's
         record; ``SubstrateError`` when the engine has none (another storage driver)."""
+
+    def handed_over(self: _Box) -> _Box:
+        """This sandbox with its writable layer recorded (``record_layer``), or destroyed."""
+        try:
+            self.record_layer()
+        except SubstrateError:
+            self.destroy()
+            raise
+        return self
 
     def record_layer(self) -> None:
         """The writable layer as handed over (``create``, a restore): what every reset must find

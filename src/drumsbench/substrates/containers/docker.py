@@ -704,13 +704,7 @@ class DockerSubstrate(C.ContainerSubstrate):
             if isinstance(e, SubstrateError):
                 raise
             raise SubstrateError(f"docker: cannot start container {cid[:12]}: {e}") from e
-        box = DockerSandbox(self, cid, sid)
-        try:
-            box.record_layer()
-        except SubstrateError:
-            box.destroy()
-            raise
-        return box
+        return DockerSandbox(self, cid, sid).handed_over()
 
     def _host_config(self) -> dict[str, Any]:
         """The container's limits (``self.limits``), no network, no new privileges."""

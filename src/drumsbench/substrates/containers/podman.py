@@ -564,17 +564,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
             C.unbind_disk(self.run_id, sid)
             podman(["rm", "--force", "--time", "0", cid], check=False)
             raise
-        return self._handed_over(PodmanSandbox(self, cid, sid))
-
-    @staticmethod
-    def _handed_over(box: PodmanSandbox) -> PodmanSandbox:
-        """``box`` with its writable layer recorded (``record_layer``), or destroyed."""
-        try:
-            box.record_layer()
-        except SubstrateError:
-            box.destroy()
-            raise
-        return box
+        return PodmanSandbox(self, cid, sid).handed_over()
 
     def restore_import(self, archive: Path, timeout: float = 300.0) -> PodmanSandbox:
         """A new sandbox restored from a ``checkpoint_export`` archive (``podman container restore
@@ -590,7 +580,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
             podman(["rm", "--force", "--time", "0", name], check=False)
             why = f"no answer within {timeout:.0f} s" if proc is None else f"failed: {C.decode_tail(proc.stderr)}"
             raise SubstrateError(f"podman: restore of {archive.name}: {why}")
-        return self._handed_over(PodmanSandbox(self, cid, sid))
+        return PodmanSandbox(self, cid, sid).handed_over()
 
     def _bound_disk(self, cid: str, sid: str) -> Path | None:
         """The tmpfs disk bound over the created (not started) container's layer folder; returns
