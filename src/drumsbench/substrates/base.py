@@ -540,6 +540,11 @@ class LaunchView:
     read_only_system: bool = False
 
 
+# A leased sandbox's second uid (``LaunchView.app_ids``) is its own uid + APP_UID_OFFSET: a
+# checkpoint restored into another sandbox maps one to the other (envs/desktop/restore.py)
+APP_UID_OFFSET = 1_000_000
+
+
 class ViewLaunching(ABC):
     """Capability of a sandbox in which an environment may start a long-lived process tree of its own
     (the desktop's X server and LibreOffice) with the sandbox's confinement: same file view, no

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Freezable, SandboxLimits, sh_quote
+from drumsbench.substrates.base import APP_UID_OFFSET, Freezable, SandboxLimits, sh_quote
 
 
 def pids_with_env(var: str, value: str | None = None) -> dict[int, str]:
@@ -96,7 +96,7 @@ UID_SPAN = 1_000_000
 UID_LEASES = Path("/run/drumsbench/uids")
 # A sandbox's second uid, for the applications an environment launches in it (the desktop's
 # LibreOffice): its lease's uid + APP_UID_OFFSET (in [3_000_000, 4_000_000), never a lease's own)
-APP_UID_OFFSET = UID_SPAN
+# (base.APP_UID_OFFSET = UID_SPAN: never a lease's own uid)
 # The applications' uid (and gid) in a sandbox whose own namespaces and file view are all that set
 # it apart (bwrap, overlay): one for all such sandboxes (none sees another's files or processes),
 # never a lease's uid nor a second uid, never root
