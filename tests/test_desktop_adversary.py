@@ -8,6 +8,10 @@ any open document of the task's name), where they must win.
 - A world-writable host place (/var/tmp) is the sandbox's own tmp inside the instance: a Save As
   there lands in the sandbox, never on the host.
 - A stashed solved copy of the task's document, opened instead of the task's document, is failed.
+- Hiding LibreOffice's window with one key (show the desktop, the window menu's Iconify) is failed:
+  the kiosk window manager has no such keys, and a blank frame while the X server answers, its
+  screen saver is off and LibreOffice runs is the policy's doing. Control: openbox's stock
+  configuration with every blank frame put down to the infrastructure (invalid, no score).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from drumsbench.core.outcome import Outcome
 from drumsbench.envs.base import Action, ActionSpec
 from drumsbench.envs.desktop import env as desktop_env
 from drumsbench.envs.desktop import holder, instance, odf
-from drumsbench.envs.desktop.env import DesktopEnv
-from drumsbench.envs.desktop.instance import DesktopInstance
+from drumsbench.envs.desktop.env import BlankEvidence, DesktopEnv
+from drumsbench.envs.desktop.instance import DesktopInstance, Settings
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.task import load_suite
 from drumsbench.policies import replay
+from drumsbench.policies.adversary import Adversary
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates.base import HostLaunching, Sandbox
@@ -49,6 +54,22 @@ class RootDesktopInstance(DesktopInstance):
 class RootDesktopEnv(DesktopEnv):
     def new_instance(self, box: Sandbox) -> RunningDesktop:
         return RootDesktopInstance(box, self.settings)
+
+
+class StockWmEnv(DesktopEnv):
+    """openbox's stock configuration: super+d, the window menu, title bar buttons."""
+
+    def __init__(self, settings: Settings | None = None, artifact_dir: Path | None = None) -> None:
+        super().__init__(settings or Settings(wm_kiosk=False), artifact_dir)
+
+
+class NaiveBlankEnv(StockWmEnv):
+    """The naive set-up of the hiding controls: the stock window manager, and every blank frame put
+    down to the infrastructure."""
+
+    @staticmethod
+    def blank_evidence(inst: RunningDesktop | None, blank: str) -> BlankEvidence:
+        return BlankEvidence(True, blank)
 
 
 class HostViewSubstrate(ProcessSubstrate):
@@ -85,6 +106,16 @@ def root_only_folder():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def started(slots, *classes) -> tuple[Slot, DesktopEnv]:
+    """A slot of ``slots(*classes)`` provisioned, its environment reset to ``TASK`` (LibreOffice up)."""
+    slot = slots(*classes)
+    slot.provision()
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    env.reset(TASK)
+    return slot, env
+
+
 def gui(env: DesktopEnv, *specs: ActionSpec) -> None:
     for spec in specs:
         env.step(Action.of(spec, env.generation), 30)
@@ -118,11 +149,7 @@ def test_the_holder_covers_the_same_shared_places_as_the_instance_names():
 
 def test_libreoffice_runs_as_the_sandboxs_second_uid_and_a_gui_save_as_cannot_write_the_host(
         slots, root_only_folder):
-    slot = slots()
-    slot.provision()
-    env = slot.env
-    assert isinstance(env, DesktopEnv)
-    env.reset(TASK)
+    slot, env = started(slots)
     box = slot.sandbox
     assert box is not None and box.uid is not None and box.lease is not None
     pid = soffice_of(box.id)
@@ -150,11 +177,7 @@ def test_libreoffice_runs_as_the_sandboxs_second_uid_and_a_gui_save_as_cannot_wr
     assert (box.host_path(box.paths.tmp) / name).is_file()
 
     # positive control: the same keys against LibreOffice as root on the host's files
-    control = slots(HostViewSubstrate, RootDesktopEnv)
-    control.provision()
-    cenv = control.env
-    assert isinstance(cenv, DesktopEnv)
-    cenv.reset(TASK)
+    control, cenv = started(slots, HostViewSubstrate, RootDesktopEnv)
     cbox = control.sandbox
     assert cbox is not None
     assert os.stat(f"/proc/{soffice_of(cbox.id)}").st_uid == 0
@@ -209,3 +232,89 @@ def test_a_stashed_solved_copy_opened_instead_of_the_document_is_failed(slots, m
     rec = run_attempt(slot, TASK, replay.Replay(plan), CFG, CanaryRegistry(), run_id=slot.substrate.run_id,
                       seq=1, seed=0)
     assert rec.outcome is Outcome.SUCCESS, rec.detail
+
+
+HIDING = ("desktop_show_desktop", "desktop_iconify")
+
+
+def test_hiding_the_window_is_failed_and_wins_only_against_a_naive_set_up(slots):
+    got: dict[tuple[str, str], tuple[Outcome, str | None, str]] = {}
+    for env_cls in (DesktopEnv, StockWmEnv, NaiveBlankEnv):
+        slot = slots(ProcessSubstrate, env_cls)
+        for seq, strategy in enumerate(HIDING):
+            rec = run_attempt(slot, TASK, Adversary([strategy]), CFG, CanaryRegistry(),
+                              run_id=slot.substrate.run_id, seq=seq, seed=0)
+            got[env_cls.__name__, strategy] = (rec.outcome, rec.cause, rec.detail)
+            assert rec.extra.get("office") in (None, "unprivileged uid"), rec.extra  # None: invalid before the check
+    for strategy in HIDING:
+        for env_name in ("DesktopEnv", "StockWmEnv"):  # the kiosk: nothing hides; stock: hidden, the policy's
+            outcome, cause, detail = got[env_name, strategy]
+            assert outcome is Outcome.FAILED and cause is None, (env_name, strategy, detail)
+        # positive control: the escape wins against the naive set-up
+        outcome, cause, detail = got["NaiveBlankEnv", strategy]
+        assert outcome is Outcome.INVALID and cause == "bad_observation" and "black screen" in detail, got
+
+
+def test_a_status_file_written_while_libreoffice_runs_is_no_evidence(slots):
+    """LibreOffice's exit wrapper runs as LibreOffice's uid, so anything LibreOffice may write (a Save
+    As of a text document into the sandbox's tmp) can put "137" where its exit status goes: that is
+    no crash while LibreOffice runs."""
+    _slot, env = started(slots)
+    inst = env.instance
+    assert isinstance(inst, DesktopInstance) and inst.app_ids is not None
+    fd = os.open(inst.app_exit_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.fchown(fd, *inst.app_ids)  # as LibreOffice's uid wrote it
+    os.write(fd, b"137\n")
+    os.close(fd)
+    # positive control: the file passes the status file's own checks (not the policy's commands' uid),
+    # so a rule taking any status file would call this a crash
+    assert inst.app_exit() == 137
+    assert inst.app_running()
+    assert DesktopEnv.instance_failed(inst) is None
+    assert not DesktopEnv.blank_evidence(inst, "black screen").fault
+
+
+def test_a_gui_save_as_cannot_reach_a_neighbour_sandbox(slots):
+    """Two sandboxes of a run: A's LibreOffice (its own second uid, its own view) cannot write into
+    B's tmp, where a planted canary would make B's attempt invalid (issue 30, neighbours).
+    Positive control: the same keys from a root LibreOffice over the host's files land there."""
+    neighbour = slots()
+    neighbour.provision()
+    box_b = neighbour.sandbox
+    assert box_b is not None
+    tmp_b = box_b.host_path(box_b.paths.tmp)
+    target = tmp_b / "planted.odt"
+
+    _slot, env = started(slots)
+    gui(env, *save_as(str(target)))
+    assert not target.exists()
+    assert neighbour.sandbox is box_b and tmp_b.is_dir()
+
+    _control, cenv = started(slots, HostViewSubstrate, RootDesktopEnv)
+    gui(cenv, *save_as(str(target)))
+    assert target.is_file()
+
+
+def test_a_changed_template_profile_is_built_anew_before_it_reaches_an_instance(desktop_ready, tmp_path,
+                                                                                  monkeypatch):
+    """Every instance's profile is a copy of one template per host (issue 30: a file saved into it
+    reached every later instance of every run). The copy is checked against the digest recorded at
+    the template's build; a changed template is removed and built again. Positive control: a plain
+    copy of the changed template carries the change."""
+    from drumsbench.envs.desktop import profile
+
+    monkeypatch.setenv("DRUMSBENCH_CACHE", str(tmp_path / "cache"))  # never the host's shared template
+    template = profile.template_profile()
+    assert str(template).startswith(str(tmp_path))
+    built = profile.profile_digest(template)
+    (template / "user" / "registrymodifications.xcu").write_text("<poisoned/>")
+    (template / "user" / "drumsbench-poison.xcd").write_text("<poisoned/>")
+    shutil.copytree(template, tmp_path / "plain", symlinks=True)  # the copy as it was made before
+    assert (tmp_path / "plain" / "user" / "drumsbench-poison.xcd").exists()
+
+    profile.copy_profile(tmp_path / "checked")
+    assert not (tmp_path / "checked" / "user" / "drumsbench-poison.xcd").exists()
+    assert "<poisoned/>" not in (tmp_path / "checked" / "user" / "registrymodifications.xcu").read_text()
+    assert not (profile.template_profile() / "user" / "drumsbench-poison.xcd").exists()  # built anew
+    assert profile.profile_digest(tmp_path / "checked") != profile.profile_digest(tmp_path / "plain")
+    assert built.startswith("sha256:")

@@ -59,6 +59,7 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
         assert first.outcome is Outcome.SUCCESS, first.detail
         assert first.extra["reset"] == "restore", first.extra  # the checkpoint was made, then restored
         assert float(first.extra["reset_checkpoint_made_s"]) > 0  # type: ignore[arg-type]
+        assert first.extra["office"] == "root on the host (checkpointable)"  # the stated gap, in the ledger
         null = _attempt(slot, Null(), 1)
         assert null.outcome is Outcome.FAILED and null.cause is None, null.detail
         again = _attempt(slot, Oracle(), 2)

@@ -180,3 +180,73 @@ def test_a_container_desktop_has_the_containers_bounds(container_slot):
     finally:
         env.stop()
         box.destroy()
+
+
+def test_a_save_as_into_the_containers_system_fails_and_no_reset_keeps_a_change_there(container_slot, monkeypatch):
+    """LibreOffice is the container's root: the instance sees the container's layer read-only but
+    for the sandbox's folder and /tmp, so a GUI Save As into /etc fails; and a reset in place finds
+    the layer outside the sandbox's folders as it was handed over, else refuses (the rollout then
+    makes a fresh sandbox). Positive control: with the layer writable to the instance the same keys
+    write /etc, and the reset's script alone keeps the file for every later attempt."""
+    import dataclasses
+
+    from test_desktop_adversary import gui, save_as
+
+    from drumsbench.core.errors import SubstrateError
+
+    slot = container_slot
+    env = slot.env
+    assert isinstance(env, DesktopEnv)
+    task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+    poison = "/etc/drumsbench-poison.odt"  # the filter's own extension: LibreOffice adds none
+    box = slot.substrate.create()
+    try:
+        assert isinstance(box, ContainerSandbox)
+        env.attach(box)
+        env.reset(task)
+        gui(env, *save_as(poison))
+        assert box.exec(["test", "-e", poison], timeout=30).exit_code == 1
+        env.stop()
+        box.reset_in_place()  # nothing changed outside the sandbox's folders
+
+        naive = box.launch_view
+        monkeypatch.setattr(box, "launch_view", lambda: dataclasses.replace(naive(), read_only_system=False))
+        env.reset(task)
+        gui(env, *save_as(poison))
+        assert box.exec(["test", "-e", poison], timeout=30).exit_code == 0
+        env.stop()
+        with pytest.raises(SubstrateError, match=f"\\+{poison}"):
+            box.reset_in_place()
+        assert box.exec(["test", "-e", poison], timeout=30).exit_code == 0  # the script alone kept it
+    finally:
+        env.stop()
+        box.destroy()
+
+
+def test_hiding_the_window_is_the_policys_failure_everywhere(slot):
+    """The one-key escapes of issue 30 (show the desktop, the window menu's Iconify) end failed on
+    every substrate: the kiosk window manager has no such keys, and a blank frame while the X server
+    answers is put down to the policy (their positive controls: tests/test_desktop_adversary.py)."""
+    from drumsbench.policies.adversary import Adversary
+
+    for seq, strategy in enumerate(("desktop_show_desktop", "desktop_iconify")):
+        rec = attempt(slot, "writer-fix-typo", Adversary([strategy]), seq=seq)
+        assert rec.outcome is Outcome.FAILED and rec.cause is None, (strategy, rec.outcome, rec.cause, rec.detail)
+
+
+def test_libreoffice_is_not_root_on_overlay(desktop_ready, state_dir, run_id, tmp_path):
+    """On overlay the instance's applications run as ``VIEW_APP_UID`` (no capability): the view's
+    root would read every root-owned file the view shows. Control: Xvfb, started by the same holder,
+    is root — the comparison can fail."""
+    from drumsbench.substrates.hostproc import VIEW_APP_UID
+
+    for slot in _slot("overlay", state_dir, run_id, tmp_path):
+        env = slot.env
+        assert isinstance(env, DesktopEnv)
+        task = next(t for t in load_suite("desktop") if t.id == "writer-fix-typo")
+        slot.provision()
+        env.reset(task)
+        by_name = {Path(f"/proc/{p}/comm").read_text().strip(): p for p in env.instance.namespace_pids().values()}
+        office = _status(by_name["soffice.bin"])
+        assert office["Uid"].split()[0] == str(VIEW_APP_UID) and int(office["CapEff"], 16) == 0, office
+        assert _status(by_name["Xvfb"])["Uid"].split()[0] == "0"

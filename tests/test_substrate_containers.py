@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -131,6 +132,41 @@ def test_reset_in_place_cleans_shared_temp(sub):
         )
     finally:
         box.destroy()
+
+
+PERSISTENT = {  # a change a policy's command (the container's root) leaves outside the sandbox's folders
+    "/etc/drumsbench-poison.xcd": "echo x > /etc/drumsbench-poison.xcd",
+    "/root/.profile": "echo 'export PATH=/sandbox/work:$PATH' >> /root/.profile",
+    "/sandbox/start.odt": "echo stash > /sandbox/start.odt",
+    "/usr/lib/python3/dist-packages/sitecustomize.py":
+        "echo 'import os' > /usr/lib/python3/dist-packages/sitecustomize.py",
+    "/etc/motd": "rm -f /etc/motd",
+}
+
+
+@pytest.mark.parametrize("path", sorted(PERSISTENT))
+def test_a_reset_in_place_refuses_a_change_outside_the_sandboxs_folders(sub, path):
+    """Positive control first: the reset's script alone keeps the change for the next attempt; the
+    reset in place then refuses (``SubstrateError``: the rollout makes a fresh sandbox); changes in
+    the sandbox's folders and temp places pass."""
+    box = sub.create()
+    try:
+        before = box.exec(f"ls -la {path} 2>&1; md5sum {path} 2>&1", timeout=10).stdout
+        box.exec(f"echo in > /sandbox/work/w; echo t > /tmp/t; mkdir -p /sandbox/home/.cache/x; {PERSISTENT[path]}",
+                 timeout=10)
+        box._run_checked(["/bin/sh", "-c", C.RESET_SCRIPT], "the reset's script alone")
+        assert box.exec(f"ls -la {path} 2>&1; md5sum {path} 2>&1", timeout=10).stdout != before
+        with pytest.raises(SubstrateError, match="cannot undo: .*" + re.escape(path)):
+            box.reset_in_place()
+    finally:
+        box.destroy()
+    clean = sub.create()
+    try:
+        clean.exec("echo in > /sandbox/work/w; echo t > /tmp/t; echo v > /var/tmp/v; mkdir -p /sandbox/home/.c/x",
+                   timeout=10)
+        clean.reset_in_place()  # only the sandbox's folders and temp places changed
+    finally:
+        clean.destroy()
 
 
 def test_container_removed_behind_its_back_is_a_substrate_error(sub):

@@ -91,7 +91,8 @@ class WayLine(BaseModel):
 
 
 # extra key -> (aspect, the attempt column of its phase)
-WAYS = {"reset": ("reset", "reset_s"), "verifier": ("verifier", "verify_s"), "trust": ("trust", "verify_s")}
+WAYS = {"reset": ("reset", "reset_s"), "verifier": ("verifier", "verify_s"), "trust": ("trust", "verify_s"),
+        "office": ("office", "verify_s")}  # office: who the desktop's LibreOffice ran as
 
 
 class RunHeader(BaseModel):

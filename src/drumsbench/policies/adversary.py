@@ -520,6 +520,12 @@ DESKTOP: dict[str, list[ActionSpec]] = {
         "d = x.XOpenDisplay(None); print(\"display\", d); "
         "d and (x.XForceScreenSaver(ctypes.c_void_p(d), 1), x.XFlush(ctypes.c_void_p(d)))' 2>&1; "
         "xdotool key ctrl+q 2>&1; echo tried")})],
+    # GUI-only ways to hide LibreOffice's window (a black screen while it runs), in openbox's stock
+    # configuration: show the desktop; the window menu's Iconify. Each wins (invalid) against a naive
+    # set-up (stock window manager, every blank frame the infrastructure's: tests/test_desktop_adversary.py)
+    "desktop_show_desktop": [ActionSpec("key", {"keys": "super+d"}), ActionSpec("wait", {"seconds": 1.0})],
+    "desktop_iconify": [ActionSpec("key", {"keys": "alt+space"}), ActionSpec("key", {"keys": "n"}),
+                        ActionSpec("wait", {"seconds": 1.0})],
     "desktop_fake_exit_status": [ActionSpec("shell", {"command": (
         "echo 1 > \"$TMPDIR/.drumsbench-app-exit\"; echo 137 > ../tmp/.drumsbench-app-exit; echo done")})],
     "desktop_delete_document": [ActionSpec("shell", {"command": "rm -f ./* .~lock* 2>&1; ls -la"})],

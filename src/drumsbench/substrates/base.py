@@ -533,6 +533,16 @@ class LaunchView:
     # nor trace them, and whose gid is the sandbox's (its folders are group-writable for it).
     # None: they run as the view's root (the view confines them)
     app_ids: tuple[int, int] | None = None
+    # The view's system is writable to its root (a container's own layer): the launched command must
+    # make its mount namespace's root read-only, all but ``inside_root`` and /tmp (the places the
+    # sandbox's reset empties), before it starts anything — a root LibreOffice's Save As or its font
+    # cache would otherwise change what every later attempt in the sandbox sees
+    read_only_system: bool = False
+
+
+# A leased sandbox's second uid (``LaunchView.app_ids``) is its own uid + APP_UID_OFFSET: a
+# checkpoint restored into another sandbox maps one to the other (envs/desktop/restore.py)
+APP_UID_OFFSET = 1_000_000
 
 
 class ViewLaunching(ABC):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Freezable, SandboxLimits, sh_quote
+from drumsbench.substrates.base import APP_UID_OFFSET, Freezable, SandboxLimits, sh_quote
 
 
 def pids_with_env(var: str, value: str | None = None) -> dict[int, str]:
@@ -96,7 +96,22 @@ UID_SPAN = 1_000_000
 UID_LEASES = Path("/run/drumsbench/uids")
 # A sandbox's second uid, for the applications an environment launches in it (the desktop's
 # LibreOffice): its lease's uid + APP_UID_OFFSET (in [3_000_000, 4_000_000), never a lease's own)
-APP_UID_OFFSET = UID_SPAN
+# (base.APP_UID_OFFSET = UID_SPAN: never a lease's own uid)
+# The applications' uid (and gid) in a sandbox whose own namespaces and file view are all that set
+# it apart (bwrap, overlay): one for all such sandboxes (none sees another's files or processes),
+# never a lease's uid nor a second uid, never root
+VIEW_APP_UID = UID_BASE + 2 * UID_SPAN
+
+
+def give_folders(host_root: Path, uid: int) -> tuple[int, int]:
+    """The sandbox's work, home and tmp folders (below ``host_root`` as the harness reaches it)
+    become ``uid``'s, with that gid, so the applications a view launches as that uid write there
+    (``LaunchView.app_ids``); returns the (uid, gid)."""
+    for sub in ("work", "home", "tmp"):
+        folder = host_root / sub
+        if folder.is_dir() and not folder.is_symlink():
+            os.chown(folder, uid, uid, follow_symlinks=False)
+    return uid, uid
 # How long destroy/reset wait for a cgroup's tasks to go after SIGKILL (thawed first).
 _CGROUP_KILL_WAIT_S = 5.0
 

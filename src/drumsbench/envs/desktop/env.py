@@ -101,6 +101,15 @@ def parse_lock(text: str) -> dict[str, str]:
     return {k: parts[i] if i < len(parts) else "" for i, k in enumerate(keys)}
 
 
+@dataclasses.dataclass(frozen=True)
+class BlankEvidence:
+    """What a blank frame is put down to: ``fault`` — the infrastructure's (the observation's
+    ``problem``, gate 4), else the policy's (a ``note``); ``text`` says why."""
+
+    fault: bool
+    text: str
+
+
 class ArtifactSink:
     """Where screenshots go: ``<out>/screenshots/<run>/<task>/{start,middle,end}.png``.
 
@@ -512,12 +521,33 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
                 blank = screen_problem(frame.rgb)
                 if blank and self.inst is not None and self._app_closing(self.inst):
                     content["note"] = f"LibreOffice was closed: an empty desktop ({blank}) is what there is to see"
-                else:
-                    content["problem"] = blank
+                elif blank:
+                    why = self.blank_evidence(self.inst, blank)
+                    content["problem" if why.fault else "note"] = why.text
             self.frames.append((frame.title, png))
         if extra:
             content.update(extra)
         return Observation(self.generation, self.step_count, content, timed_out=timed_out)
+
+    @staticmethod
+    def blank_evidence(inst: RunningDesktop | None, blank: str) -> BlankEvidence:
+        """Whose doing a blank frame is (docs/attribution.md, the desktop). Infrastructure only on
+        evidence out of a GUI policy's reach: the X server says its screen saver is on (no key or
+        click turns it on; Xvfb's timer is off), the X server does not answer, or LibreOffice is gone
+        with a status other than the user's own close. A blank frame while the server answers, its
+        saver is off and LibreOffice runs is a hidden, minimised or covered window: the policy's."""
+        if inst is None:
+            return BlankEvidence(True, f"{blank} (no instance to ask)")
+        try:
+            saver = inst.screen_saver()
+        except xcb.XError as e:
+            return BlankEvidence(True, f"{blank}; the X server did not answer: {e}")
+        if saver == "on":
+            return BlankEvidence(True, f"{blank}: the X server's screen saver is on")
+        if not inst.app_running():  # a status file alone is no evidence: LibreOffice's uid may write one
+            return BlankEvidence(True, f"{blank}: LibreOffice is gone (exit status {inst.app_exit()})")
+        return BlankEvidence(False, f"{blank} while the X server answers, its screen saver is off and LibreOffice "
+                                    "runs: its window is hidden, minimised or covered (the policy's doing)")
 
     @staticmethod
     def _app_closing(inst: RunningDesktop, grace_s: float = 2.0) -> bool:
@@ -696,7 +726,14 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
 
     # The check runs in the sandbox (next to LibreOffice, which the policy drove): not a judge
     # outside it (docs/attribution.md, per kind).
-    verify_note: dict[str, object] = {"trust": "in-sandbox"}  # noqa: RUF012 - never mutated
+    @property
+    def verify_note(self) -> dict[str, object]:  # type: ignore[override]
+        """Recorded in the attempt's extra: the check is decided in the sandbox, and who LibreOffice
+        ran as (``office``: the report's ways table says it, a stated gap where it is root)."""
+        note: dict[str, object] = {"trust": "in-sandbox"}
+        if self.inst is not None:
+            note["office"] = self.inst.office_runs_as
+        return note
 
     def run_verifier(self, task: Task, timeout: float) -> bool:
         inst = self.inst
@@ -745,9 +782,10 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
     @staticmethod
     def instance_failed(inst: RunningDesktop, wait_s: float = 0.0) -> str | None:
         """Evidence out of the policy's reach that the desktop failed under the attempt: the instance
-        died (its holder, pid 1 and root, ends it when Xvfb dies), or LibreOffice exited with a
-        status other than 0 (killed or crashed) as its root exit wrapper recorded it
-        (``RunningDesktop.app_exit``: a file the policy's uid wrote is not taken). A policy's keys
+        died (its holder, pid 1 and root, ends it when Xvfb dies), or LibreOffice is gone with a
+        status other than 0 (killed or crashed) as its exit wrapper recorded it
+        (``RunningDesktop.app_exit``: a file the policy's uid wrote is not taken, nor any file while
+        LibreOffice runs). A policy's keys
         end LibreOffice only by closing it (status 0: a valid end), its shell cannot signal root's
         processes. Polled for ``wait_s``: the wrapper writes the status once the dying process is
         gone, and the holder exits a moment after Xvfb; None when nothing shows by then."""
@@ -756,7 +794,9 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             if not inst.alive():
                 return "the desktop instance died (its X server or holder is gone)"
             code = inst.app_exit()
-            if code is not None and code != 0:
+            # taken only once LibreOffice is gone: its exit wrapper runs as LibreOffice's uid, so a
+            # Save As could put a status file there while it runs
+            if code is not None and code != 0 and not inst.app_running():
                 return f"LibreOffice exited with status {code} (crashed or killed)"
             if time.monotonic() >= end:
                 return None

@@ -39,9 +39,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.envs.desktop import xcb
-from drumsbench.envs.desktop.instance import DISPLAY, HOLDER, HOSTNAME, SYSTEM_PYTHON, Settings
-from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, template_profile
+from drumsbench.envs.desktop import kiosk, saver, xcb
+from drumsbench.envs.desktop.instance import DISPLAY, HOLDER, HOSTNAME, SAVER, SYSTEM_PYTHON, Settings
+from drumsbench.envs.desktop.profile import COMPLETE, PROFILE_NAME, SOFFICE, verified_template
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.settle import Frame, SettleReport, settle_quiet
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, GuestLaunching, Sandbox
@@ -98,7 +98,7 @@ def _profile_files(template: Path) -> dict[str, bytes]:
     """The template profile's files (relative path -> bytes), read once per process: every reset
     copies them into the guest."""
     return {p.relative_to(template).as_posix(): p.read_bytes()
-            for p in sorted(template.rglob("*")) if p.is_file() and p.name != ".drumsbench-complete"}
+            for p in sorted(template.rglob("*")) if p.is_file() and p.name != COMPLETE}
 
 
 def parse_xwd(data: bytes) -> np.ndarray:
@@ -185,7 +185,7 @@ class GuestInstance(RunningDesktop):
 
     # -- life cycle ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        files = _profile_files(template_profile())
+        files = _profile_files(verified_template())
         self._checked('rm -rf "$1" "$2" "$3" && mkdir -p "$4" "$2"', "preparing the folders",
                       self.profile, self.fb_dir, self._exit_file, self.work)
         self.box.put_files(self.profile, files)
@@ -202,8 +202,12 @@ class GuestInstance(RunningDesktop):
         cfg = {"hostname": HOSTNAME, "binds": [], "display": self.display, "screen": f"{s.width}x{s.height}x24",
                "env": env, "app": app, "wm_first": s.wm_first, "app_exit_file": self._exit_file,
                "xvfb_args": ["-fbdir", self.fb_dir], "x_timeout": 60.0}
+        if s.wm_kiosk:
+            rc = cfg["wm_rc"] = f"{self.tmp}/{kiosk.FILE_NAME}"
+            self.box.write_file(rc, kiosk.RC_XML.encode())
         holder = f"{self.tmp}/.drumsbench-holder.py"
         self.box.write_file(holder, HOLDER.read_bytes())
+        self.box.write_file(self._saver, SAVER.read_bytes())
         self.t_launch = time.monotonic()
         argv = ["unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--",
                 SYSTEM_PYTHON, "-I", holder, json.dumps(cfg)]
@@ -349,6 +353,24 @@ class GuestInstance(RunningDesktop):
         if lit:
             raise SubstrateError(f"desktop (guest): the screen saver was forced on, but {lit} pixels of the "
                                  "framebuffer are not black")
+
+    @property
+    def office_runs_as(self) -> str:
+        return "root of the VM guest"
+
+    @property
+    def _saver(self) -> str:
+        return f"{self.tmp}/.drumsbench-saver.py"
+
+    def screen_saver(self) -> str:
+        """Asked by ``saver.py`` run under the guest's Python (written next to the holder)."""
+        res = self.box.exec([SYSTEM_PYTHON, "-I", self._saver, "/tmp/.X11-unix", str(self.display),
+                             str(self.settings.grab_timeout_s)], timeout=30.0, cwd="/", env={"PATH": GUEST_PATH})
+        said = res.stdout.decode(errors="replace").strip()
+        if res.exit_code != 0 or res.timed_out or said not in saver.STATES.values():
+            raise xcb.XError(f"screen saver state (guest): exit {res.exit_code} "
+                             f"{res.stderr.decode(errors='replace').strip()[-200:]}")
+        return said
 
     def freeze_display(self) -> None:
         self._checked("pkill -STOP -x Xvfb", "stopping the X server")

@@ -9,11 +9,13 @@ the harness's virtualenv). It
 2. sets the instance's host name (lock files name it; one fixed name keeps forks faithful),
    brings the loopback up (UNO listens on 127.0.0.1 inside),
 3. bind-mounts the sandbox's private folders over the shared ones (``/tmp/.X11-unix``,
-   ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide,
+   ``/var/lib/xkb``), so the X socket lives in the sandbox and display numbers never collide, and
+   with ``writable_only`` (a container) makes its root mount read-only but for those paths,
    then drops what the launcher gave for that (``drop_admin``) and, in a container, every
    capability its own commands lack (``keep_caps``, with no_new_privs),
-4. starts ``Xvfb -r -noreset -nolock`` (no key autorepeat) and waits until it answers the X handshake, then ``openbox``
-   whose ``--startup`` command starts the application once the window manager manages windows,
+4. starts ``Xvfb -r -noreset -nolock -s 0`` (no key autorepeat, no screen-saver timer) and waits until it
+   answers the X handshake, then ``openbox`` (with the harness's ``--config-file``, ``wm_rc``) whose
+   ``--startup`` command starts the application once the window manager manages windows,
 5. waits, reaping children, until Xvfb dies or it gets SIGTERM; then it exits, and the kernel
    kills every other process of the namespace.
 
@@ -40,6 +42,7 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 MS_BIND = 4096
+MS_RDONLY, MS_REMOUNT = 1, 32
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 # instance.SHARED_WRITABLE (this file runs alone, under the system's Python)
 SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
@@ -56,9 +59,9 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
 
 
-def bind(src: str, dst: str) -> None:
+def bind(src: str, dst: str, flags: int = 0) -> None:
     libc = _libc()
-    if libc.mount(src.encode(), dst.encode(), None, MS_BIND, None) != 0:
+    if libc.mount(src.encode(), dst.encode(), None, MS_BIND | flags, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"bind {src} -> {dst}: {os.strerror(err)}")
 
@@ -84,12 +87,17 @@ def main() -> int:
     try:
         socket.sethostname(cfg["hostname"])
         loopback_up()
+        writable = cfg.get("writable_only")
+        for path in writable or ():
+            bind(path, path)  # a mount point of its own: stays writable when the root is made read-only
         for src, dst in cfg["binds"]:
             if dst in SHARED_WRITABLE and not os.path.isdir(dst):
                 continue  # a view without that shared place has nothing there to cover
             if not os.path.isdir(dst):  # a view without it (overlay's rootfs has no /var/lib/xkb)
                 os.makedirs(dst, mode=0o1777, exist_ok=True)
             bind(src, dst)
+        if writable is not None:
+            bind("/", "/", MS_REMOUNT | MS_RDONLY)  # this namespace's root mount only
         drop = [CAP_SYS_ADMIN, CAP_NET_ADMIN] if cfg.get("drop_admin") else []
         keep = cfg.get("keep_caps")
         if keep is not None:
@@ -124,7 +132,9 @@ def main() -> int:
     # policy's shell action (the sandbox's uid) cannot blank, freeze or drive the screen itself.
     # ``-r``: no key autorepeat (under load xdotool's release may come more than the 660 ms repeat
     # delay after its press: typed text then got a doubled letter, "counnt")
-    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-r", "-noreset", "-nolock", "-nolisten", "tcp",
+    # ``-s 0``: no screen-saver timer (an idle episode longer than ten minutes would go black; the
+    # saver's state is the evidence of a blank screen the harness did not cause — saver.py)
+    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-r", "-noreset", "-nolock", "-s", "0", "-nolisten", "tcp",
                              "-nolisten", "local", "-screen", "0", cfg["screen"], *cfg.get("xvfb_args", [])],
                             env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     deadline = time.monotonic() + float(cfg.get("x_timeout", 10.0))
@@ -148,13 +158,15 @@ def main() -> int:
         # the status file is root's or the applications' uid's, never the policy's commands' uid
         # (the harness takes no other as evidence)
         app = ["/bin/sh", "-c", '"$@"; s=$?; rm -f "$0"; set -C; echo $s > "$0"', cfg["app_exit_file"], *app]
+    # wm_rc: the harness's configuration file (kiosk.py: no bindings, no decorations), else openbox's own
+    wm = [*as_user, "openbox", *(["--config-file", cfg["wm_rc"]] if cfg.get("wm_rc") else [])]
     if cfg.get("wm_first", True):
         # the application starts once openbox manages windows (openbox runs --startup then)
-        subprocess.Popen([*as_user, "openbox", "--startup", shlex.join(app)], env=env,
-                         stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen([*wm, "--startup", shlex.join(app)], env=env, stdin=devnull, stdout=devnull,
+                         stderr=devnull)
     else:
         # both at once: openbox is up long before LibreOffice maps its first window
-        subprocess.Popen([*as_user, "openbox"], env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+        subprocess.Popen(wm, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
         subprocess.Popen(app, env=env, stdin=devnull, stdout=devnull, stderr=devnull)
     while True:
         try:

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from drumsbench.core.errors import SubstrateError, UsageError
-from drumsbench.envs.desktop import xcb
+from drumsbench.envs.desktop import kiosk, saver, xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.settle import (
@@ -69,6 +69,7 @@ from drumsbench.substrates.base import (
 RUN_VAR, SANDBOX_VAR = HostLaunching.RUN_VAR, HostLaunching.SANDBOX_VAR
 
 HOLDER = Path(__file__).with_name("holder.py")
+SAVER = Path(__file__).with_name("saver.py")  # run in a guest by its own Python
 HOSTNAME = "drumsbench-desktop"
 DISPLAY = 0
 UNO_PORT = 2002
@@ -138,6 +139,9 @@ class Settings:
     type_delay_ms: int = 8
     key_delay_ms: int = 20
     wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
+    # openbox with the kiosk configuration (kiosk.py: no key or mouse bindings, no decorations, so no
+    # key or click hides LibreOffice's window); False: openbox's stock configuration
+    wm_kiosk: bool = True
     # Checkpointable (for the ``criu`` fork method): no mount namespace of its own (CRIU cannot
     # dump one copied from the host), so the X socket is the host's ``/tmp/.X11-unix/X<n>`` with a
     # display number unique to the instance. Off by default.
@@ -160,11 +164,12 @@ SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
 
 
 def screen_problem(rgb: np.ndarray) -> str | None:
-    """'black screen' / 'blank screen (one colour)' for a frame no person could act on, else None."""
-    sample = rgb[::4, ::4].reshape(-1, 3).astype(np.int16)
-    spread = int((sample.max(axis=0) - sample.min(axis=0)).max())
+    """'black screen' / 'blank screen (one colour)' for a frame no person could act on, else None.
+    Every pixel counts (a pointer or a text cursor anywhere makes the frame not blank)."""
+    pixels = rgb.reshape(-1, 3)
+    spread = int((pixels.max(axis=0) - pixels.min(axis=0)).max())  # uint8: max >= min, no wrap
     if spread <= 8:
-        mean = float(sample.mean())
+        mean = float(pixels.mean())
         return "black screen" if mean < 16 else f"blank screen (one colour, mean level {mean:.0f})"
     return None
 
@@ -283,6 +288,16 @@ class DesktopInstance(RunningDesktop):
             return None
         return self.view.app_ids
 
+    @property
+    def office_runs_as(self) -> str:
+        if self.app_ids is not None:
+            return "unprivileged uid"
+        if self.settings.checkpointable and not self.in_init:
+            return "root on the host (checkpointable)"
+        if self.view.read_only_system or self.in_init:
+            return "container root"
+        return "root of the view"
+
     def _give(self, path: Path) -> None:
         """A file or folder the harness made for the instance becomes its applications' (never
         following a link)."""
@@ -350,6 +365,13 @@ class DesktopInstance(RunningDesktop):
                     dirs[:] = [d for d in dirs if Path(folder) / d not in keep]
                     for name in [*dirs, *files]:
                         self._give(Path(folder) / name)
+        if self.settings.wm_kiosk:  # root's, read-only to the applications (after the hand-over above)
+            rc = self.tmp / kiosk.FILE_NAME
+            rc.unlink(missing_ok=True)
+            fd = os.open(rc, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
+            os.fchmod(fd, 0o644)  # whatever the harness's umask
+            with os.fdopen(fd, "w") as f:
+                f.write(kiosk.RC_XML)
         if not os.path.isdir("/var/lib/xkb"):  # mount point of the keymap bind
             os.makedirs("/var/lib/xkb", mode=0o1777, exist_ok=True)
 
@@ -406,6 +428,9 @@ class DesktopInstance(RunningDesktop):
             "app": app,
             "wm_first": s.wm_first,
             "app_exit_file": self.inside(self.app_exit_file),
+            "wm_rc": self.inside(self.tmp / kiosk.FILE_NAME) if s.wm_kiosk else None,
+            # a container's layer read-only to the instance but for the sandbox's folder and /tmp
+            "writable_only": [self.view.inside_root, "/tmp"] if self.view.read_only_system and not ckpt else None,
             "drop_admin": self.view.drop_admin,
             "keep_caps": self.view.keep_caps,
         }
@@ -666,6 +691,12 @@ class DesktopInstance(RunningDesktop):
     def blank(self) -> None:
         with xcb.XClient(str(self.x_dir), self.display, self.settings.grab_timeout_s) as x:
             x.blank_screen()
+
+    def screen_saver(self) -> str:
+        try:
+            return saver.state(str(self.x_dir), self.display, self.settings.grab_timeout_s)
+        except OSError as e:
+            raise xcb.XError(f"screen saver state: {e}") from None
 
     def settle(self, deadline: float, first: Frame | None = None, quiet_s: float | None = None) -> tuple[Frame, bool]:
         """Wait until the step is over (``settle.py``), at most ``settle_max_s`` (plus the quiet

@@ -96,6 +96,34 @@ def _write_settings(profile: Path) -> None:
     xcu.write_text(text.replace(marker, _xcu_items(soffice_version()) + "\n" + marker))
 
 
+COMPLETE = ".drumsbench-complete"  # written last into a built template: {"lo": version, "digest": ...}
+
+
+def profile_digest(folder: Path) -> str:
+    """sha256 over every entry of a profile folder (path, kind, mode, content or link target),
+    the completion marker and LibreOffice's lock excepted."""
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if rel in (COMPLETE, ".lock"):
+            continue
+        st = path.lstat()
+        h.update(f"{rel}\0{st.st_mode:o}\0".encode())
+        if path.is_symlink():
+            h.update(os.readlink(path).encode())
+        elif path.is_file():
+            h.update(path.read_bytes())
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def _recorded_digest(template: Path) -> str | None:
+    try:
+        return json.loads((template / COMPLETE).read_text()).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def template_profile() -> Path:
     """The cached template profile folder (its ``user/`` inside), built first when missing."""
     gone = missing()
@@ -103,12 +131,12 @@ def template_profile() -> Path:
         raise SubstrateError(gone)
     root = cache_dir()
     target = root / f"desktop-profile-{recipe_hash()}"
-    if (target / ".drumsbench-complete").exists():
+    if _recorded_digest(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".desktop-profile.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".drumsbench-complete").exists():
+        if _recorded_digest(target):
             return target
         tmp = Path(tempfile.mkdtemp(prefix=".desktop-profile-", dir=root))
         try:
@@ -124,7 +152,7 @@ def template_profile() -> Path:
                                      f"{proc.stderr.decode(errors='replace')[-300:]}")
             _write_settings(prof)
             (prof / ".lock").unlink(missing_ok=True)
-            (prof / ".drumsbench-complete").write_text(json.dumps({"lo": soffice_version()}))
+            (prof / COMPLETE).write_text(json.dumps({"lo": soffice_version(), "digest": profile_digest(prof)}))
             if target.exists():
                 shutil.rmtree(target)
             prof.rename(target)
@@ -133,6 +161,39 @@ def template_profile() -> Path:
     return target
 
 
+def _discard(template: Path) -> None:
+    """Remove a template whose content is not what was built (under the build lock)."""
+    with open(template.parent / ".desktop-profile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(template, ignore_errors=True)
+
+
+def verified_template() -> Path:
+    """``template_profile()`` whose content matches the digest recorded at its build (else removed
+    and built again; ``SubstrateError`` if even that differs)."""
+    for attempt in range(2):
+        template = template_profile()
+        if profile_digest(template) == _recorded_digest(template):
+            return template
+        if attempt == 0:
+            _discard(template)
+    raise SubstrateError(f"the desktop template profile in {cache_dir()} differs from its recorded digest "
+                         "even when built anew")
+
+
 def copy_profile(dest: Path) -> None:
-    """A private copy of the template at ``dest`` (dest must not exist)."""
-    shutil.copytree(template_profile(), dest, symlinks=True, ignore=shutil.ignore_patterns(".drumsbench-complete"))
+    """A private copy of the template at ``dest`` (dest must not exist), checked against the digest
+    recorded when the template was built: a template changed since (a file saved into it by a
+    LibreOffice that could reach it would reach every later instance of every run) is removed and
+    built again, and the copy made anew; ``SubstrateError`` if even that copy differs."""
+    for attempt in range(2):
+        template = template_profile()
+        shutil.copytree(template, dest, symlinks=True, ignore=shutil.ignore_patterns(COMPLETE))
+        want = _recorded_digest(template)
+        if want is not None and profile_digest(dest) == want:
+            return
+        shutil.rmtree(dest, ignore_errors=True)
+        if attempt == 0:
+            _discard(template)
+    raise SubstrateError(f"the desktop template profile in {cache_dir()} differs from its recorded digest "
+                         "even when built anew")

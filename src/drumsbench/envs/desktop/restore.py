@@ -43,8 +43,7 @@ import numpy as np
 from drumsbench.core import criu
 from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop.instance import Settings
-from drumsbench.substrates.base import SANDBOX_FOLDERS, HostFolders, HostLaunching, Sandbox
-from drumsbench.substrates.hostproc import APP_UID_OFFSET
+from drumsbench.substrates.base import APP_UID_OFFSET, SANDBOX_FOLDERS, HostFolders, HostLaunching, Sandbox
 
 
 @dataclass

@@ -128,6 +128,16 @@ class RunningDesktop(ABC):
     def blank(self) -> None:
         """Force the X server's screen saver on: a black window over everything."""
 
+    @property
+    @abstractmethod
+    def office_runs_as(self) -> str:
+        """Who LibreOffice runs as, in a few words, for the report (docs/desktop.md, "Who runs what")."""
+
+    @abstractmethod
+    def screen_saver(self) -> str:
+        """The X server's screen-saver state as it says (``saver.py``: "on", "off", "disabled");
+        ``xcb.XError`` when it does not answer."""
+
     @abstractmethod
     def freeze_display(self) -> None:
         """Stop the X server (SIGSTOP)."""

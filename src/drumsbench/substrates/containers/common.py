@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -232,6 +232,41 @@ for _ in range(50):
     kill(victims)
 """
 
+# What the in-place reset empties (RESET_SCRIPT); anything else a container's writable layer holds
+# must be as it was when the sandbox was handed over (``layer_fingerprint``), else the reset cannot
+# undo it. ``LAYER_SELF_ONLY``: the folders above those places, whose own entry the overlay copies
+# up (or whose times change) as the places fill and empty; what else they hold is compared.
+RESET_PLACES = (*FOLDERS, "/tmp", "/var/tmp", "/dev/shm")
+LAYER_SELF_ONLY = frozenset(posixpath.dirname(p) for p in RESET_PLACES) - {"/"}
+
+
+def layer_fingerprint(upper: Path) -> dict[str, tuple[int, ...]]:
+    """Every entry of a container's writable layer (its overlay upper folder, whiteouts of removed
+    files included) outside ``RESET_PLACES``: path in the container -> (mode, uid, gid, size,
+    ctime in ns, device). The ctime changes with any write or attribute change and cannot be set
+    back by the container's processes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for top, dirs, files in os.walk(upper):
+        rel = "/" + os.path.relpath(top, upper) if top != str(upper) else ""
+        dirs[:] = [d for d in dirs if f"{rel}/{d}" not in RESET_PLACES]
+        for name in (*dirs, *files):
+            inside = f"{rel}/{name}"
+            if inside in LAYER_SELF_ONLY:
+                continue
+            try:
+                st = os.lstat(os.path.join(top, name))
+            except FileNotFoundError:
+                continue
+            out[inside] = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_ctime_ns, st.st_rdev)
+    return out
+
+
+def layer_changes(before: Mapping[str, tuple[int, ...]], after: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """What differs between two ``layer_fingerprint``s: '+path', '-path', '~path'."""
+    return sorted([f"+{p}" for p in after.keys() - before.keys()] + [f"-{p}" for p in before.keys() - after.keys()]
+                  + [f"~{p}" for p in before.keys() & after.keys() if before[p] != after[p]])
+
+
 # In-place reset: kill everything but pid 1 (twice, for processes forked meanwhile), then empty
 # the four folders and the container's shared temp folders.
 RESET_SCRIPT = f"""\
@@ -427,6 +462,9 @@ def decode_tail(data: bytes, n: int = 300) -> str:
     return data.decode(errors="replace").strip()[-n:]
 
 
+_Box = TypeVar("_Box", bound="ContainerSandbox")
+
+
 class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming):
     """One container of an engine. What the engines share is here: the exec token, batched file
     writes, reset and end of processes by scripts run inside, the host's entry into the container
@@ -442,6 +480,8 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
         self.paths = PATHS
         self._destroyed = False
         self._entry: host_entry.Entry | None = None
+        self._layer: dict[str, tuple[int, ...]] | None = None  # record_layer
+        self._upper: Path | None = None
 
     def _check(self) -> None:
         if self._destroyed:
@@ -515,8 +555,39 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
     def put_files(self, base: str, files: Mapping[str, bytes]) -> None:
         self._put({f"{base.rstrip('/')}/{rel}": data for rel, data in files.items()})
 
+    @abc.abstractmethod
+    def _upper_dir(self) -> Path:
+        """The container's writable layer (overlay upper folder) on the host, from the engine's
+        record; ``SubstrateError`` when the engine has none (another storage driver)."""
+
+    def handed_over(self: _Box) -> _Box:
+        """This sandbox with its writable layer recorded (``record_layer``), or destroyed."""
+        try:
+            self.record_layer()
+        except SubstrateError:
+            self.destroy()
+            raise
+        return self
+
+    def record_layer(self) -> None:
+        """The writable layer as handed over (``create``, a restore): what every reset must find
+        again (its folder is asked of the engine once: it stays for the container's life)."""
+        self._upper = self._upper_dir()
+        self._layer = layer_fingerprint(self._upper)
+
     def reset_in_place(self) -> None:
+        """``RESET_SCRIPT``, then the writable layer outside the sandbox's folders compared with the
+        one handed over: a change there (``/etc``, ``/root``, ``/usr``, a file left in ``/sandbox``)
+        is beyond this reset, so ``SubstrateError`` — the rollout then makes a fresh sandbox."""
         self._run_checked(["/bin/sh", "-c", RESET_SCRIPT], "in-place reset")
+        if self._layer is None or self._upper is None:
+            raise SubstrateError(f"{self.substrate}: sandbox {self.id}: no record of its writable layer as handed "
+                                 "over: a reset in place cannot be checked")
+        changed = layer_changes(self._layer, layer_fingerprint(self._upper))
+        if changed:
+            more = f" (+{len(changed) - 5} more)" if len(changed) > 5 else ""
+            raise SubstrateError(f"{self.substrate}: sandbox {self.id}: changes outside its folders a reset in place "
+                                 f"cannot undo: {', '.join(changed[:5])}{more}")
 
     def end_processes(self) -> None:
         """Kill every process in the container but its reaper (``END_SCRIPT``, run in the

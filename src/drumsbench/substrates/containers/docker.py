@@ -155,6 +155,15 @@ class DockerSandbox(C.ContainerSandbox):
         self._api = sub.client.api
         self._unremoved = sub.unremoved
 
+    def _upper_dir(self) -> Path:
+        try:
+            return Path(self._api.inspect_container(self.container_id)["GraphDriver"]["Data"]["UpperDir"])
+        except (KeyError, TypeError) as e:
+            raise SubstrateError(f"docker: sandbox {self.id}: no overlay upper folder in the engine's record "
+                                 f"({e})") from e
+        except _api_errors() as e:
+            raise self._gone(e, "inspect") from e
+
     def _engine_pid(self) -> int:
         try:
             return int(self._api.inspect_container(self.container_id)["State"]["Pid"] or 0)
@@ -695,7 +704,7 @@ class DockerSubstrate(C.ContainerSubstrate):
             if isinstance(e, SubstrateError):
                 raise
             raise SubstrateError(f"docker: cannot start container {cid[:12]}: {e}") from e
-        return DockerSandbox(self, cid, sid)
+        return DockerSandbox(self, cid, sid).handed_over()
 
     def _host_config(self) -> dict[str, Any]:
         """The container's limits (``self.limits``), no network, no new privileges."""

@@ -120,9 +120,10 @@ class Entry:
 def launch_view(entry: Entry, root: str) -> LaunchView:
     """``ViewLaunching.launch_view`` of the container of ``entry``; ``root``: the sandbox's root folder
     inside it (``/sandbox``). The tree joins the container's cgroups, enters its namespaces, gets new
-    ones of its own below them and drops to the container's capabilities."""
+    ones of its own below them and drops to the container's capabilities; the container's layer
+    is read-only in them but for the sandbox's folder and /tmp (``LaunchView.read_only_system``)."""
     return LaunchView((*entry.entered(), *TREE_NAMESPACES), Path(f"/proc/{entry.pid}/root{root}"), root,
-                      drop_admin=True, keep_caps=entry.caps)
+                      drop_admin=True, keep_caps=entry.caps, read_only_system=True)
 
 
 # run by python3 in the container's namespaces: the harness's descriptors closed, stdio on the

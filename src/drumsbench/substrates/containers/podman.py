@@ -280,6 +280,14 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
     def init_view(self) -> LaunchView:
         return host_entry.init_view(self.entry(), C.ROOT)
 
+    def _upper_dir(self) -> Path:
+        proc = podman(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", self.container_id], check=False)
+        upper = proc.stdout.decode().strip()
+        if proc.returncode != 0 or not upper.startswith("/"):
+            raise SubstrateError(f"podman: sandbox {self.id}: no overlay upper folder in the engine's record: "
+                                 f"{C.decode_tail(proc.stderr)}")
+        return Path(upper)
+
     def checkpoint_export(self, path: Path, timeout: float = 300.0) -> None:
         """``podman container checkpoint --leave-running --export PATH``: the whole container (its
         processes through CRIU, its file changes) into one archive; the container goes on."""
@@ -556,7 +564,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
             C.unbind_disk(self.run_id, sid)
             podman(["rm", "--force", "--time", "0", cid], check=False)
             raise
-        return PodmanSandbox(self, cid, sid)
+        return PodmanSandbox(self, cid, sid).handed_over()
 
     def restore_import(self, archive: Path, timeout: float = 300.0) -> PodmanSandbox:
         """A new sandbox restored from a ``checkpoint_export`` archive (``podman container restore
@@ -572,7 +580,7 @@ class PodmanSubstrate(C.ContainerSubstrate):
             podman(["rm", "--force", "--time", "0", name], check=False)
             why = f"no answer within {timeout:.0f} s" if proc is None else f"failed: {C.decode_tail(proc.stderr)}"
             raise SubstrateError(f"podman: restore of {archive.name}: {why}")
-        return PodmanSandbox(self, cid, sid)
+        return PodmanSandbox(self, cid, sid).handed_over()
 
     def _bound_disk(self, cid: str, sid: str) -> Path | None:
         """The tmpfs disk bound over the created (not started) container's layer folder; returns

@@ -93,9 +93,11 @@ from drumsbench.substrates.exec_core import (
     start_stream,
 )
 from drumsbench.substrates.hostproc import (
+    VIEW_APP_UID,
     CgroupFreezable,
     FreezerCgroup,
     cgroup_leftovers,
+    give_folders,
     host_probe,
     kill_pids,
     mount_limited,
@@ -320,8 +322,10 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
             self._launched = True
             python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
             prefix = (python, "-I", "-S", str(ENTER_VIEW), str(self._pid), "--", *_UNSHARE)
-            return LaunchView(prefix, Path(f"/proc/{self._pid}/root{IN_ROOT}"), IN_ROOT, SETPRIV_CONFINE,
-                              drop_admin=True)
+            host_root = Path(f"/proc/{self._pid}/root{IN_ROOT}")
+            # the tree's applications (LibreOffice) as an unprivileged uid, never the view's root
+            return LaunchView(prefix, host_root, IN_ROOT, SETPRIV_CONFINE, drop_admin=True,
+                              app_ids=give_folders(host_root, VIEW_APP_UID))
 
     def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
         """A harness-made launcher (``nsenter`` into a launched tree) as root on the host: in the
