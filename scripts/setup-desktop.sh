@@ -15,6 +15,12 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# LibreOffice's finalized settings (macros, extensions, Expert Configuration, Java): a layer in
+# /etc/libreoffice/registry no profile can override. Without it the desktop refuses to start.
+if [ -n "${PYTHON:-}" ]; then
+  "$PYTHON" -m drumsbench.office_lockdown install / >/dev/null
+fi
+
 # The desktop image of the container substrates (the Debian rootfs with the packages above, added
 # from the host apt's cache): built once, cached (drumsbench.images, flavor "desktop").
 if [ -n "${PYTHON:-}" ] && [ "${DRUMSBENCH_SKIP_IMAGES:-0}" != 1 ]; then

@@ -7,7 +7,9 @@ any open document of the task's name), where they must win.
   keys against a root LibreOffice write the file.
 - A world-writable host place (/var/tmp) is the sandbox's own tmp inside the instance: a Save As
   there lands in the sandbox, never on the host.
-- A stashed solved copy of the task's document, opened instead of the task's document, is failed.
+- A stashed solved copy of the task's document, opened instead of the task's document, is failed —
+  also when saved over the task's own file: the verifier checks the document LibreOffice held when
+  the attempt began (its RuntimeUID), not whatever has the task's path.
 - Hiding LibreOffice's window with one key (show the desktop, the window menu's Iconify) is failed:
   the kiosk window manager has no such keys, and a blank frame while the X server answers, its
   screen saver is off and LibreOffice runs is the policy's doing. Control: openbox's stock
@@ -31,7 +33,7 @@ from drumsbench.envs.desktop import holder, instance, odf
 from drumsbench.envs.desktop.env import BlankEvidence, DesktopEnv
 from drumsbench.envs.desktop.instance import DesktopInstance, Settings
 from drumsbench.envs.desktop.running import RunningDesktop
-from drumsbench.envs.desktop.task import load_suite
+from drumsbench.envs.desktop.task import DesktopTask, load_suite
 from drumsbench.policies import replay
 from drumsbench.policies.adversary import Adversary
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
@@ -232,6 +234,32 @@ def test_a_stashed_solved_copy_opened_instead_of_the_document_is_failed(slots, m
     rec = run_attempt(slot, TASK, replay.Replay(plan), CFG, CanaryRegistry(), run_id=slot.substrate.run_id,
                       seq=1, seed=0)
     assert rec.outcome is Outcome.SUCCESS, rec.detail
+
+
+class PlaceRuleEnv(DesktopEnv):
+    """The verifier before identity: the task's document found by its place alone."""
+
+    def _identify(self, inst: RunningDesktop, task: DesktopTask) -> str | None:
+        return None
+
+
+def test_a_stashed_copy_saved_over_the_task_s_file_is_not_the_task_s_document(slots):
+    """The stash opened, then saved over the task's own file: the open document now has the task's
+    path, but it is not the document the attempt began with (a new RuntimeUID)."""
+    got = {}
+    for env_cls in (DesktopEnv, PlaceRuleEnv):
+        slot = slots(ProcessSubstrate, env_cls)
+        slot.provision()
+        assert slot.sandbox is not None
+        plan = [*stash_plan(slot.sandbox.paths.home), *save_as(f"{slot.sandbox.paths.work}/{TASK.document}"),
+                ActionSpec("key", {"keys": "alt+y"}), ActionSpec("wait", {"seconds": 3.0})]  # "replace it?" Yes
+        rec = run_attempt(slot, TASK, replay.Replay(plan), CFG, CanaryRegistry(), run_id=slot.substrate.run_id,
+                          seq=0, seed=0)
+        got[env_cls.__name__] = (rec.outcome, rec.detail)
+    outcome, detail = got["DesktopEnv"]
+    assert outcome is Outcome.FAILED and "open when the attempt began" in (detail or ""), got
+    # positive control: the place rule takes the stash saved over the task's file
+    assert got["PlaceRuleEnv"][0] is Outcome.SUCCESS, got
 
 
 HIDING = ("desktop_show_desktop", "desktop_iconify")

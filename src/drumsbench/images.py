@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from drumsbench import office_lockdown
 from drumsbench.core.errors import SubstrateError
 
 INCLUDE = ["python3", "git", "procps", "ca-certificates"]
@@ -47,7 +48,9 @@ def recipe(flavor: str = "base") -> dict[str, object]:
     if flavor == "base":
         return dict(RECIPE)
     if flavor == "desktop":
-        return dict(RECIPE, include=INCLUDE + DESKTOP_INCLUDE, flavor="desktop")
+        # the lock's text is part of the recipe: a changed lock is a new rootfs, and new images
+        lock = hashlib.sha256(office_lockdown.xcd_text().encode()).hexdigest()[:12]
+        return dict(RECIPE, include=INCLUDE + DESKTOP_INCLUDE, flavor="desktop", office_lockdown=lock)
     raise SubstrateError(f"unknown rootfs flavor {flavor!r} (one of {', '.join(FLAVORS)})")
 
 
@@ -158,7 +161,8 @@ def _add_packages(root: Path, packages: list[str]) -> None:
 def ensure_rootfs(flavor: str = "base") -> Path:
     """The cached root filesystem folder of ``flavor``, built first if missing: ``base`` by
     debootstrap (about a minute), ``desktop`` as a copy of ``base`` with ``DESKTOP_INCLUDE`` added
-    by apt (under a minute when the host's apt holds the packages, as after setup-desktop.sh)."""
+    by apt (under a minute when the host's apt holds the packages, as after setup-desktop.sh) and
+    LibreOffice's finalized settings (``office_lockdown``)."""
     target = rootfs_dir(flavor)
     if (target / ".drumsbench-complete").exists():
         return target
@@ -177,6 +181,7 @@ def ensure_rootfs(flavor: str = "base") -> Path:
                 raise SubstrateError(f"copying the base rootfs failed: {proc.stderr.strip()[-300:]}")
             (tmp / ".drumsbench-complete").unlink(missing_ok=True)
             _add_packages(tmp, DESKTOP_INCLUDE)
+            office_lockdown.install(tmp)  # macros off for good (drumsbench.office_lockdown)
         _trim(tmp, docs=base is not None)
         (tmp / ".drumsbench-complete").write_text(json.dumps(dict(rec, suite=host_suite())))
     except BaseException:

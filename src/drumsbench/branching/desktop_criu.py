@@ -94,6 +94,7 @@ class CriuFork(ForkMethod, Shippable):
         self.display = inst.display
         self.parent_task = env.task
         self.history = list(env.history)
+        self.document_uid = env.document_uid
         self.settings = env.settings
         self.checkpoint_phases: dict[str, float] = {}
         self.checkpoint_s = criu.checkpoint(inst.holder_pid, self.images, {str(root): str(self.frozen)},
@@ -104,7 +105,8 @@ class CriuFork(ForkMethod, Shippable):
         assert self.folder is not None, "pack after prepare_to_ship"
         meta = {"parent_root": self.parent_root, "display": self.display,
                 "history": [[a.kind, a.payload] for a in self.history],
-                "settings": dataclasses.asdict(self.settings), "checkpoint_s": self.checkpoint_s}
+                "settings": dataclasses.asdict(self.settings), "checkpoint_s": self.checkpoint_s,
+                "document_uid": self.document_uid}
         (self.folder / _META).write_text(json.dumps(meta))
         proc = subprocess.run([*_TAR, "-C", str(self.folder), "-c", _META, "images", "frozen"],
                               capture_output=True, timeout=600)
@@ -133,6 +135,7 @@ class CriuFork(ForkMethod, Shippable):
         self.parent_root, self.display = str(meta["parent_root"]), int(meta["display"])
         self.parent_task = self.task
         self.history = [ActionSpec(kind, payload) for kind, payload in meta["history"]]
+        self.document_uid = meta.get("document_uid")
         self.settings = Settings(**meta["settings"])
         self.checkpoint_s, self.checkpoint_phases = float(meta["checkpoint_s"]), {}
         Path(self.parent_root).mkdir(parents=True, exist_ok=True)  # the restore's mount point
@@ -210,7 +213,7 @@ class CriuFork(ForkMethod, Shippable):
             box.adopt_group(pid)  # destroy kills the restored tree
             inst = DesktopInstance.adopt_restored(box, self.settings, pid, self.display, self.parent_root)
             assert self.parent_task is not None
-            env.adopt(self.parent_task, inst, self.history)
+            env.adopt(self.parent_task, inst, self.history, self.document_uid)
         except BaseException:
             slot.destroy()
             raise

@@ -74,6 +74,7 @@ class PodmanCheckpointFork(ForkMethod):
             raise UsageError(f"--methods {self.name}: only for the desktop environment started checkpointable")
         assert env.task is not None
         self.parent_task, self.history, self.settings = env.task, list(env.history), env.settings
+        self.document_uid = env.document_uid
         self.display = env.inst.display
         self.label = f"{HostLaunching.SANDBOX_VAR}={box.id}".encode()
         archive = checkpoint_dir(self.substrate.state_dir, self.substrate.run_id) / f"{uuid.uuid4().hex[:12]}.tar.gz"
@@ -101,7 +102,7 @@ class PodmanCheckpointFork(ForkMethod):
             env.attach(box)
             holder = _holder(box.init_pid(), self.label)
             inst = DesktopInstance.adopt_restored(box, self.settings, holder, self.display, box.paths.root)
-            env.adopt(self.parent_task, inst, self.history)
+            env.adopt(self.parent_task, inst, self.history, self.document_uid)
         except BaseException:
             slot.destroy()
             raise

@@ -159,6 +159,9 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
         self.reset_note: dict[str, object] = {}  # how the last reset_by_restore went
         self.start_cpu_s = 0.0  # CPU seconds of the last cold start's instance up to its ready screen
+        # the task's document as LibreOffice knows it (its RuntimeUID), asked when the start is ready:
+        # the verifier checks that document and no other (verify_runner.find_document)
+        self.document_uid: str | None = None
 
     # -- reset -----------------------------------------------------------------------------------
     def _write_start(self, task: Task) -> None:
@@ -179,6 +182,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
 
     def _start(self, task: DesktopTask, write_document: bool) -> None:
         self.stop()
+        self.document_uid = None
         self._ready_frame = None
         self.task = task
         self.history = []
@@ -197,12 +201,54 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         self.start_phases = {"prepare": time.monotonic() - t0}
         inst.launch(task.document)
         self._check_box(inst)
-        self._wait_ready(inst, task, t0 + self.start_timeout_s(inst))
+        # the document's identity is asked while the start's screen settles (no screen effect)
+        asked: list[str | BaseException | None] = []
+        workers: list[threading.Thread] = []
+
+        def identify() -> None:
+            try:
+                asked.append(self._identify(inst, task))
+            except BaseException as e:  # raised below, in this thread
+                asked.append(e)
+
+        def on_drawn() -> None:
+            if not workers:
+                workers.append(threading.Thread(target=identify, name="desktop-identify", daemon=True))
+                workers[0].start()
+
+        self._wait_ready(inst, task, t0 + self.start_timeout_s(inst), on_drawn)
+        self.start_phases["ready"] = time.monotonic() - t0
+        if workers:
+            workers[0].join()
+        else:  # the start ended on another window (a dialog): asked now, the fingerprint judges it
+            identify()
+        if isinstance(asked[0], BaseException):
+            raise asked[0]
+        self.document_uid = asked[0]
         self.last_start_s = time.monotonic() - t0
-        self.start_phases["ready"] = self.last_start_s
+        self.start_phases["identified"] = self.last_start_s
         # CPU seconds the instance's processes spent up to the ready screen (load-independent; host
         # processes only: a guest's are QEMU's)
         self.start_cpu_s = restore.tree_cpu_s(inst.holder_pid) if inst.holder_pid is not None else 0.0
+
+    def _identify(self, inst: RunningDesktop, task: DesktopTask) -> str | None:
+        """The RuntimeUID of the task's document (found by its place: nothing but the start has
+        acted yet), asked over UNO by the verifier's runner; None when no such document is open (a
+        dialog in front at the start: the start fingerprint fails it)."""
+        folder = self.box.paths.verify  # the runner and task.json, never check.py (the answer key)
+        spec = task.verify_files(inst.work_inside, inst.app_exit_inside)["task.json"]
+        self.box.put_files(folder, {"runner.py": RUNNER, "task.json": spec})
+        try:
+            res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--identify"],
+                                   timeout=30, output_limit=1 << 16)
+        except SubstrateError as e:
+            raise SubstrateError(f"desktop: cannot ask LibreOffice for the task's document: {e}") from None
+        for line in res.stdout.decode(errors="replace").splitlines():
+            if line.startswith("DRUMSBENCH_IDENTITY "):
+                uid = json.loads(line.split(" ", 1)[1]).get("document_uid")
+                return uid if isinstance(uid, str) else None
+        raise SubstrateError(f"desktop: LibreOffice did not say which document it holds (exit {res.exit_code}): "
+                             f"{res.stderr.decode(errors='replace')[-200:]}")
 
     def new_instance(self, box: Sandbox) -> RunningDesktop:
         """The kind of instance ``box`` runs: inside its guest (``GuestLaunching``), else host processes."""
@@ -280,7 +326,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             else:
                 raise SubstrateError("desktop: the start's screen did not hold still across its checkpoint")
             image = restore.StartImage(folder, root, restore.origin_uid(box), inst.display, origin.settings,
-                                       before.rgb, before.title, time.monotonic() - t0, dump_s)
+                                       before.rgb, before.title, time.monotonic() - t0, dump_s,
+                                       document_uid=origin.document_uid)
         finally:
             origin.stop()
             box.destroy()
@@ -294,6 +341,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         self._stop_and_clear()
         self._ready_frame = None
         self.task, self.history, self.frames = task, [], []
+        self.document_uid = image.document_uid  # the checkpoint's process: the same document
         box = self.box
         if not isinstance(box, HostFolders) or not isinstance(box, HostLaunching):
             raise SubstrateError(f"desktop: reset by restore needs host folders; {box.substrate} has none")
@@ -381,9 +429,11 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
                 shutil.rmtree(self.box.host_root, ignore_errors=True)
             raise SubstrateError(f"desktop: sandbox {self.box.id} was destroyed during start-up") from None
 
-    def _wait_ready(self, inst: RunningDesktop, task: DesktopTask, deadline: float) -> None:
+    def _wait_ready(self, inst: RunningDesktop, task: DesktopTask, deadline: float,
+                    on_drawn: Callable[[], None] = lambda: None) -> None:
         """Until the document's window is drawn (title and menu bar) and still, or another window
-        (a dialog) has held the focus for a while: the fingerprint judges that.
+        (a dialog) has held the focus for a while: the fingerprint judges that. ``on_drawn`` is
+        called once the window is drawn, before the wait for stillness.
 
         While LibreOffice starts, only the title and the menu bar's strip are polled (a full
         screenshot costs CPU that LibreOffice needs on a small host)."""
@@ -409,6 +459,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
                 self.start_phases.setdefault("window", since)
                 if int(np.ptp(band)) > 64:  # the menu bar is drawn: the window is laid out
                     self.start_phases.setdefault("drawn", since)
+                    on_drawn()
                     try:
                         self._ready_frame, _ = inst.settle(deadline)
                     except xcb.XError:
@@ -424,11 +475,14 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         if not title:
             raise SubstrateError(f"desktop: LibreOffice showed no window within {self.start_timeout_s(inst):g} s")
 
-    def adopt(self, task: DesktopTask, inst: RunningDesktop, history: list[ActionSpec]) -> None:
+    def adopt(self, task: DesktopTask, inst: RunningDesktop, history: list[ActionSpec],
+              document_uid: str | None) -> None:
         """Take over a live instance restored from a checkpoint of another environment's (the
-        ``criu`` fork method): the task, the actions so far; the generation is left as the fork set it."""
+        ``criu`` fork method): the task, the actions so far, the parent's ``document_uid`` (the
+        restored process holds the same document); the generation is left as the fork set it."""
         self.stop()
         self.task, self.inst = task, inst
+        self.document_uid = document_uid
         self.history = list(history)
         self.frames = []
         self._ready_frame = None
@@ -437,7 +491,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         """``MachineForks``: a guest instance is named by its launcher's pid inside the guest (the
         same in every copy of the machine); a host instance is not copied by a machine fork."""
         if isinstance(self.inst, GuestInstance) and self.inst.launcher_pid is not None:
-            return {"guest_launcher_pid": self.inst.launcher_pid}
+            return {"guest_launcher_pid": self.inst.launcher_pid, "document_uid": self.document_uid}
         return {}
 
     def adopt_fork(self, task: Task, history: list[ActionSpec], handover: dict[str, object]) -> None:
@@ -453,7 +507,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         inst.launcher_pid, inst.t_launch = pid, time.monotonic()
         if not inst.alive():
             raise SubstrateError(f"desktop: the fork of sandbox {box.id} holds no running desktop (pid {pid})")
-        self.adopt(task, inst, history)
+        uid = handover.get("document_uid")
+        self.adopt(task, inst, history, uid if isinstance(uid, str) else None)
 
     def stop(self) -> None:
         if self.inst is not None:
@@ -717,7 +772,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             # whatever the policy's shell actions left running (as the sandbox's uid) ends before the
             # verifier is staged; LibreOffice, Xvfb and the holder run as root and stay
             self.inst.exec_inside(["pkill", "-KILL", "-U", str(self.inst.policy_uid)], 10.0, all_namespaces=True)
-        files = {"runner.py": RUNNER, **task.verify_files(work, exit_file)}
+        files = {"runner.py": RUNNER, **task.verify_files(work, exit_file, self.document_uid)}
         box.put_files(box.paths.verify, files)
         self._keep_screenshots(task)
 

@@ -158,7 +158,7 @@ def main() -> int:
         # the status file is root's or the applications' uid's, never the policy's commands' uid
         # (the harness takes no other as evidence)
         app = ["/bin/sh", "-c", '"$@"; s=$?; rm -f "$0"; set -C; echo $s > "$0"', cfg["app_exit_file"], *app]
-    # wm_rc: the harness's configuration file (kiosk.py: no bindings, no decorations), else openbox's own
+    # wm_rc: the harness's configuration file (kiosk.py: no bindings, no title-bar buttons), else openbox's own
     wm = [*as_user, "openbox", *(["--config-file", cfg["wm_rc"]] if cfg.get("wm_rc") else [])]
     if cfg.get("wm_first", True):
         # the application starts once openbox manages windows (openbox runs --startup then)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from drumsbench import office_lockdown
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.envs.desktop import kiosk, saver, xcb
 from drumsbench.envs.desktop.profile import PROFILE_NAME, SOFFICE, copy_profile
@@ -97,6 +98,9 @@ def missing() -> str | None:
         gone.append("libxcb1")
     if gone:
         return f"desktop environment needs: apt-get install {' '.join(dict.fromkeys(gone))} (scripts/setup-desktop.sh)"
+    unlocked = office_lockdown.missing("/")  # macros one dialog away: not a policy's desktop
+    if unlocked:
+        return unlocked
     if os.geteuid() != 0:
         return "desktop environment needs root (it creates pid/net/mount namespaces with unshare)"
     return None
@@ -139,7 +143,7 @@ class Settings:
     type_delay_ms: int = 8
     key_delay_ms: int = 20
     wm_first: bool = True  # start LibreOffice only once openbox runs (else both at once)
-    # openbox with the kiosk configuration (kiosk.py: no key or mouse bindings, no decorations, so no
+    # openbox with the kiosk configuration (kiosk.py: no key or mouse bindings, no title-bar buttons, so no
     # key or click hides LibreOffice's window); False: openbox's stock configuration
     wm_kiosk: bool = True
     # Checkpointable (for the ``criu`` fork method): no mount namespace of its own (CRIU cannot

@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -168,12 +169,12 @@ def _discard(template: Path) -> None:
         shutil.rmtree(template, ignore_errors=True)
 
 
-def verified_template() -> Path:
-    """``template_profile()`` whose content matches the digest recorded at its build (else removed
-    and built again; ``SubstrateError`` if even that differs)."""
+def _sound_template(fits: Callable[[Path, str | None], bool]) -> Path:
+    """``template_profile()`` once ``fits(template, recorded digest)`` holds; a template that does
+    not fit is removed and built again once; ``SubstrateError`` if even the new one does not."""
     for attempt in range(2):
         template = template_profile()
-        if profile_digest(template) == _recorded_digest(template):
+        if fits(template, _recorded_digest(template)):
             return template
         if attempt == 0:
             _discard(template)
@@ -181,19 +182,22 @@ def verified_template() -> Path:
                          "even when built anew")
 
 
+def verified_template() -> Path:
+    """``template_profile()`` whose content matches the digest recorded at its build (else removed
+    and built again; ``SubstrateError`` if even that differs)."""
+    return _sound_template(lambda template, want: profile_digest(template) == want)
+
+
 def copy_profile(dest: Path) -> None:
     """A private copy of the template at ``dest`` (dest must not exist), checked against the digest
     recorded when the template was built: a template changed since (a file saved into it by a
     LibreOffice that could reach it would reach every later instance of every run) is removed and
     built again, and the copy made anew; ``SubstrateError`` if even that copy differs."""
-    for attempt in range(2):
-        template = template_profile()
+    def copied(template: Path, want: str | None) -> bool:
         shutil.copytree(template, dest, symlinks=True, ignore=shutil.ignore_patterns(COMPLETE))
-        want = _recorded_digest(template)
         if want is not None and profile_digest(dest) == want:
-            return
+            return True
         shutil.rmtree(dest, ignore_errors=True)
-        if attempt == 0:
-            _discard(template)
-    raise SubstrateError(f"the desktop template profile in {cache_dir()} differs from its recorded digest "
-                         "even when built anew")
+        return False
+
+    _sound_template(copied)

@@ -177,6 +177,7 @@ class StartImage:
     made_s: float
     dump_s: float
     restores: int = 0
+    document_uid: str | None = None  # the RuntimeUID of the task's document in the dumped process
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

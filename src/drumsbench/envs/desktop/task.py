@@ -133,9 +133,12 @@ class DesktopTask(Task):
         x, y = points[i % len(points)]
         return ActionSpec("move", {"x": x, "y": y})
 
-    def verify_files(self, work: str, app_exit_file: str = "") -> dict[str, bytes]:
+    def verify_files(self, work: str, app_exit_file: str = "", document_uid: str | None = None) -> dict[str, bytes]:
+        """The verifier's folder: the task's ``check.py`` and ``task.json`` (what the runner reads:
+        the document's name and place, LibreOffice's exit status file, the RuntimeUID of the
+        document the attempt began with when known)."""
         meta = {"task": self.id, "app": self.app, "document": self.document, "work": work,
-                "app_exit_file": app_exit_file}
+                "app_exit_file": app_exit_file, "document_uid": document_uid}
         return {"check.py": self.check, "task.json": json.dumps(meta).encode()}
 
 

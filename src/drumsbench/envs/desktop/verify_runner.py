@@ -72,11 +72,10 @@ def documents(desktop):
     return out
 
 
-def find_document(desktop):
-    """The task's document: the open one whose file is the work folder's document itself, else one
-    saved under another name directly in the work folder (Save As). A document of the same name
-    anywhere else (a copy the policy stashed in an earlier attempt, outside what the reset empties)
-    is not the task's: with only such documents open the task is not done."""
+def find_by_place(desktop):
+    """The open document whose file is the work folder's document itself, else one saved under
+    another name directly in the work folder (Save As); a document of the same name anywhere else
+    (a copy the policy stashed outside what the reset empties) is not the task's."""
     import uno  # only under the system Python
 
     folders = {uno.systemPathToFileUrl(p).rstrip("/") + "/" for p in (work, os.path.realpath(work))}
@@ -88,6 +87,22 @@ def find_document(desktop):
     for d in docs:
         url = d.getURL()
         if any(url.startswith(folder) and "/" not in url[len(folder):] for folder in folders):
+            return d
+    return None
+
+
+def find_document(desktop):
+    """The task's document: the very document LibreOffice held when the attempt began, known by
+    its ``RuntimeUID`` (``document_uid``: a number LibreOffice gives each document it opens, never
+    twice in one process), wherever it has been saved since. A document opened during the attempt
+    is never the task's — a solved copy stashed by an earlier attempt, saved over the task's file or
+    not, nor the task's own file reopened. Without a recorded uid (an instance identified before
+    this rule), the document is found by its place (``find_by_place``)."""
+    want = spec.get("document_uid")
+    if want is None:
+        return find_by_place(desktop)
+    for d in documents(desktop):
+        if str(getattr(d, "RuntimeUID", "")) == want:
             return d
     return None
 
@@ -184,6 +199,12 @@ def live_state(doc):
 
 
 def main() -> int:
+    if "--identify" in sys.argv:  # at the start: the task's document's RuntimeUID (find_document)
+        desktop = connect()
+        doc = None if desktop is None else find_by_place(desktop)
+        uid = None if doc is None else str(doc.RuntimeUID)
+        print("DRUMSBENCH_IDENTITY " + json.dumps({"document_uid": uid}), flush=True)
+        return 0
     if "--capture" in sys.argv:  # the live state for branching, not a verdict
         desktop = connect()
         doc = None if desktop is None else find_document(desktop)
@@ -207,7 +228,15 @@ def main() -> int:
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     if doc is None and not getattr(module, "FILE_ONLY", False):
-        passed, why = False, "no document is open" + (" (LibreOffice was closed)" if closed else "")
+        if closed:
+            why = "no document is open (LibreOffice was closed)"
+        elif spec.get("document_uid") is not None and documents(desktop):
+            why = ("no document is open that was open when the attempt began (closed; "
+                   + ", ".join(d.getURL().rsplit("/", 1)[-1] or "untitled" for d in documents(desktop))
+                   + " opened since)")
+        else:
+            why = "no document is open"
+        passed = False
     else:
         passed, why = module.check(doc, sys.modules[__name__])
     verdict = json.dumps({"passed": bool(passed), "why": str(why)[:300]})

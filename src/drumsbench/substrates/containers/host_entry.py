@@ -28,6 +28,7 @@ from pathlib import Path
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, HostLaunching, LaunchView
 from drumsbench.substrates.exec_core import run_bounded
+from drumsbench.substrates.hostproc import VIEW_APP_UID, give_folders
 
 # sh: write its own pid to every cgroup.procs file named before "--", then run the rest (exit 125
 # when a group cannot be joined: nothing runs outside the container's bounds)
@@ -121,9 +122,13 @@ def launch_view(entry: Entry, root: str) -> LaunchView:
     """``ViewLaunching.launch_view`` of the container of ``entry``; ``root``: the sandbox's root folder
     inside it (``/sandbox``). The tree joins the container's cgroups, enters its namespaces, gets new
     ones of its own below them and drops to the container's capabilities; the container's layer
-    is read-only in them but for the sandbox's folder and /tmp (``LaunchView.read_only_system``)."""
-    return LaunchView((*entry.entered(), *TREE_NAMESPACES), Path(f"/proc/{entry.pid}/root{root}"), root,
-                      drop_admin=True, keep_caps=entry.caps, read_only_system=True)
+    is read-only in them but for the sandbox's folder and /tmp (``LaunchView.read_only_system``).
+    The tree's applications (LibreOffice) run as ``VIEW_APP_UID``, never the container's root (no
+    user namespace: the container's root is the host's), with the sandbox's work, home and tmp
+    handed to that uid."""
+    host_root = Path(f"/proc/{entry.pid}/root{root}")
+    return LaunchView((*entry.entered(), *TREE_NAMESPACES), host_root, root, drop_admin=True, keep_caps=entry.caps,
+                      read_only_system=True, app_ids=give_folders(host_root, VIEW_APP_UID))
 
 
 # run by python3 in the container's namespaces: the harness's descriptors closed, stdio on the
