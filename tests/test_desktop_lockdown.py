@@ -91,7 +91,7 @@ if [ -n "$HIDE_LOCK" ]; then mount --bind /mnt/registry /etc/libreoffice/registr
 office=$!
 "$PYTHON" /mnt/probe.py "$PIPE" "$WRITES"
 status=$?
-kill -9 "$office"
+kill -9 "$office"  # the launcher; the test ends the rest of the session
 exit $status
 """
 
@@ -110,10 +110,16 @@ def try_writes(tmp_path: Path, hide_lock: bool) -> dict[str, tuple[object, objec
     env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "RUN": str(run), "HIDE_LOCK": "1" if hide_lock else "",
            "SOFFICE": SOFFICE, "PIPE": "drumsbench-lock", "PYTHON": instance.SYSTEM_PYTHON,
            "WRITES": repr(WRITES), "HOME": "/mnt", "TMPDIR": "/tmp"}
-    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT], env=env,
-                         capture_output=True, text=True, timeout=180, start_new_session=True)
-    assert res.returncode == 0, (res.returncode, res.stderr[-600:])
-    return ast.literal_eval(res.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        # LibreOffice's launcher leaves soffice.bin behind when killed: end the whole session
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, (proc.returncode, err[-600:])
+    return ast.literal_eval(out.strip().splitlines()[-1])
 
 
 @pytest.fixture
