@@ -27,8 +27,10 @@ compare the ratios.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -200,6 +202,8 @@ def main() -> None:
     if len(modes) != 2 or not set(modes) <= set(VERIFIERS) or modes[0] == modes[1]:
         ap.error(f"--sweep-verifiers: give two of {', '.join(VERIFIERS)}, e.g. kept,cold")
     state = args.state or Path(tempfile.mkdtemp(prefix="warm-verifier-"))
+    if args.state is None:  # its own temporary folder: gone at exit (it was left in /tmp)
+        atexit.register(shutil.rmtree, state, True)
     state.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"machine_cpus": os.cpu_count(), "attempts": attempts(args.attempts, state)}
     a = result["attempts"]

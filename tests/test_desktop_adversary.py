@@ -19,6 +19,7 @@ any open document of the task's name), where they must win.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import shutil
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from drumsbench.core.errors import SubstrateError
 from drumsbench.core.outcome import Outcome
 from drumsbench.envs.base import Action, ActionSpec
 from drumsbench.envs.desktop import env as desktop_env
@@ -260,6 +262,45 @@ def test_a_stashed_copy_saved_over_the_task_s_file_is_not_the_task_s_document(sl
     assert outcome is Outcome.FAILED and "open when the attempt began" in (detail or ""), got
     # positive control: the place rule takes the stash saved over the task's file
     assert got["PlaceRuleEnv"][0] is Outcome.SUCCESS, got
+
+
+class StagedRunnerEnv(DesktopEnv):
+    """The harness before the change: the runner of a capture (and of the start's identify) staged
+    as files in the sandbox's tmp, then run as root inside the instance."""
+
+    def runner_argv(self, inst: RunningDesktop, task: DesktopTask, mode: str) -> list[str]:  # type: ignore[override]
+        folder = f"{self.box.paths.tmp}/.drumsbench-capture"
+        self.box.put_files(folder, {"runner.py": desktop_env.RUNNER,
+                                    **task.verify_files(inst.work_inside, inst.app_exit_inside)})
+        return [instance.SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, mode]
+
+
+# a process the policy leaves running rewrites, without pause, the file where a staged runner goes
+# with code that records the uid it ran as
+SWAPPER = ("setsid nohup sh -c 'd=\"$TMPDIR/.drumsbench-capture\"; mkdir -p \"$d\"; "
+           "code=\"import os; open(\\\"$TMPDIR/pwned\\\", \\\"w\\\").write(str(os.geteuid()))\"; "
+           "while :; do echo \"$code\" > \"$d/runner.py.new\" && mv -f \"$d/runner.py.new\" \"$d/runner.py\"; done' "
+           ">/dev/null 2>&1 & echo started")
+
+
+def test_a_capture_runs_no_file_a_policy_s_process_could_swap(slots):
+    """A branch's capture asks LibreOffice through the verifier's runner, as root inside the
+    instance, while the policy's processes may still run: it is run from argv (``python3 -I -c``),
+    nothing staged. Positive control: staged in the sandbox's tmp, the swapped file runs as root."""
+    got = {}
+    for env_cls in (DesktopEnv, StagedRunnerEnv):
+        slot, env = started(slots, ProcessSubstrate, env_cls)
+        assert slot.sandbox is not None
+        pwned = Path(slot.sandbox.paths.tmp) / "pwned"
+        gui(env, ActionSpec("shell", {"command": SWAPPER}), ActionSpec("wait", {"seconds": 0.5}))
+        for _ in range(5):  # the control's race is won within a few tries
+            with contextlib.suppress(SubstrateError):  # the swapped runner printed no capture
+                env.capture()
+            if pwned.exists():
+                break
+        got[env_cls.__name__] = pwned.read_text() if pwned.exists() else None
+    assert got["DesktopEnv"] is None, got
+    assert got["StagedRunnerEnv"] == "0", got  # positive control: the policy's code ran as root
 
 
 HIDING = ("desktop_show_desktop", "desktop_iconify")

@@ -78,31 +78,48 @@ WRITES = [(f"/{package}.{component}/{node}", prop, _flipped(value))
           for package, component, node, prop, value in office_lockdown.LOCKED]
 
 
+# LibreOffice and the probe in one private mount namespace (the test's folder at /mnt) whose /tmp
+# is the test's own:
+# LibreOffice puts its pipes (OSL_PIPE_*) and temporary files in /tmp whatever TMPDIR says, and a
+# killed one leaves them there; with the lock hidden, the registry is a copy without the layer
+SCRIPT = """
+mount --bind "$RUN" /mnt || exit 90
+mount --bind /mnt/tmp /tmp || exit 91
+if [ -n "$HIDE_LOCK" ]; then mount --bind /mnt/registry /etc/libreoffice/registry || exit 92; fi
+"$SOFFICE" --headless --invisible --norestore -env:UserInstallation=file:///mnt/profile \
+    "--accept=pipe,name=$PIPE;urp;" >/dev/null 2>&1 &
+office=$!
+"$PYTHON" /mnt/probe.py "$PIPE" "$WRITES"
+status=$?
+kill -9 "$office"  # the launcher; the test ends the rest of the session
+exit $status
+"""
+
+
 def try_writes(tmp_path: Path, hide_lock: bool) -> dict[str, tuple[object, object, str | None]]:
     """Start LibreOffice (headless, UNO on a pipe) on a copy of the template profile, run PROBE
-    against it, end it; with ``hide_lock`` in a mount namespace where the registry lacks the lock."""
-    profile = tmp_path / f"profile-{uuid.uuid4().hex[:6]}"
-    copy_profile(profile)
-    pipe = f"drumsbench-lock-{uuid.uuid4().hex[:8]}"
-    office = [SOFFICE, "--headless", "--invisible", "--norestore", f"-env:UserInstallation={profile.as_uri()}",
-              f"--accept=pipe,name={pipe};urp;"]
+    against it, end it; with ``hide_lock`` the registry it reads lacks the lock."""
+    run = tmp_path / f"run-{uuid.uuid4().hex[:6]}"
+    (run / "tmp").mkdir(parents=True)
+    (run / "tmp").chmod(0o1777)
+    copy_profile(run / "profile")
+    (run / "probe.py").write_text(PROBE)
     if hide_lock:
-        copy = tmp_path / "registry"
-        shutil.copytree(office_lockdown.path("/").parent, copy)
-        (copy / office_lockdown.XCD_NAME).unlink()
-        office = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                  f'mount --bind "{copy}" /etc/libreoffice/registry && exec "$@"', "sh", *office]
-    proc = subprocess.Popen(office, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        shutil.copytree(office_lockdown.path("/").parent, run / "registry")
+        (run / "registry" / office_lockdown.XCD_NAME).unlink()
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "RUN": str(run), "HIDE_LOCK": "1" if hide_lock else "",
+           "SOFFICE": SOFFICE, "PIPE": "drumsbench-lock", "PYTHON": instance.SYSTEM_PYTHON,
+           "WRITES": repr(WRITES), "HOME": "/mnt", "TMPDIR": "/tmp"}
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        script = tmp_path / "probe.py"
-        script.write_text(PROBE)
-        res = subprocess.run([instance.SYSTEM_PYTHON, str(script), pipe, repr(WRITES)],
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr[-600:]
-        return ast.literal_eval(res.stdout.strip().splitlines()[-1])
+        out, err = proc.communicate(timeout=180)
     finally:
+        # LibreOffice's launcher leaves soffice.bin behind when killed: end the whole session
         subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
         proc.wait(timeout=30)
+    assert proc.returncode == 0, (proc.returncode, err[-600:])
+    return ast.literal_eval(out.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -205,7 +205,8 @@ def test_a_save_as_into_the_containers_system_fails_and_no_reset_keeps_a_change_
         assert isinstance(box, ContainerSandbox)
         env.attach(box)
         real = box.launch_view
-        for fences in ({}, {"app_ids": None}, {"read_only_system": False}, {"app_ids": None, "read_only_system": False}):
+        both_off = {"app_ids": None, "read_only_system": False}
+        for fences in ({}, {"app_ids": None}, {"read_only_system": False}, both_off):
             monkeypatch.setattr(box, "launch_view", lambda f=fences: dataclasses.replace(real(), **f))
             env.reset(task)
             gui(env, *save_as(poison))

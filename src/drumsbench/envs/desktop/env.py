@@ -235,12 +235,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         """The RuntimeUID of the task's document (found by its place: nothing but the start has
         acted yet), asked over UNO by the verifier's runner; None when no such document is open (a
         dialog in front at the start: the start fingerprint fails it)."""
-        folder = self.box.paths.verify  # the runner and task.json, never check.py (the answer key)
-        spec = task.verify_files(inst.work_inside, inst.app_exit_inside)["task.json"]
-        self.box.put_files(folder, {"runner.py": RUNNER, "task.json": spec})
         try:
-            res = inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--identify"],
-                                   timeout=30, output_limit=1 << 16)
+            res = inst.exec_inside(self.runner_argv(inst, task, "--identify"), timeout=30, output_limit=1 << 16)
         except SubstrateError as e:
             raise SubstrateError(f"desktop: cannot ask LibreOffice for the task's document: {e}") from None
         for line in res.stdout.decode(errors="replace").splitlines():
@@ -249,6 +245,14 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
                 return uid if isinstance(uid, str) else None
         raise SubstrateError(f"desktop: LibreOffice did not say which document it holds (exit {res.exit_code}): "
                              f"{res.stderr.decode(errors='replace')[-200:]}")
+
+    @staticmethod
+    def runner_argv(inst: RunningDesktop, task: DesktopTask, mode: str) -> list[str]:
+        """The runner in ``mode`` (``--identify``, ``--capture``: no verdict) as ``python3 -I -c`` with
+        its source and the task's spec in argv: nothing is staged in the sandbox, where a process the
+        policy left running could swap a staged file for its own code before root runs it."""
+        spec = task.verify_files(inst.work_inside, inst.app_exit_inside)["task.json"].decode()
+        return [SYSTEM_PYTHON, "-I", "-c", RUNNER.decode(), "-", "--spec", spec, mode]
 
     def new_instance(self, box: Sandbox) -> RunningDesktop:
         """The kind of instance ``box`` runs: inside its guest (``GuestLaunching``), else host processes."""
@@ -885,17 +889,14 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         assert task is not None
         phases: dict[str, float] = {}
         t0 = time.monotonic()
-        folder = f"{self.box.paths.tmp}/.drumsbench-capture"
-        files = {"runner.py": RUNNER, **task.verify_files(inst.work_inside, inst.app_exit_inside)}
-        self.box.put_files(folder, files)
+        argv = self.runner_argv(inst, task, "--capture")
         phases["stage_s"] = time.monotonic() - t0
         asked: list[Any] = []
 
         def ask() -> None:
             t = time.monotonic()
             try:
-                asked.append(inst.exec_inside([SYSTEM_PYTHON, "-I", f"{folder}/runner.py", folder, "--capture"],
-                                              timeout=30, output_limit=1 << 20))
+                asked.append(inst.exec_inside(argv, timeout=30, output_limit=1 << 20))
             except BaseException as e:  # raised in the caller's thread below
                 asked.append(e)
             phases["uno_s"] = time.monotonic() - t

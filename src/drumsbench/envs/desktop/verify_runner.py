@@ -29,8 +29,11 @@ UNO_URL = f"uno:{os.environ.get('DRUMSBENCH_UNO') or 'socket,host=127.0.0.1,port
 BOLD = 150.0  # com.sun.star.awt.FontWeight.BOLD
 
 folder = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(folder, "task.json")) as _f:
-    spec = json.load(_f)
+if "--spec" in sys.argv:  # --identify, --capture: run as ``python3 -I -c <source>``, nothing staged
+    spec = json.loads(sys.argv[sys.argv.index("--spec") + 1])
+else:
+    with open(os.path.join(folder, "task.json")) as _f:
+        spec = json.load(_f)
 work = spec["work"]
 
 
