@@ -235,7 +235,7 @@ def test_hiding_the_window_is_the_policys_failure_everywhere(slot):
         assert rec.outcome is Outcome.FAILED and rec.cause is None, (strategy, rec.outcome, rec.cause, rec.detail)
 
 
-@pytest.mark.parametrize("name", ["overlay", "docker", "podman"])
+@pytest.mark.parametrize("name", ["bwrap", "overlay", "docker", "podman"])
 def test_libreoffice_is_not_root(name, desktop_ready, state_dir, run_id, tmp_path):
     """On overlay, docker and podman the instance's applications run as ``VIEW_APP_UID`` (no
     capability): the view's root would read every root-owned file the view shows, and a container's

@@ -62,7 +62,14 @@ from drumsbench.substrates.base import (
     Substrate,
     ViewLaunching,
 )
-from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, mount_limited, unmount_below
+from drumsbench.substrates.hostproc import (
+    VIEW_APP_UID,
+    CgroupFreezable,
+    FreezerCgroup,
+    give_folders,
+    mount_limited,
+    unmount_below,
+)
 from drumsbench.substrates.process import (
     SHARED_BASE,
     HostFolderSandbox,
@@ -173,9 +180,15 @@ class BwrapSandbox(HostFolderSandbox, HostLaunching, ViewLaunching):
     def launch_view(self) -> LaunchView:
         if self._destroyed:
             raise SubstrateError(f"sandbox {self.id} is destroyed")
+        # no user namespace of its own (bwrap run by root needs none): its one mapping (root alone)
+        # leaves no other uid to drop to, so the tree's applications (LibreOffice) could only be
+        # root; without it they run as ``VIEW_APP_UID``, with the sandbox's folders handed to it
         prefix = [a for a in self._prefix if a != "--die-with-parent"]
+        at = prefix.index("--unshare-all")
+        prefix[at:at + 1] = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         prefix += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_NET_ADMIN", "--chdir", self.paths.work, "--"]
-        return LaunchView(tuple(prefix), self.host_root, IN_ROOT, SETPRIV_CONFINE, drop_admin=True)
+        return LaunchView(tuple(prefix), self.host_root, IN_ROOT, SETPRIV_CONFINE, drop_admin=True,
+                          app_ids=give_folders(self.host_root, VIEW_APP_UID))
 
     def exec_launcher(self, argv: Sequence[str], **options: Any) -> ExecResult:
         """A harness-made launcher (``nsenter`` into a launched tree) as root on the host: in the
