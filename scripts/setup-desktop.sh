@@ -17,8 +17,11 @@ fi
 
 # LibreOffice's finalized settings (macros, extensions, Expert Configuration, Java): a layer in
 # /etc/libreoffice/registry no profile can override. Without it the desktop refuses to start.
+# (standard library only: run alone, without setup.sh's PYTHON, the system's python3 does it)
 if [ -n "${PYTHON:-}" ]; then
   "$PYTHON" -m drumsbench.office_lockdown install / >/dev/null
+else
+  PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/src" python3 -m drumsbench.office_lockdown install / >/dev/null
 fi
 
 # The desktop image of the container substrates (the Debian rootfs with the packages above, added
