@@ -43,6 +43,7 @@ and before LibreOffice opens it.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -202,29 +203,20 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         inst.launch(task.document)
         self._check_box(inst)
         # the document's identity is asked while the start's screen settles (no screen effect)
-        asked: list[str | BaseException | None] = []
-        workers: list[threading.Thread] = []
-
-        def identify() -> None:
-            try:
-                asked.append(self._identify(inst, task))
-            except BaseException as e:  # raised below, in this thread
-                asked.append(e)
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="desktop-identify")
+        asked: list[concurrent.futures.Future[str | None]] = []
 
         def on_drawn() -> None:
-            if not workers:
-                workers.append(threading.Thread(target=identify, name="desktop-identify", daemon=True))
-                workers[0].start()
+            if not asked:
+                asked.append(pool.submit(self._identify, inst, task))
 
-        self._wait_ready(inst, task, t0 + self.start_timeout_s(inst), on_drawn)
+        try:
+            self._wait_ready(inst, task, t0 + self.start_timeout_s(inst), on_drawn)
+        finally:
+            pool.shutdown(wait=False)
         self.start_phases["ready"] = time.monotonic() - t0
-        if workers:
-            workers[0].join()
-        else:  # the start ended on another window (a dialog): asked now, the fingerprint judges it
-            identify()
-        if isinstance(asked[0], BaseException):
-            raise asked[0]
-        self.document_uid = asked[0]
+        # a start that ended on another window (a dialog) is asked now: the fingerprint judges it
+        self.document_uid = asked[0].result() if asked else self._identify(inst, task)
         self.last_start_s = time.monotonic() - t0
         self.start_phases["identified"] = self.last_start_s
         # CPU seconds the instance's processes spent up to the ready screen (load-independent; host

@@ -233,10 +233,9 @@ def main() -> int:
     if doc is None and not getattr(module, "FILE_ONLY", False):
         if closed:
             why = "no document is open (LibreOffice was closed)"
-        elif spec.get("document_uid") is not None and documents(desktop):
+        elif spec.get("document_uid") is not None and (opened := documents(desktop)):
             why = ("no document is open that was open when the attempt began (closed; "
-                   + ", ".join(d.getURL().rsplit("/", 1)[-1] or "untitled" for d in documents(desktop))
-                   + " opened since)")
+                   + ", ".join(d.getURL().rsplit("/", 1)[-1] or "untitled" for d in opened) + " opened since)")
         else:
             why = "no document is open"
         passed = False
