@@ -8,7 +8,7 @@ after each stop) and, at seeded random moments, injects one of:
 - ``container_kill``: ``docker kill`` of one of the run's containers (docker), SIGKILL of one of
   their conmon processes (podman) — never dockerd or podman's service;
 - ``desktop_kill``: SIGKILL of one of the run's ``soffice.bin`` or ``Xvfb`` (desktop tasks);
-- ``vm_kill``: SIGKILL of one of the run's QEMU processes (vm);
+- ``vm_kill``: SIGKILL of one of the run's QEMU processes (vm), a busy one (``busiest``);
 - ``daemon_kill``: SIGKILL of dockerd, then dockerd started again with the same command line (docker;
   opt-in only: it stops every user's containers on the machine);
 - ``ledger_reader``: a second process holds a read transaction on the ledger for some seconds;
@@ -108,6 +108,30 @@ def pids_of_run(run_id: str) -> dict[int, str]:
         except OSError:
             continue
     return found
+
+
+def busiest(pids: dict[int, str], rng: random.Random, window_s: float = 0.3) -> tuple[int, str]:
+    """The pid to kill among ``pids``: one of those that used the most CPU over ``window_s`` (at least
+    half the top figure), and a note of the CPU seconds each used. A VM serving an attempt runs its
+    commands and tests (under TCG a busy guest keeps a core near 100 %); a pool's idle spare halts.
+    The harness is another process, so which sandbox a slot holds is not known here (for docker
+    ``ExecIDs`` says it; a VM's exec goes over a socketpair only the harness holds)."""
+    def cpu(pid: int) -> float | None:
+        try:  # utime and stime: fields 14 and 15 of stat, counted after the command name's ')'
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before = {p: cpu(p) for p in pids}
+    time.sleep(window_s)
+    used = {p: (c1 - c0) for p in pids if (c0 := before[p]) is not None and (c1 := cpu(p)) is not None}
+    if not used:
+        return rng.choice(sorted(pids)), " (every candidate had ended)"
+    top = max(used.values())
+    pid = rng.choice(sorted(p for p, u in used.items() if u >= top / 2))
+    figures = ", ".join(f"{p}: {u:.2f}" for p, u in sorted(used.items()))
+    return pid, f" (CPU-s over {window_s:g} s: {figures})"
 
 
 def engine_cli(engine: str, args: list[str]) -> str:
@@ -368,10 +392,15 @@ class Chaos:
             if not pids:
                 target, followed = "none", "no process of the run's sandboxes was running"
             else:
-                pid, comm = self.rng.choice(sorted(pids.items()))
+                busy = ""
+                if kind == "vm_kill":  # a pool's idle spare is a QEMU too: a kill of it hits no attempt
+                    pid, busy = busiest(pids, self.rng)
+                    comm = pids[pid]
+                else:
+                    pid, comm = self.rng.choice(sorted(pids.items()))
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                target, followed = f"pid {pid} ({comm})", "killed; the harness goes on"
+                target, followed = f"pid {pid} ({comm})", f"killed{busy}; the harness goes on"
         elif kind == "container_kill":
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
