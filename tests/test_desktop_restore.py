@@ -99,21 +99,29 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
     assert _host_tmp() - tmp_before == set(), "the spare instance left entries in the host's /tmp"
 
 
-def test_a_restored_instance_s_save_as_cannot_write_the_host(ready, state_dir, run_id, monkeypatch):
+def test_a_restored_instance_cannot_write_the_host_nor_see_its_other_folders(ready, state_dir, run_id,
+                                                                             monkeypatch):
     """A restored LibreOffice runs as root on the host (CRIU gives it back the uid it was dumped
-    with), so its mount namespace has every host mount read-only: a GUI Save As into a host folder
-    root could write writes nothing. Positive control: the same restore without the read-only step
-    (the namespace as it was before 2026-12-04) and the same keys write the file."""
+    with), so its mount namespace has every host mount read-only and the host's non-system folders
+    and the harness's places (the package: its suites' answer keys) covered: a GUI Save As into a
+    host folder root could write writes nothing, and a root-only file in /srv is not there for it.
+    Positive control: the same restore without those steps (the namespace as it was before
+    2026-12-04): the same keys write the file, the same read shows it."""
     import secrets
     import shutil
 
     from test_desktop_adversary import gui, save_as
 
+    from drumsbench.core.answer_keys import harness_places
     from drumsbench.envs.base import ActionSpec
     from drumsbench.envs.desktop import restore
 
-    folder = Path("/var/lib") / f"drumsbench-probe-{secrets.token_hex(6)}"
+    tag = secrets.token_hex(6)
+    folder = Path("/var/lib") / f"drumsbench-probe-{tag}"
     folder.mkdir(mode=0o700)
+    secret = Path("/srv") / f"drumsbench-probe-{tag}"
+    secret.write_text(f"answer {tag}\n")
+    secret.chmod(0o600)
     sub = ProcessSubstrate(run_id, state_dir)
     slots: list[Slot] = []
 
@@ -127,15 +135,25 @@ def test_a_restored_instance_s_save_as_cannot_write_the_host(ready, state_dir, r
         assert env.reset_note["reset"] == "restore", env.reset_note
         return env
 
+    def read(env: DesktopEnv, path: Path) -> str:  # as root, in the instance's mount namespace
+        res = env.instance.exec_inside(["cat", str(path)], 20)
+        return res.stdout.decode(errors="replace")
+
     try:
         env = restored()
-        assert os.stat(f"/proc/{env.instance.holder_pid}").st_uid == 0  # root: the read-only mounts are the fence
+        assert os.stat(f"/proc/{env.instance.holder_pid}").st_uid == 0  # root: the mounts are the fence
+        assert tag not in read(env, secret)
+        listed = env.instance.exec_inside(["ls", "-A", str(harness_places()[0])], 20)
+        assert listed.exit_code != 0 or not listed.stdout.strip(), listed  # the package: not in sight
         gui(env, *save_as(f"{folder}/forged.odt"))
         assert list(folder.iterdir()) == []
         gui(env, ActionSpec("key", {"keys": "Escape"}), ActionSpec("key", {"keys": "Escape"}))
 
-        monkeypatch.setattr(restore, "READ_ONLY_HOST", "true")  # the control: no read-only step
+        # the control: no read-only step, no covers
+        monkeypatch.setattr(restore, "READ_ONLY_HOST", "true")
+        monkeypatch.setattr(restore, "cover_steps", lambda keep: [])
         control = restored()
+        assert tag in read(control, secret)
         gui(control, *save_as(f"{folder}/forged.odt"))
         assert (folder / "forged.odt").is_file()
     finally:
@@ -145,6 +163,7 @@ def test_a_restored_instance_s_save_as_cannot_write_the_host(ready, state_dir, r
             slot.env.stop()
         sub.close()
         shutil.rmtree(folder, ignore_errors=True)
+        secret.unlink(missing_ok=True)
 
 
 def test_gc_removes_the_images_of_a_dead_run(ready, state_dir, run_id):

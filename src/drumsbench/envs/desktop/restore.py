@@ -11,8 +11,9 @@ one instant). ``restore_tree`` brings one copy of it back to life in another san
 - ``criu restore --restore-detached`` runs in a private mount namespace where that copy shows at
   the origin's exact path (lock files, profile URLs and open files all name the same paths), with
   private folders over ``/tmp`` (the X socket and LibreOffice's pipes are recreated there, never
-  over the host's) and ``/var/lib/xkb``, and every other mount but /proc read-only (the
-  restored processes are root on the host: ``READ_ONLY_HOST``);
+  over the host's) and ``/var/lib/xkb``, every other mount but /proc read-only and the host's
+  non-system folders covered (the restored processes are root on the host: ``READ_ONLY_HOST``,
+  ``cover_steps``);
 - the harness reaches X through ``/proc/<pid>/root/tmp/.X11-unix`` and runs its clients with
   nsenter (``DesktopInstance.adopt_restored``).
 
@@ -42,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from drumsbench.core import criu
+from drumsbench.core.answer_keys import SYSTEM_FOLDERS, harness_places
 from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop.instance import Settings
 from drumsbench.substrates.base import APP_UID_OFFSET, SANDBOX_FOLDERS, HostFolders, HostLaunching, Sandbox
@@ -93,6 +95,27 @@ READ_ONLY_HOST = (
     "p=$(printf '%b' \"$m\"); mount -o remount,bind,ro \"$p\" || [ ! -e \"$p\" ] || exit 1; done")
 
 
+def cover_steps(keep: list[Path]) -> list[str]:
+    """Shell steps that cover each top-level host folder that is not the system's
+    (``answer_keys.SYSTEM_FOLDERS``: ``/work``, ``/root``, ``/home``, ``/opt``, ...) and each of the
+    harness's places (``answer_keys.harness_places``: the package with its built-in suites, its
+    checkout) with an empty read-only tmpfs of mode 0: a restored LibreOffice is root, so the modes of
+    what lies there would not keep its Open dialog out (an answer key among them). A place that
+    holds a path of ``keep`` (what the restore needs: the sandbox's copy, the images, CRIU itself)
+    stays in sight; one inside a covered folder needs no cover of its own."""
+    kept = [Path(os.path.realpath(k)) for k in keep]
+    tops = sorted(Path("/", e.name) for e in os.scandir("/")
+                  if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_FOLDERS)
+    covered: list[Path] = []
+    for place in (*tops, *harness_places()):
+        if any(k == place or place in k.parents for k in kept):
+            continue
+        if any(c == place or c in place.parents for c in covered):
+            continue
+        covered.append(place)
+    return [f"mount -t tmpfs -o ro,mode=0,size=4k drumsbench-cover {shlex.quote(str(c))}" for c in covered]
+
+
 def writable_bind(src: str, dst: str, options: str = "") -> str:
     """The shell step that binds ``src`` (quoted) at ``dst`` writable (a bind keeps its source
     mount's read-only flag: it is remounted read-write on its own)."""
@@ -103,8 +126,9 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict
                  read_only_host: bool = True) -> int:
     """``criu restore`` of ``images`` in a private mount namespace where ``root`` (this sandbox's
     copy) shows at ``origin_root``, the images folder, the private /tmp and xkb folders writable and
-    every other mount but /proc read-only (``READ_ONLY_HOST``; ``read_only_host=False``:
-    the host's mounts as they are, for a positive control); returns the restored holder's host pid
+    every other mount but /proc read-only (``READ_ONLY_HOST``) and the host's non-system folders and
+    the harness's places covered (``cover_steps``); ``read_only_host=False``: the host's mounts as
+    they are, for a positive control; returns the restored holder's host pid
     (pid 1 of its namespaces). ``cpu`` receives the CPU seconds the restore took (``criu_cpu_s``,
     ``tree_cpu_s``)."""
     tmp, xkb = root / ".criu-tmp", root / ".criu-xkb"
@@ -117,7 +141,9 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict
     pidfile = images / f"pid-{sid}"
     pidfile.unlink(missing_ok=True)
     log = f"restore-{sid}.log"
-    steps = [READ_ONLY_HOST] if read_only_host else []
+    steps = []
+    if read_only_host:
+        steps += [*cover_steps([root, Path(origin_root), images, Path(criu.criu_bin())]), READ_ONLY_HOST]
     steps += [writable_bind(q(str(images)), q(str(images))),
               f"cd {q(str(images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
               writable_bind(q(str(root)), q(origin_root)),
