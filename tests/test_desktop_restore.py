@@ -6,6 +6,7 @@ Speed is measured by ``benchmarks/desktop_restore.py``, not here."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
         assert first.outcome is Outcome.SUCCESS, first.detail
         assert first.extra["reset"] == "restore", first.extra  # the checkpoint was made, then restored
         assert float(first.extra["reset_checkpoint_made_s"]) > 0  # type: ignore[arg-type]
-        assert first.extra["office"] == "root on the host (checkpointable)"  # the stated gap, in the ledger
+        # the stated gap, in the ledger: root, but with the host's mounts read-only
+        assert first.extra["office"] == "root on the host, its mounts read-only (restored checkpoint)"
         null = _attempt(slot, Null(), 1)
         assert null.outcome is Outcome.FAILED and null.cause is None, null.detail
         again = _attempt(slot, Oracle(), 2)
@@ -95,6 +97,73 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
     assert not list(pids_with_env("DRUMSBENCH_RUN", run_id)), "a restored instance outlived the run"
     assert sub.leftovers() == []
     assert _host_tmp() - tmp_before == set(), "the spare instance left entries in the host's /tmp"
+
+
+def test_a_restored_instance_cannot_write_the_host_nor_see_its_other_folders(ready, state_dir, run_id,
+                                                                             monkeypatch):
+    """A restored LibreOffice runs as root on the host (CRIU gives it back the uid it was dumped
+    with), so its mount namespace has every host mount read-only and the host's non-system folders
+    and the harness's places (the package: its suites' answer keys) covered: a GUI Save As into a
+    host folder root could write writes nothing, and a root-only file in /srv is not there for it.
+    Positive control: the same restore without those steps (the namespace as it was before
+    2026-12-04): the same keys write the file, the same read shows it."""
+    import secrets
+    import shutil
+
+    from test_desktop_adversary import gui, save_as
+
+    from drumsbench.core.answer_keys import harness_places
+    from drumsbench.envs.base import ActionSpec
+    from drumsbench.envs.desktop import restore
+
+    tag = secrets.token_hex(6)
+    folder = Path("/var/lib") / f"drumsbench-probe-{tag}"
+    folder.mkdir(mode=0o700)
+    secret = Path("/srv") / f"drumsbench-probe-{tag}"
+    secret.write_text(f"answer {tag}\n")
+    secret.chmod(0o600)
+    sub = ProcessSubstrate(run_id, state_dir)
+    slots: list[Slot] = []
+
+    def restored() -> DesktopEnv:
+        slot = Slot(sub, DesktopEnv())
+        slots.append(slot)
+        slot.provision()
+        env = slot.env
+        assert isinstance(env, DesktopEnv)
+        env.reset_by_restore(TASK, sub.create)
+        assert env.reset_note["reset"] == "restore", env.reset_note
+        return env
+
+    def read(env: DesktopEnv, path: Path) -> str:  # as root, in the instance's mount namespace
+        res = env.instance.exec_inside(["cat", str(path)], 20)
+        return res.stdout.decode(errors="replace")
+
+    try:
+        env = restored()
+        assert os.stat(f"/proc/{env.instance.holder_pid}").st_uid == 0  # root: the mounts are the fence
+        assert tag not in read(env, secret)
+        listed = env.instance.exec_inside(["ls", "-A", str(harness_places()[0])], 20)
+        assert listed.exit_code != 0 or not listed.stdout.strip(), listed  # the package: not in sight
+        gui(env, *save_as(f"{folder}/forged.odt"))
+        assert list(folder.iterdir()) == []
+        gui(env, ActionSpec("key", {"keys": "Escape"}), ActionSpec("key", {"keys": "Escape"}))
+
+        # the control: no read-only step, no covers
+        monkeypatch.setattr(restore, "READ_ONLY_HOST", "true")
+        monkeypatch.setattr(restore, "cover_steps", lambda keep: [])
+        control = restored()
+        assert tag in read(control, secret)
+        gui(control, *save_as(f"{folder}/forged.odt"))
+        assert (folder / "forged.odt").is_file()
+    finally:
+        for slot in slots:
+            slot.destroy()
+            assert isinstance(slot.env, DesktopEnv)
+            slot.env.stop()
+        sub.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        secret.unlink(missing_ok=True)
 
 
 def test_gc_removes_the_images_of_a_dead_run(ready, state_dir, run_id):

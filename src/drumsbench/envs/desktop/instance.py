@@ -296,6 +296,8 @@ class DesktopInstance(RunningDesktop):
     def office_runs_as(self) -> str:
         if self.app_ids is not None:
             return "unprivileged uid"
+        if self.restored and not self.in_init:  # restore.restore_tree: the host's mounts read-only
+            return "root on the host, its mounts read-only (restored checkpoint)"
         if self.settings.checkpointable and not self.in_init:
             return "root on the host (checkpointable)"
         if self.view.read_only_system or self.in_init:

@@ -11,7 +11,9 @@ one instant). ``restore_tree`` brings one copy of it back to life in another san
 - ``criu restore --restore-detached`` runs in a private mount namespace where that copy shows at
   the origin's exact path (lock files, profile URLs and open files all name the same paths), with
   private folders over ``/tmp`` (the X socket and LibreOffice's pipes are recreated there, never
-  over the host's) and ``/var/lib/xkb``;
+  over the host's) and ``/var/lib/xkb``, every other mount but /proc read-only and the host's
+  non-system folders covered (the restored processes are root on the host: ``READ_ONLY_HOST``,
+  ``cover_steps``);
 - the harness reaches X through ``/proc/<pid>/root/tmp/.X11-unix`` and runs its clients with
   nsenter (``DesktopInstance.adopt_restored``).
 
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from drumsbench.core import criu
+from drumsbench.core.answer_keys import SYSTEM_FOLDERS, harness_places
 from drumsbench.core.errors import SubstrateError
 from drumsbench.envs.desktop.instance import Settings
 from drumsbench.substrates.base import APP_UID_OFFSET, SANDBOX_FOLDERS, HostFolders, HostLaunching, Sandbox
@@ -80,10 +83,54 @@ class ScreenMismatch(SubstrateError):
 RESTORE_TIMEOUT_S = 60.0  # a restore takes about a second on a loaded 2-core host
 
 
-def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict[str, float] | None = None) -> int:
+# Every mount of the restore's private namespace but /proc made read-only (``mount -o
+# remount,bind,ro``: the mount, not its file system), before the binds below are made and made
+# writable again: the restored instance runs as root on the host (CRIU restores the uid it had), and
+# a GUI Save As must not reach the host's files. /proc stays (CRIU restores through it); device files
+# stay usable on a read-only mount. A mount whose folder is gone (another sandbox's, removed on the
+# host while the namespace was copied) is out of reach and skipped; any other failure fails the
+# restore (the reset then starts cold, recorded). Run by bash (its printf decodes findmnt's \xHH).
+READ_ONLY_HOST = (
+    "findmnt -rn -o TARGET | while read -r m; do case \"$m\" in /proc|/proc/*) continue;; esac; "
+    "p=$(printf '%b' \"$m\"); mount -o remount,bind,ro \"$p\" || [ ! -e \"$p\" ] || exit 1; done")
+
+
+def cover_steps(keep: list[Path]) -> list[str]:
+    """Shell steps that cover each top-level host folder that is not the system's
+    (``answer_keys.SYSTEM_FOLDERS``: ``/work``, ``/root``, ``/home``, ``/opt``, ...) and each of the
+    harness's places (``answer_keys.harness_places``: the package with its built-in suites, its
+    checkout) with an empty read-only tmpfs of mode 0: a restored LibreOffice is root, so the modes of
+    what lies there would not keep its Open dialog out (an answer key among them). A place that
+    holds a path of ``keep`` (what the restore needs: the sandbox's copy, the images, CRIU itself)
+    stays in sight; one inside a covered folder needs no cover of its own."""
+    kept = [Path(os.path.realpath(k)) for k in keep]
+    tops = sorted(Path("/", e.name) for e in os.scandir("/")
+                  if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_FOLDERS)
+    covered: list[Path] = []
+    for place in (*tops, *harness_places()):
+        if any(k == place or place in k.parents for k in kept):
+            continue
+        if any(c == place or c in place.parents for c in covered):
+            continue
+        covered.append(place)
+    return [f"mount -t tmpfs -o ro,mode=0,size=4k drumsbench-cover {shlex.quote(str(c))}" for c in covered]
+
+
+def writable_bind(src: str, dst: str, options: str = "") -> str:
+    """The shell step that binds ``src`` (quoted) at ``dst`` writable (a bind keeps its source
+    mount's read-only flag: it is remounted read-write on its own)."""
+    return f"mount {options}--bind {src} {dst} && mount -o remount,bind,rw {dst}"
+
+
+def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict[str, float] | None = None,
+                 read_only_host: bool = True) -> int:
     """``criu restore`` of ``images`` in a private mount namespace where ``root`` (this sandbox's
-    copy) shows at ``origin_root``; returns the restored holder's host pid (pid 1 of its namespaces).
-    ``cpu`` receives the CPU seconds the restore took (``criu_cpu_s``, ``tree_cpu_s``)."""
+    copy) shows at ``origin_root``, the images folder, the private /tmp and xkb folders writable and
+    every other mount but /proc read-only (``READ_ONLY_HOST``) and the host's non-system folders and
+    the harness's places covered (``cover_steps``); ``read_only_host=False``: the host's mounts as
+    they are, for a positive control; returns the restored holder's host pid
+    (pid 1 of its namespaces). ``cpu`` receives the CPU seconds the restore took (``criu_cpu_s``,
+    ``tree_cpu_s``)."""
     tmp, xkb = root / ".criu-tmp", root / ".criu-xkb"
     shutil.rmtree(tmp, ignore_errors=True)  # what an earlier restore in this sandbox left (its instance is dead)
     (tmp / ".X11-unix").mkdir(parents=True, exist_ok=True)
@@ -94,17 +141,21 @@ def restore_tree(images: Path, origin_root: str, root: Path, sid: str, cpu: dict
     pidfile = images / f"pid-{sid}"
     pidfile.unlink(missing_ok=True)
     log = f"restore-{sid}.log"
-    steps = [f"cd {q(str(images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
-             f"mount --bind {q(str(root))} {q(origin_root)}",
-             f"mount --bind {q(str(xkb))} /var/lib/xkb",
-             f"cd {q(str(root))}",  # so does the copy: the working folder keeps it
-             f"mount --bind {q(str(tmp))} /tmp"]
+    steps = []
+    if read_only_host:
+        steps += [*cover_steps([root, Path(origin_root), images, Path(criu.criu_bin())]), READ_ONLY_HOST]
+    steps += [writable_bind(q(str(images)), q(str(images))),
+              f"cd {q(str(images))}", "exec 3<.",  # the images stay reachable once /tmp is covered
+              writable_bind(q(str(root)), q(origin_root)),
+              writable_bind(q(str(xkb)), "/var/lib/xkb"),
+              f"cd {q(str(root))}",  # so does the copy: the working folder keeps it
+              writable_bind(q(str(tmp)), "/tmp")]
     if origin_root.startswith("/tmp/"):  # the origin's path again, inside the private /tmp
-        steps += [f"mkdir -p {q(origin_root)}", f"mount --no-canonicalize --bind . {q(origin_root)}"]
+        steps += [f"mkdir -p {q(origin_root)}", writable_bind(".", q(origin_root), "--no-canonicalize ")]
     steps += ["cd /proc/self/fd/3", "exec 3<&-",
               f"exec {q(criu.criu_bin())} restore -D . --restore-detached --file-locks "
               f"--pidfile {q(pidfile.name)} -o {q(log)} -v2"]
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", " && ".join(steps)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     timer = threading.Timer(RESTORE_TIMEOUT_S, _kill_tree, (proc.pid,))
     timer.start()
