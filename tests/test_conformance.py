@@ -20,3 +20,23 @@ def test_conformance(name, check, state_dir, run_id):
         check.run(sub)
     finally:
         sub.close()
+
+
+@pytest.mark.parametrize("broken", ["missing", "no-op"])
+def test_end_processes_check_catches_a_sandbox_that_cannot_end_its_processes(broken, state_dir, run_id,
+                                                                             monkeypatch):
+    """Positive control of ``check_end_processes``: the process substrate with the base class's
+    ``end_processes`` (a plugin that never wrote one) or with one that kills nothing fails it."""
+    from drumsbench.substrates.base import Sandbox
+    from drumsbench.substrates.conformance import ConformanceFailure, check_end_processes
+    from drumsbench.substrates.process import ProcessSandbox, ProcessSubstrate
+
+    require(ProcessSubstrate.missing())
+    monkeypatch.setattr(ProcessSandbox, "end_processes",
+                        Sandbox.end_processes if broken == "missing" else lambda self: None)
+    sub = ProcessSubstrate(run_id, state_dir)
+    try:
+        with pytest.raises(ConformanceFailure, match="end_processes"):
+            check_end_processes(sub)
+    finally:
+        sub.close()

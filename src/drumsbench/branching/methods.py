@@ -93,6 +93,12 @@ class Shippable(ABC):
         assert isinstance(self, ForkMethod)
         self.prepare(parent)
 
+    @classmethod
+    def ship_problem(cls, substrate_cls: type[Substrate]) -> str | None:
+        """Why this method cannot ship its prepared state from sandboxes of ``substrate_cls`` (one
+        line naming the fix), or None (default: it always can)."""
+        return None
+
     @abstractmethod
     def pack(self) -> bytes: ...
 
@@ -103,6 +109,14 @@ class Shippable(ABC):
 def shippable(name: str) -> bool:
     """True when the registered fork method ``name`` can ship its prepared state as bytes."""
     return issubclass(METHODS.load(name), Shippable)
+
+
+def ship_problem(name: str, substrate_cls: type[Substrate]) -> str | None:
+    """Why the registered fork method ``name`` cannot ship from ``substrate_cls`` (None: it can)."""
+    method = METHODS.load(name)
+    if not issubclass(method, Shippable):
+        return "cannot ship its prepared state to Ray nodes yet"
+    return method.ship_problem(substrate_cls)
 
 
 class Replay(ForkMethod, Shippable):
@@ -201,6 +215,13 @@ class NativeSnapshot(ForkMethod, Shippable):
                 slot.destroy()
                 raise
         return slot
+
+    @classmethod
+    def ship_problem(cls, substrate_cls: type[Substrate]) -> str | None:
+        if issubclass(substrate_cls, PortableSnapshots):
+            return None
+        return (f"substrate {substrate_cls.name} cannot ship a snapshot to Ray nodes; use --substrate overlay "
+                "(or --methods replay,file)")
 
     def pack(self) -> bytes:
         if not isinstance(self.substrate, PortableSnapshots) or self.snapshot_id is None:

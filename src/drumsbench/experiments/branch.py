@@ -277,8 +277,7 @@ def _phases(costs: list[ForkCost]) -> dict[str, Estimate]:
 
 def ray_problems(cfg: BranchConfig, substrate_cls: type[Substrate]) -> None:
     """``UsageError`` (one line) for what ``--executor ray`` cannot do yet; nothing for local runs."""
-    from drumsbench.branching.methods import shippable
-    from drumsbench.substrates.base import PortableSnapshots
+    from drumsbench.branching.methods import ship_problem, shippable
 
     if cfg.executor != "ray":
         if cfg.ray_address is not None:
@@ -289,9 +288,9 @@ def ray_problems(cfg: BranchConfig, substrate_cls: type[Substrate]) -> None:
             ok = ", ".join(n for n in METHODS.names() if shippable(n))
             raise UsageError(f"--methods {name}: cannot ship its prepared state to Ray nodes yet; with --executor "
                              f"ray use {ok}")
-        if name == "snapshot" and not issubclass(substrate_cls, PortableSnapshots):
-            raise UsageError(f"--methods snapshot: substrate {substrate_cls.name} cannot ship a snapshot to Ray "
-                             "nodes; use --substrate overlay (or --methods replay,file)")
+        problem = ship_problem(name, substrate_cls)
+        if problem is not None:
+            raise UsageError(f"--methods {name}: {problem}")
     if any(k != cfg.k for k in cfg.ks):
         raise UsageError(f"--ks: with --executor ray only the branch point is measured; give --ks {cfg.k} or "
                          "leave --ks out")

@@ -93,6 +93,30 @@ def check_timeout_kills(sub: Substrate) -> None:
         expect(res.stdout == b"alive\n", "the sandbox must stay usable after a timeout")
 
 
+def check_end_processes(sub: Substrate) -> None:
+    """``end_processes`` (the rollout calls it before staging every verifier) kills what a command
+    left running in the background, keeps the sandbox's files and leaves it usable; ``probe`` finds
+    no evidence against a live sandbox, before and after. A substrate without them passed every
+    other check and failed at its first coding attempt."""
+    with sandbox(sub) as box:
+        expect(box.probe() is None, "probe of a live sandbox must find nothing (None)")
+        box.write_file(f"{box.paths.work}/kept.txt", b"kept")
+        sleep = _unique_sleep()
+        box.exec(f"({sleep} > /dev/null 2>&1 &)", timeout=10)
+        before = _survivors(box, sleep)  # 0 where each command has a pid namespace of its own (bwrap)
+        expect(before in (b"0", b"1", b""), f"one background sleep at most: ps counts {before!r}")
+        try:
+            box.end_processes()
+        except NotImplementedError as e:
+            raise ConformanceFailure(f"end_processes: {e} (the rollout calls it before every verification)") from e
+        left = _survivors(box, sleep)
+        expect(left in (b"0", b""), f"a background process survives end_processes: {left!r}")
+        expect(box.read_file(f"{box.paths.work}/kept.txt") == b"kept", "end_processes must keep the files")
+        res = box.exec("echo alive", timeout=10)
+        expect(res.stdout == b"alive\n", "the sandbox must stay usable after end_processes")
+        expect(box.probe() is None, "probe after end_processes must find nothing (None)")
+
+
 def check_cwd_env(sub: Substrate) -> None:
     with sandbox(sub) as box:
         res = box.exec('pwd; echo "$FOO"; echo "$HOME"; echo "$TMPDIR"', timeout=10, env={"FOO": "bar"})
@@ -270,6 +294,7 @@ CHECKS = [
         check_streams,
         check_output_bounded,
         check_timeout_kills,
+        check_end_processes,
         check_cwd_env,
         check_files,
         check_digest_and_scan,
