@@ -1,7 +1,7 @@
-"""The coding verifiers (the trusted judge; the in-process kept, warm, cold) side by side, on the
-process substrate, in one run.
+"""The coding verifiers (the trusted judge; the in-process kept, warm, cold) side by side, on one
+substrate (``--substrate``, default process), in one run.
 
-    .venv/bin/python benchmarks/warm_verifier.py [--attempts 40] [--sweep] [--json out.json]
+    .venv/bin/python benchmarks/warm_verifier.py [--substrate vm] [--attempts 40] [--sweep] [--json out.json]
 
 Attempts: ``--attempts`` oracle attempts per verifier, the four interleaved in rotating order
 (one slot each, in-place reset, the built-in coding tasks in turn), so all see the same load.
@@ -9,9 +9,10 @@ Printed per verifier: the attempt's wall time (reset to verdict), the verify pha
 and the runner alone (``run_verifier``: the kept server's answer, or one ``python3`` exec and the
 tests), each as p50 with its 95% interval (order statistics), and each one's ratio to cold.
 Every attempt must succeed (the oracle), the judge must have decided every judge attempt and the
-kept verifier every kept attempt (no fallback). The boundary's cost per forwarded call: ``--calls``
-requests (a module attribute, then a call returning plain data) from the judge's ``Link`` to a
-boundary server in a process sandbox, p50 per request with its interval. Beside them, a runner's
+kept verifier every kept attempt (no fallback; on a substrate whose sandboxes keep no helper,
+``kept`` runs ``warm`` and every kept attempt must say so). The boundary's cost per forwarded call:
+``--calls`` requests (a module attribute, then a call returning plain data) from the judge's ``Link``
+to a boundary server in a sandbox of the substrate, p50 per request with its interval. Beside them, a runner's
 start and imports alone (one ``python3 -I -c "import ..."`` in the sandbox per round): what the kept
 server does once per sandbox.
 
@@ -47,7 +48,8 @@ from drumsbench.measure.stats import Estimate, quantile
 from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
-from drumsbench.substrates.process import ProcessSubstrate
+from drumsbench.substrates import registry
+from drumsbench.substrates.base import Helpers
 
 # The warm runner's work before its fork (interpreter start and imports), as one exec in the sandbox:
 # what a verifier process kept from reset would no longer pay per verification.
@@ -74,10 +76,11 @@ def _ms(e: Estimate) -> str:
         value=e.value * 1e3, low=(e.low or 0) * 1e3, high=(e.high or 0) * 1e3, n=e.n, method=e.method).fmt(".1f", "ms")
 
 
-def attempts(n: int, state: Path) -> dict[str, Any]:
+def attempts(n: int, state: Path, substrate: str = "process") -> dict[str, Any]:
     tasks = load_suite("coding")
     run = "wv-" + uuid.uuid4().hex[:6]
-    slots = {mode: Slot(ProcessSubstrate(f"{run}-{mode}", state), TimedEnv(mode)) for mode in VERIFIERS}
+    cls = registry.get(substrate)
+    slots = {mode: Slot(cls(f"{run}-{mode}", state), TimedEnv(mode)) for mode in VERIFIERS}
     notes: dict[str, list[str]] = {m: [] for m in VERIFIERS}
     wall: dict[str, list[float]] = {m: [] for m in VERIFIERS}
     verify: dict[str, list[float]] = {m: [] for m in VERIFIERS}
@@ -111,8 +114,8 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
         for slot in slots.values():
             slot.destroy()
             slot.substrate.close()
-    out: dict[str, Any] = {"attempts_each": n, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-                           "not_success": bad}
+    out: dict[str, Any] = {"substrate": substrate, "attempts_each": n, "loadavg_before": load0,
+                           "loadavg_after": os.getloadavg(), "not_success": bad}
     for mode in VERIFIERS:
         env = slots[mode].env
         assert isinstance(env, TimedEnv)
@@ -121,8 +124,9 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
                      "runner_p50": quantile(env.runner_s, 0.5).model_dump(),
                      "fallbacks": len(env.fallbacks),
                      "decided_by": {v: notes[mode].count(v) for v in sorted(set(notes[mode]))}}
-    if out["kept"]["decided_by"] != {"kept": n}:
-        bad.append(f"kept attempts decided by {out['kept']['decided_by']}, not all by the kept server")
+    kept = "kept" if cls.sandbox_class is not None and issubclass(cls.sandbox_class, Helpers) else "warm"
+    if out["kept"]["decided_by"] != {kept: n}:
+        bad.append(f"kept attempts decided by {out['kept']['decided_by']}, not all by the {kept} runner")
     if out["judge"]["decided_by"] != {"judge": n}:
         bad.append(f"judge attempts decided by {out['judge']['decided_by']}, not all by the judge")
     out["judge_calls_p50"] = quantile([float(c) for c in calls], 0.5).model_dump()
@@ -135,13 +139,15 @@ def attempts(n: int, state: Path) -> dict[str, Any]:
     return out
 
 
-def boundary_calls(n: int, state: Path) -> dict[str, Any]:
-    """Seconds per forwarded request, judge ``Link`` -> boundary server in a process sandbox."""
+def boundary_calls(n: int, state: Path, substrate: str = "process") -> dict[str, Any]:
+    """Seconds per forwarded request, judge ``Link`` -> boundary server in a sandbox of ``substrate``."""
     from drumsbench.envs.coding.env import BOUNDARY_SERVER
     from drumsbench.envs.coding.judge import Link
+    from drumsbench.substrates.base import Streaming
 
-    sub = ProcessSubstrate("wv-calls-" + uuid.uuid4().hex[:6], state)
+    sub = registry.get(substrate)("wv-calls-" + uuid.uuid4().hex[:6], state)
     box = sub.create()
+    assert isinstance(box, Streaming)
     try:
         stream = box.open_stream(["python3", "-I", "-c", BOUNDARY_SERVER], cwd=box.paths.work)
         try:
@@ -189,6 +195,7 @@ def _sweep(state: Path, mode: str, concurrency: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--substrate", default="process", help="the substrate (default process)")
     ap.add_argument("--attempts", type=int, default=40, help="oracle attempts per verifier")
     ap.add_argument("--sweep", action="store_true", help="also 1-minute sweeps at concurrency 2 per verifier")
     ap.add_argument("--sweep-pairs", type=int, default=2, help="pairs of sweeps (ABBA order); default 2")
@@ -198,6 +205,10 @@ def main() -> None:
     ap.add_argument("--state", type=Path, default=None, help="state folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.substrate not in registry.names():
+        ap.error(f"--substrate: {args.substrate!r} is not one of {', '.join(registry.names())}")
+    if (why := registry.get(args.substrate).missing()) is not None:
+        ap.error(f"--substrate {args.substrate}: {why}")
     modes = tuple(args.sweep_verifiers.split(","))
     if len(modes) != 2 or not set(modes) <= set(VERIFIERS) or modes[0] == modes[1]:
         ap.error(f"--sweep-verifiers: give two of {', '.join(VERIFIERS)}, e.g. kept,cold")
@@ -205,9 +216,10 @@ def main() -> None:
     if args.state is None:  # its own temporary folder: gone at exit (it was left in /tmp)
         atexit.register(shutil.rmtree, state, True)
     state.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine_cpus": os.cpu_count(), "attempts": attempts(args.attempts, state)}
+    result: dict[str, Any] = {"machine_cpus": os.cpu_count(),
+                              "attempts": attempts(args.attempts, state, args.substrate)}
     a = result["attempts"]
-    print(f"oracle coding attempts on process, {a['attempts_each']} per verifier, interleaved; "
+    print(f"oracle coding attempts on {args.substrate}, {a['attempts_each']} per verifier, interleaved; "
           f"load {a['loadavg_before'][0]:.1f} -> {a['loadavg_after'][0]:.1f} on {os.cpu_count()} cpus")
     print(f"{'':10} {'attempt p50':>30} {'verify phase p50':>30} {'runner p50':>30}  fallbacks, decided by")
     for mode in VERIFIERS:
@@ -219,11 +231,11 @@ def main() -> None:
     print(f"{'judge/kept':10} " + " ".join(f"{a[f'ratio_judge_kept_{k}']:>30.2f}"
                                           for k in ("attempt_p50", "verify_phase_p50", "runner_p50")))
     print(f"forwarded requests per judge verification: p50 {Estimate(**a['judge_calls_p50']).fmt('.0f')}")
-    result["boundary"] = boundary_calls(args.calls, state)
+    result["boundary"] = boundary_calls(args.calls, state, args.substrate)
     per = Estimate(**result["boundary"]["per_request_p50"])
     us = Estimate(value=(per.value or 0) * 1e6, low=(per.low or 0) * 1e6, high=(per.high or 0) * 1e6, n=per.n,
                   method=per.method)
-    print(f"one forwarded request (judge Link -> boundary server in a process sandbox), "
+    print(f"one forwarded request (judge Link -> boundary server in a {args.substrate} sandbox), "
           f"{result['boundary']['requests']} requests: p50 {us.fmt('.0f', 'us')}")
     prep = Estimate(**a["prepare_p50"])
     print(f"a runner's start and imports alone (python3 -I -c 'import ...' in the sandbox): {_ms(prep)} "

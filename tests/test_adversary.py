@@ -102,14 +102,18 @@ def test_replayed_canaries_are_the_policys_own_doing(substrate, state_dir, run_i
 
 
 def test_vm_a_sample_of_strategies_ends_failed(state_dir, run_id):
-    """The guest runs the same runner; a sample keeps this under a few minutes under TCG."""
+    """The judge decides on the vm too (its boundary server in the guest, through the agent's
+    streams); a sample keeps this under a few minutes under TCG, issue 29's three classes among it."""
     sample = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "kill_own_shells",
-              "exec_away", "background_rewrites_verifier", "leak_own_canary", "read_answer_key"]
+              "exec_away", "background_rewrites_verifier", "leak_own_canary", "read_answer_key",
+              "rebind_test_framework", "overwrite_recorded_status", "native_frame_walk"]
     out, control = _play("vm", sample, state_dir, run_id,
                          RolloutConfig(step_timeout_s=10.0, episode_timeout_s=120.0, verify_timeout_s=40.0))
     escaped = {n: (r.outcome, r.cause, r.detail) for n, r in out.items() if r.outcome is not Outcome.FAILED}
     assert not escaped, f"strategies that did not end failed on vm: {escaped}"
     assert control.outcome is Outcome.SUCCESS, control.detail
+    judged = {n: r.extra.get("trust") for n, r in out.items() if r.extra.get("trust") is not None}
+    assert set(judged.values()) == {"judge"} and control.extra.get("trust") == "judge", (judged, control.extra)
 
 
 def test_reasons_name_what_the_code_did(state_dir, run_id):

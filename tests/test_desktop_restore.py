@@ -60,8 +60,9 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
         assert first.outcome is Outcome.SUCCESS, first.detail
         assert first.extra["reset"] == "restore", first.extra  # the checkpoint was made, then restored
         assert float(first.extra["reset_checkpoint_made_s"]) > 0  # type: ignore[arg-type]
-        # the stated gap, in the ledger: root, but with the host's mounts read-only
-        assert first.extra["office"] == "root on the host, its mounts read-only (restored checkpoint)"
+        # the stated gap, in the ledger: root's uid, without capabilities, the host's mounts read-only
+        assert first.extra["office"] == ("root's uid on the host without capabilities, its mounts read-only "
+                                         "(restored checkpoint)")
         null = _attempt(slot, Null(), 1)
         assert null.outcome is Outcome.FAILED and null.cause is None, null.detail
         again = _attempt(slot, Oracle(), 2)
@@ -101,17 +102,21 @@ def test_restore_reset_oracle_null_fallback_and_cleanup(ready, state_dir, run_id
 
 def test_a_restored_instance_cannot_write_the_host_nor_see_its_other_folders(ready, state_dir, run_id,
                                                                              monkeypatch):
-    """A restored LibreOffice runs as root on the host (CRIU gives it back the uid it was dumped
-    with), so its mount namespace has every host mount read-only and the host's non-system folders
-    and the harness's places (the package: its suites' answer keys) covered: a GUI Save As into a
-    host folder root could write writes nothing, and a root-only file in /srv is not there for it.
-    Positive control: the same restore without those steps (the namespace as it was before
-    2026-12-04): the same keys write the file, the same read shows it."""
+    """A restored LibreOffice runs with root's uid on the host (CRIU gives it back the uid it was
+    dumped with, and here can dump no other), so its mount namespace has every host mount read-only
+    and the host's non-system folders and the harness's places (the package: its suites' answer
+    keys) covered: a GUI Save As into a host folder root could write writes nothing, and a root-only
+    file in /srv is not there for it; and it has no capability (``instance.CHECKPOINT_CONFINE``): a
+    GUI Open of another uid's file (a neighbour sandbox's) in a folder in sight is refused.
+    Positive control: the same restore without those steps, of an instance started with root's
+    capabilities (the set-up before 2026-12-04): the same keys write the file and open the
+    neighbour's, the same read shows the root-only one."""
     import secrets
     import shutil
 
     from test_desktop_adversary import gui, save_as
 
+    from drumsbench.core import criu
     from drumsbench.core.answer_keys import harness_places
     from drumsbench.envs.base import ActionSpec
     from drumsbench.envs.desktop import restore
@@ -122,6 +127,11 @@ def test_a_restored_instance_cannot_write_the_host_nor_see_its_other_folders(rea
     secret = Path("/srv") / f"drumsbench-probe-{tag}"
     secret.write_text(f"answer {tag}\n")
     secret.chmod(0o600)
+    neighbour = Path("/var/lib") / f"drumsbench-neighbour-{tag}"  # another uid's, as a sandbox's home is
+    neighbour.mkdir(mode=0o700)
+    (neighbour / "notes.txt").write_text(f"neighbour {tag}\n")
+    for entry in (neighbour, neighbour / "notes.txt"):
+        os.chown(entry, 54321, 54321)
     sub = ProcessSubstrate(run_id, state_dir)
     slots: list[Slot] = []
 
@@ -139,23 +149,47 @@ def test_a_restored_instance_cannot_write_the_host_nor_see_its_other_folders(rea
         res = env.instance.exec_inside(["cat", str(path)], 20)
         return res.stdout.decode(errors="replace")
 
+    def gui_open(env: DesktopEnv, path: Path) -> str:
+        """ctrl+o of ``path``; the active window's title once the dialog is done."""
+        gui(env, ActionSpec("key", {"keys": "ctrl+o"}), ActionSpec("wait", {"seconds": 2.5}),
+            ActionSpec("key", {"keys": "ctrl+a"}), ActionSpec("type", {"text": str(path)}),
+            ActionSpec("key", {"keys": "Return"}), ActionSpec("wait", {"seconds": 3.0}))
+        return env.instance.title()
+
+    def office_status(env: DesktopEnv) -> set[str]:
+        pids = criu.tree_pids(env.instance.holder_pid)
+        return {"".join(line for line in Path(f"/proc/{p}/status").read_text().splitlines(keepends=True)
+                        if line.startswith(("Uid:", "CapEff:", "CapBnd:", "NoNewPrivs:")))
+                for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "soffice.bin"}
+
     try:
         env = restored()
-        assert os.stat(f"/proc/{env.instance.holder_pid}").st_uid == 0  # root: the mounts are the fence
+        assert os.stat(f"/proc/{env.instance.holder_pid}").st_uid == 0  # root's uid: the mounts are the fence
+        (status,) = office_status(env)
+        assert "CapEff:\t0000000000000000" in status and "CapBnd:\t0000000000000000" in status, status
+        assert "NoNewPrivs:\t1" in status and "Uid:\t0\t0\t0\t0" in status, status
+        assert "without capabilities" in env.instance.office_runs_as
         assert tag not in read(env, secret)
         listed = env.instance.exec_inside(["ls", "-A", str(harness_places()[0])], 20)
         assert listed.exit_code != 0 or not listed.stdout.strip(), listed  # the package: not in sight
         gui(env, *save_as(f"{folder}/forged.odt"))
         assert list(folder.iterdir()) == []
         gui(env, ActionSpec("key", {"keys": "Escape"}), ActionSpec("key", {"keys": "Escape"}))
+        assert "notes.txt" not in gui_open(env, neighbour / "notes.txt")
 
-        # the control: no read-only step, no covers
+        # the control: no read-only step, no covers, an instance started with root's capabilities
+        # (its own start image)
         monkeypatch.setattr(restore, "READ_ONLY_HOST", "true")
         monkeypatch.setattr(restore, "cover_steps", lambda keep: [])
+        monkeypatch.setattr(restore, "IMAGES", restore.StartImages())
+        monkeypatch.setattr(instance, "CHECKPOINT_CONFINE", ())  # no drop
         control = restored()
+        (status,) = office_status(control)
+        assert "CapEff:\t0000000000000000" not in status, status
         assert tag in read(control, secret)
         gui(control, *save_as(f"{folder}/forged.odt"))
         assert (folder / "forged.odt").is_file()
+        assert "notes.txt" in gui_open(control, neighbour / "notes.txt")
     finally:
         for slot in slots:
             slot.destroy()
@@ -164,6 +198,7 @@ def test_a_restored_instance_cannot_write_the_host_nor_see_its_other_folders(rea
         sub.close()
         shutil.rmtree(folder, ignore_errors=True)
         secret.unlink(missing_ok=True)
+        shutil.rmtree(neighbour, ignore_errors=True)
 
 
 def test_gc_removes_the_images_of_a_dead_run(ready, state_dir, run_id):

@@ -29,7 +29,7 @@ from drumsbench.substrates.process import ProcessSubstrate
 from conftest import require
 
 TASK = next(t for t in load_suite("coding") if t.id == "invoice-rounding-mode")
-STREAMING = ["process", "bwrap", "overlay", "docker", "podman"]
+STREAMING = ["process", "bwrap", "overlay", "docker", "podman", "vm"]
 
 
 @pytest.mark.parametrize("substrate", STREAMING)

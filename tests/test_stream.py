@@ -3,7 +3,8 @@
 Per substrate (one substrate and one sandbox per module and substrate): line round trips as the
 sandbox's uid in the folder asked for, ``close`` killing the command and the background children it
 started (one in a session of its own), EOF on stdin, ``end_processes`` killing a stream's command,
-a stream opened by a thread that has ended, a missing working folder."""
+a stream opened by a thread that has ended, a missing working folder. On vm the command runs in the
+guest (the agent's streams) and its processes are found there."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from drumsbench.substrates.hostproc import pids_with_env
 
 from conftest import require
 
-SUBSTRATES = ["process", "bwrap", "overlay", "docker", "podman"]
+SUBSTRATES = ["process", "bwrap", "overlay", "docker", "podman", "vm"]
 MARK_VAR = "DRUMSBENCH_TEST_STREAM"
 
 # Prints the pids of two background `sleep`s (which keep the stream's stdout; the second in a session
@@ -103,16 +104,34 @@ def sandbox_uid(box) -> int:
     return int(res.stdout)
 
 
-def marked(mark: str) -> dict[int, str]:
-    """Host processes of the stream (the sandbox's processes are host processes, containers' too)."""
-    return pids_with_env(MARK_VAR, mark)
+# Prints the pids of the guest's processes whose environment has MARK_VAR=argv[1]
+GUEST_MARKED = r"""
+import os, sys
+want = ("%s=%s" % (sys.argv[2], sys.argv[1])).encode()
+for pid in os.listdir("/proc"):
+    try:
+        if pid.isdigit() and want in open("/proc/%s/environ" % pid, "rb").read().split(b"\0"):
+            print(pid)
+    except OSError:
+        pass
+"""
 
 
-def wait_unmarked(mark: str, timeout: float = 5.0) -> None:
+def marked(box, mark: str) -> dict[int, str]:
+    """The stream's processes: host processes (the sandbox's are, containers' too), or the guest's
+    (vm), found by their mark."""
+    if box.substrate != "vm":
+        return pids_with_env(MARK_VAR, mark)
+    res = box.exec(["python3", "-c", GUEST_MARKED, mark, MARK_VAR], timeout=30, cwd=box.paths.root)
+    assert res.exit_code == 0, res
+    return {int(pid): "" for pid in res.stdout.split()}
+
+
+def wait_unmarked(box, mark: str, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while marked(mark) and time.monotonic() < deadline:
+    while marked(box, mark) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not marked(mark), f"processes of the stream still run: {marked(mark)}"
+    assert not marked(box, mark), f"processes of the stream still run: {marked(box, mark)}"
 
 
 def in_sandbox(box, pid: int) -> str:
@@ -143,12 +162,13 @@ def test_round_trips_uid_cwd_and_close(box):
         # one later scan of a podman stream missed one of the three that the scans before and after it
         # saw, so a second scan is not the same evidence.
         deadline = time.monotonic() + 5
-        seen = marked(mark)
+        seen = marked(box, mark)
         while len(seen) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-            seen = marked(mark)
+            seen = marked(box, mark)
         assert len(seen) >= 3, seen
-        cgroup = getattr(box, "cgroup", None)  # the host-process substrates': the sandbox's limits
+        # the host-process substrates': the sandbox's limits (a vm's group holds QEMU, not the guest's)
+        cgroup = getattr(box, "cgroup", None) if box.substrate != "vm" else None
         if cgroup is not None:
             assert set(seen) <= set(cgroup.procs()), (seen, cgroup.procs())
         if box.substrate != "bwrap":
@@ -160,7 +180,7 @@ def test_round_trips_uid_cwd_and_close(box):
     assert stream.poll() == code
     with pytest.raises(ValueError):
         stream.stdout_fd  # noqa: B018 - closed
-    wait_unmarked(mark)
+    wait_unmarked(box, mark)
     if box.substrate != "bwrap":
         assert [in_sandbox(box, pid) for pid in children] == ["gone", "gone"]
 
@@ -180,7 +200,7 @@ def test_eof_ends_the_command(box):
         assert stream.poll() == 0
     finally:
         assert stream.close() == 0
-    wait_unmarked(mark)
+    wait_unmarked(box, mark)
 
 
 def test_end_processes_kills_a_stream(box):
@@ -202,7 +222,7 @@ def test_end_processes_kills_a_stream(box):
         while stream.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert stream.poll() not in (None, 0)
-        wait_unmarked(mark)
+        wait_unmarked(box, mark)
         if box.substrate != "bwrap":
             assert [in_sandbox(box, pid) for pid in children] == ["gone", "gone"]
     finally:

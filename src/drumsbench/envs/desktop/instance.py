@@ -166,6 +166,14 @@ class Settings:
 # each one its view has (the holder binds those that exist)
 SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock")
 
+# LibreOffice and openbox of a checkpointable instance on the host: root's uid (CRIU restores a process
+# with the uid it was dumped with, and on a host whose root lacks CAP_SYS_RESOURCE, as here, CRIU
+# can dump no process of another uid: its prlimit of the task is refused), but no capability at all
+# (none inheritable, an empty bounding set: an exec gains none) and no way back to privileges
+# (no_new_privs), which CRIU dumps and restores with the process. What it still may: what the
+# uid 0 owns (the system's files); not what another uid owns (another sandbox's folders).
+CHECKPOINT_CONFINE = ("/usr/bin/setpriv", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--")
+
 
 def screen_problem(rgb: np.ndarray) -> str | None:
     """'black screen' / 'blank screen (one colour)' for a frame no person could act on, else None.
@@ -297,9 +305,9 @@ class DesktopInstance(RunningDesktop):
         if self.app_ids is not None:
             return "unprivileged uid"
         if self.restored and not self.in_init:  # restore.restore_tree: the host's mounts read-only
-            return "root on the host, its mounts read-only (restored checkpoint)"
+            return "root's uid on the host without capabilities, its mounts read-only (restored checkpoint)"
         if self.settings.checkpointable and not self.in_init:
-            return "root on the host (checkpointable)"
+            return "root's uid on the host without capabilities (checkpointable)"
         if self.view.read_only_system or self.in_init:
             return "container root"
         return "root of the view"
@@ -371,6 +379,11 @@ class DesktopInstance(RunningDesktop):
                     dirs[:] = [d for d in dirs if Path(folder) / d not in keep]
                     for name in [*dirs, *files]:
                         self._give(Path(folder) / name)
+        if self.settings.checkpointable and not self.in_init:
+            # LibreOffice is root's uid without a capability (CHECKPOINT_CONFINE): the folders are
+            # the uid 0's own, the sandbox's gid keeps the policy's commands' access (0770)
+            for top in (self.work, self.home, self.tmp):
+                os.chown(top, 0, -1, follow_symlinks=False)
         if self.settings.wm_kiosk:  # root's, read-only to the applications (after the hand-over above)
             rc = self.tmp / kiosk.FILE_NAME
             rc.unlink(missing_ok=True)
@@ -447,6 +460,8 @@ class DesktopInstance(RunningDesktop):
             cfg["as_user"] = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
                               "--no-new-privs", "--"]
             cfg["x_owner"] = uid
+        elif s.checkpointable and not self.in_init:
+            cfg["as_user"] = list(CHECKPOINT_CONFINE)
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
         # checkpointable: no mount namespace of its own (CRIU), the process substrate only (__init__)
         # in_init: the sandbox's own namespaces, under its init (the view's prefix detaches it)

@@ -12,8 +12,8 @@ one instant). ``restore_tree`` brings one copy of it back to life in another san
   the origin's exact path (lock files, profile URLs and open files all name the same paths), with
   private folders over ``/tmp`` (the X socket and LibreOffice's pipes are recreated there, never
   over the host's) and ``/var/lib/xkb``, every other mount but /proc read-only and the host's
-  non-system folders covered (the restored processes are root on the host: ``READ_ONLY_HOST``,
-  ``cover_steps``);
+  non-system folders covered (the restored processes have root's uid on the host, LibreOffice
+  without capabilities: ``READ_ONLY_HOST``, ``cover_steps``, ``instance.CHECKPOINT_CONFINE``);
 - the harness reaches X through ``/proc/<pid>/root/tmp/.X11-unix`` and runs its clients with
   nsenter (``DesktopInstance.adopt_restored``).
 
@@ -85,7 +85,7 @@ RESTORE_TIMEOUT_S = 60.0  # a restore takes about a second on a loaded 2-core ho
 
 # Every mount of the restore's private namespace but /proc made read-only (``mount -o
 # remount,bind,ro``: the mount, not its file system), before the binds below are made and made
-# writable again: the restored instance runs as root on the host (CRIU restores the uid it had), and
+# writable again: the restored instance runs with root's uid on the host (CRIU restores the uid it had), and
 # a GUI Save As must not reach the host's files. /proc stays (CRIU restores through it); device files
 # stay usable on a read-only mount. A mount whose folder is gone (another sandbox's, removed on the
 # host while the namespace was copied) is out of reach and skipped; any other failure fails the

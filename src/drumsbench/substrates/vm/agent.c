@@ -20,6 +20,9 @@
  *   digest {path} -> {digest}                drumsbench.core.fingerprint.tree_digest, computed here
  *   scan {folders, tokens, max_bytes} -> {hits}   drumsbench.core.canary_scan.scan_tokens, computed here
  *   sync                                     flush file systems (before a snapshot)
+ *   sopen {argv, cwd, env} -> {sid, pid} | {code}   a stream: stdin and stdout held by the host
+ *   sread {sid, at, hold} -> {data, at, eof}; swrite {sid, at, data, close} -> {written}
+ *   spoll {sid} -> {code}; sclose {sid, timeout} -> {code}
  * Each request runs in its own thread. As PID 1 the agent reaps every process: one reaper thread
  * waits for any child and hands exit statuses to the execs waiting for them.
  */
@@ -442,6 +445,86 @@ static void kill_marked(const char *token) {
     free(pids);
 }
 
+/* argv and environment of a command the host asked for, with the exec token that marks its processes */
+typedef struct { char **argv, **envp, *token; const char *path_env; size_t nenv; } cmdline;
+
+static void cmdline_init(cmdline *c, json *argv_j, json *env_j) {
+    c->argv = xmalloc((argv_j->count + 1) * sizeof(char *));
+    for (size_t i = 0; i < argv_j->count; i++) c->argv[i] = argv_j->items[i].type == J_STR ? argv_j->items[i].str : "";
+    c->argv[argv_j->count] = NULL;
+    size_t nenv = env_j && env_j->type == J_OBJ ? env_j->count : 0;
+    c->envp = xmalloc((nenv + 2) * sizeof(char *));
+    c->path_env = NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < nenv; i++) {
+        if (env_j->items[i].type != J_STR || !strcmp(env_j->keys[i], EXEC_VAR)) continue;
+        if (!strcmp(env_j->keys[i], "PATH")) c->path_env = env_j->items[i].str;
+        if (asprintf(&c->envp[k], "%s=%s", env_j->keys[i], env_j->items[i].str) > 0) k++;
+    }
+    c->token = xmalloc(32);
+    pthread_mutex_lock(&kids_lock);
+    snprintf(c->token, 32, "%lu", ++exec_seq);
+    pthread_mutex_unlock(&kids_lock);
+    if (asprintf(&c->envp[k], "%s=%s", EXEC_VAR, c->token) > 0) k++;
+    c->envp[k] = NULL;
+    c->nenv = k;
+}
+
+static void cmdline_free(cmdline *c) {
+    for (size_t i = 0; i < c->nenv; i++) free(c->envp[i]);
+    free(c->envp);
+    free(c->argv);
+    free(c->token);
+}
+
+/* posix_spawn of exe in a session of its own with fds[0..2] as stdin, stdout, stderr, registered in
+ * kids before the reaper can see it exit (wake_fd: written when it exits, -1 for none); NULL with
+ * *spawn_err set when it could not start */
+static child *spawn_child(const char *exe, cmdline *c, const char *cwd, const int fds[3], int wake_fd, int *spawn_err) {
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    for (int i = 0; i < 3; i++) posix_spawn_file_actions_adddup2(&fa, fds[i], i);
+    posix_spawn_file_actions_addchdir_np(&fa, cwd);
+    posix_spawnattr_init(&at);
+    sigset_t none, dflt;
+    sigemptyset(&none);
+    sigfillset(&dflt);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &dflt);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    child *me = xmalloc(sizeof *me);
+    memset(me, 0, sizeof *me);
+    me->wake_fd = wake_fd;
+    pid_t pid;
+    pthread_mutex_lock(&kids_lock);
+    *spawn_err = posix_spawn(&pid, exe, &fa, &at, c->argv, c->envp);
+    if (!*spawn_err) {
+        me->pid = pid;
+        me->next = kids;
+        kids = me;
+        pthread_cond_broadcast(&kids_cond);
+    }
+    pthread_mutex_unlock(&kids_lock);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (*spawn_err) { free(me); return NULL; }
+    return me;
+}
+
+/* the exit code of a reaped child as exec reports it (-N: killed by signal N); under kids_lock */
+static int child_code(const child *me) {
+    if (!me->done) return -9;
+    return WIFSIGNALED(me->status) ? -WTERMSIG(me->status) : WEXITSTATUS(me->status);
+}
+
+/* remove a child from kids and free it; under kids_lock */
+static void child_forget(child *me) {
+    for (child **pp = &kids; *pp; pp = &(*pp)->next)
+        if (*pp == me) { *pp = me->next; break; }
+    free(me);
+}
+
 typedef struct { buf_t head, tail; size_t head_room, tail_room, total, tail_start; } headtail;
 
 static void ht_init(headtail *h, size_t limit) {
@@ -499,24 +582,10 @@ static int op_exec(json *req, buf_t *res, char *err, size_t errlen) {
     if (stat(cwd, &st) || !S_ISDIR(st.st_mode)) { snprintf(err, errlen, "working folder %s is gone", cwd); return ENOENT; }
     double t0 = now_mono();
 
-    char **argv = xmalloc((argv_j->count + 1) * sizeof(char *));
-    for (size_t i = 0; i < argv_j->count; i++) argv[i] = argv_j->items[i].type == J_STR ? argv_j->items[i].str : "";
-    argv[argv_j->count] = NULL;
-    size_t nenv = env_j && env_j->type == J_OBJ ? env_j->count : 0;
-    char **envp = xmalloc((nenv + 2) * sizeof(char *));
-    const char *path_env = NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < nenv; i++) {
-        if (env_j->items[i].type != J_STR || !strcmp(env_j->keys[i], EXEC_VAR)) continue;
-        if (!strcmp(env_j->keys[i], "PATH")) path_env = env_j->items[i].str;
-        if (asprintf(&envp[k], "%s=%s", env_j->keys[i], env_j->items[i].str) > 0) k++;
-    }
-    char token[32];
-    pthread_mutex_lock(&kids_lock);
-    snprintf(token, sizeof token, "%lu", ++exec_seq);
-    pthread_mutex_unlock(&kids_lock);
-    if (asprintf(&envp[k], "%s=%s", EXEC_VAR, token) > 0) k++;
-    envp[k] = NULL;
+    cmdline cl;
+    cmdline_init(&cl, argv_j, env_j);
+    char **argv = cl.argv, *token = cl.token;
+    const char *path_env = cl.path_env;
 
     unsigned char *in_data = NULL;
     size_t in_n = 0, in_off = 0;
@@ -536,38 +605,7 @@ static int op_exec(json *req, buf_t *res, char *err, size_t errlen) {
     char *exe = find_exe(argv[0], path_env);
     child *me = NULL;
     int spawn_err = exe ? 0 : ENOENT;
-    if (exe) {
-        posix_spawn_file_actions_t fa;
-        posix_spawnattr_t at;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_adddup2(&fa, in_p[0], 0);
-        posix_spawn_file_actions_adddup2(&fa, out_p[1], 1);
-        posix_spawn_file_actions_adddup2(&fa, err_p[1], 2);
-        posix_spawn_file_actions_addchdir_np(&fa, cwd);
-        posix_spawnattr_init(&at);
-        sigset_t none, dflt;
-        sigemptyset(&none);
-        sigfillset(&dflt);
-        posix_spawnattr_setsigmask(&at, &none);
-        posix_spawnattr_setsigdefault(&at, &dflt);
-        posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-        me = xmalloc(sizeof *me);
-        memset(me, 0, sizeof *me);
-        me->wake_fd = wake_p[1];
-        pid_t pid;
-        pthread_mutex_lock(&kids_lock); /* registered before the reaper can see it exit */
-        spawn_err = posix_spawn(&pid, exe, &fa, &at, argv, envp);
-        if (!spawn_err) {
-            me->pid = pid;
-            me->next = kids;
-            kids = me;
-            pthread_cond_broadcast(&kids_cond);
-        }
-        pthread_mutex_unlock(&kids_lock);
-        posix_spawn_file_actions_destroy(&fa);
-        posix_spawnattr_destroy(&at);
-        if (spawn_err) { free(me); me = NULL; }
-    }
+    if (exe) me = spawn_child(exe, &cl, cwd, (int[3]){in_p[0], out_p[1], err_p[1]}, wake_p[1], &spawn_err);
     close(out_p[1]);
     close(err_p[1]);
     close(in_p[0]);
@@ -661,16 +699,11 @@ static int op_exec(json *req, buf_t *res, char *err, size_t errlen) {
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&kids_cond, &kids_lock, &ts);
         }
-        int st = me->status, done = me->done;
-        for (child **pp = &kids; *pp; pp = &(*pp)->next)
-            if (*pp == me) { *pp = me->next; break; }
+        code = child_code(me);
+        child_forget(me);
         close(wake_p[1]); /* the reaper writes to it only under kids_lock */
         wake_p[1] = -1;
         pthread_mutex_unlock(&kids_lock);
-        free(me);
-        if (!done) code = -9;
-        else if (WIFSIGNALED(st)) code = -WTERMSIG(st);
-        else code = WEXITSTATUS(st);
     }
     close(out_p[0]);
     close(err_p[0]);
@@ -696,9 +729,210 @@ static int op_exec(json *req, buf_t *res, char *err, size_t errlen) {
     free(errs.tail.p);
     free(exe);
     free(in_data);
-    for (size_t i = 0; i < k; i++) free(envp[i]);
-    free(envp);
-    free(argv);
+    cmdline_free(&cl);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* streams: a command whose stdin and stdout the host holds for as long as it talks to it          */
+/*                                                                                                 */
+/* Bytes are counted from the stream's start both ways, so a request the host gave up on (a VM      */
+/* stopped meanwhile) can be repeated without losing or doubling a byte: sread returns what lies at */
+/* and beyond "at" (what came before is dropped as received), swrite skips what was written before. */
+
+typedef struct stream {
+    unsigned long sid;
+    int in_fd, out_fd;           /* our ends; -1 once closed */
+    child *kid;                  /* in kids until the stream is freed */
+    char token[32];
+    buf_t held;                  /* read from stdout, not yet acknowledged; held.p[0] is byte "base" */
+    size_t base, written;
+    int eof, refs, gone;
+    pthread_mutex_t rlock, wlock; /* one reader, one writer at a time */
+    struct stream *next;
+} stream;
+
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static stream *streams;
+static unsigned long stream_seq;
+
+static stream *stream_get(json *req) {
+    unsigned long sid = (unsigned long)jnum(req, "sid", 0);
+    pthread_mutex_lock(&streams_lock);
+    stream *s = streams;
+    while (s && s->sid != sid) s = s->next;
+    if (s) s->refs++;
+    pthread_mutex_unlock(&streams_lock);
+    return s;
+}
+
+static void stream_put(stream *s) {
+    pthread_mutex_lock(&streams_lock);
+    int last = --s->refs == 0 && s->gone;
+    pthread_mutex_unlock(&streams_lock);
+    if (!last) return;
+    if (s->in_fd >= 0) close(s->in_fd);
+    if (s->out_fd >= 0) close(s->out_fd);
+    pthread_mutex_lock(&kids_lock);
+    child_forget(s->kid);
+    pthread_mutex_unlock(&kids_lock);
+    free(s->held.p);
+    pthread_mutex_destroy(&s->rlock);
+    pthread_mutex_destroy(&s->wlock);
+    free(s);
+}
+
+/* sopen {argv, cwd, env} -> {sid} or, when it cannot start, {code} (126: no working folder or not
+ * executable, 127: not found). stderr goes to /dev/null. */
+static int op_sopen(json *req, buf_t *res, char *err, size_t errlen) {
+    json *argv_j = jget(req, "argv"), *env_j = jget(req, "env");
+    const char *cwd = jstr(req, "cwd");
+    if (!argv_j || argv_j->type != J_ARR || !argv_j->count) { snprintf(err, errlen, "sopen: no argv"); return EINVAL; }
+    if (!cwd) cwd = "/";
+    struct stat st;
+    if (stat(cwd, &st) || !S_ISDIR(st.st_mode)) { buf_str(res, ",\"code\":126"); return 0; }
+    cmdline cl;
+    cmdline_init(&cl, argv_j, env_j);
+    char *exe = find_exe(cl.argv[0], cl.path_env);
+    int spawn_err = ENOENT;
+    child *me = NULL;
+    int in_p[2], out_p[2], null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    pipe2(in_p, O_CLOEXEC);
+    pipe2(out_p, O_CLOEXEC);
+    if (exe) me = spawn_child(exe, &cl, cwd, (int[3]){in_p[0], out_p[1], null_fd}, -1, &spawn_err);
+    close(in_p[0]);
+    close(out_p[1]);
+    close(null_fd);
+    if (!me) {
+        close(in_p[1]);
+        close(out_p[0]);
+        buf_fmt(res, ",\"code\":%d", spawn_err == ENOENT ? 127 : 126);
+    } else {
+        stream *s = xmalloc(sizeof *s);
+        memset(s, 0, sizeof *s);
+        s->in_fd = in_p[1];
+        s->out_fd = out_p[0];
+        s->kid = me;
+        snprintf(s->token, sizeof s->token, "%s", cl.token);
+        pthread_mutex_init(&s->rlock, NULL);
+        pthread_mutex_init(&s->wlock, NULL);
+        pthread_mutex_lock(&streams_lock);
+        s->sid = ++stream_seq;
+        s->next = streams;
+        streams = s;
+        pthread_mutex_unlock(&streams_lock);
+        buf_fmt(res, ",\"sid\":%lu,\"pid\":%d", s->sid, me->pid);
+    }
+    free(exe);
+    cmdline_free(&cl);
+    return 0;
+}
+
+/* sread {sid, at, hold} -> {data, at, eof}: stdout from byte "at" on, waiting up to "hold" s for some */
+static int op_sread(json *req, buf_t *res, char *err, size_t errlen) {
+    stream *s = stream_get(req);
+    if (!s) { snprintf(err, errlen, "sread: no such stream"); return ENOENT; }
+    size_t at = (size_t)jnum(req, "at", 0);
+    double wait = jnum(req, "hold", 1.0);
+    pthread_mutex_lock(&s->rlock);
+    if (at > s->base) { /* acknowledged: drop it */
+        size_t drop = at - s->base > s->held.n ? s->held.n : at - s->base;
+        memmove(s->held.p, s->held.p + drop, s->held.n - drop);
+        s->held.n -= drop;
+        s->base += drop;
+    }
+    if (!s->held.n && !s->eof && !s->gone) {
+        struct pollfd pf = {s->out_fd, POLLIN, 0};
+        if (poll(&pf, 1, (int)(wait * 1000)) > 0) {
+            char chunk[65536];
+            ssize_t r = read(s->out_fd, chunk, sizeof chunk);
+            if (r > 0) buf_add(&s->held, chunk, r);
+            else if (r == 0 || (errno != EINTR && errno != EAGAIN)) s->eof = 1;
+        }
+    }
+    buf_str(res, ",\"data\":");
+    b64_enc(res, (unsigned char *)(s->held.p ? s->held.p : ""), s->held.n);
+    buf_fmt(res, ",\"at\":%zu,\"eof\":%s", s->base, (s->eof || s->gone) && !s->held.n ? "true" : "false");
+    pthread_mutex_unlock(&s->rlock);
+    stream_put(s);
+    return 0;
+}
+
+/* swrite {sid, at, data, close} -> {written}: data (byte "at" of stdin on) written whole, then stdin
+ * closed when "close"; EPIPE once the command no longer reads */
+static int op_swrite(json *req, buf_t *res, char *err, size_t errlen) {
+    stream *s = stream_get(req);
+    if (!s) { snprintf(err, errlen, "swrite: no such stream"); return ENOENT; }
+    size_t at = (size_t)jnum(req, "at", 0), n = 0;
+    json *data_j = jget(req, "data");
+    unsigned char *d = data_j && data_j->type == J_STR ? b64_dec(data_j->str, data_j->len, &n) : NULL;
+    int rc = 0;
+    pthread_mutex_lock(&s->wlock);
+    size_t off = s->written > at ? s->written - at : 0;
+    if (s->written < at) { snprintf(err, errlen, "swrite: byte %zu is past what was written (%zu)", at, s->written); rc = EINVAL; }
+    while (!rc && off < n) {
+        if (s->in_fd < 0 || s->gone) { snprintf(err, errlen, "swrite: stdin is closed"); rc = EPIPE; break; }
+        struct pollfd pf = {s->in_fd, POLLOUT, 0};
+        if (poll(&pf, 1, 1000) <= 0) continue;
+        ssize_t w = write(s->in_fd, d + off, n - off);
+        if (w > 0) { off += w; s->written += w; }
+        else if (w < 0 && errno != EINTR && errno != EAGAIN) { snprintf(err, errlen, "swrite: %s", strerror(errno)); rc = errno; }
+    }
+    json *close_j = jget(req, "close");
+    if (!rc && close_j && close_j->type == J_BOOL && close_j->num && s->in_fd >= 0) {
+        close(s->in_fd);
+        s->in_fd = -1;
+    }
+    if (!rc) buf_fmt(res, ",\"written\":%zu", s->written);
+    pthread_mutex_unlock(&s->wlock);
+    free(d);
+    stream_put(s);
+    return rc;
+}
+
+/* spoll {sid} -> {code}: the exit status once the command ended, else null */
+static int op_spoll(json *req, buf_t *res, char *err, size_t errlen) {
+    stream *s = stream_get(req);
+    if (!s) { snprintf(err, errlen, "spoll: no such stream"); return ENOENT; }
+    pthread_mutex_lock(&kids_lock);
+    if (s->kid->done) buf_fmt(res, ",\"code\":%d", child_code(s->kid));
+    else buf_str(res, ",\"code\":null");
+    pthread_mutex_unlock(&kids_lock);
+    stream_put(s);
+    return 0;
+}
+
+/* sclose {sid, timeout} -> {code}: kill the command and everything it started (its session, its
+ * token), wait up to "timeout" s for its status (null if none), forget the stream */
+static int op_sclose(json *req, buf_t *res, char *err, size_t errlen) {
+    stream *s = stream_get(req);
+    if (!s) { snprintf(err, errlen, "sclose: no such stream"); return ENOENT; }
+    pthread_mutex_lock(&streams_lock);
+    if (!s->gone) {
+        s->gone = 1;
+        for (stream **pp = &streams; *pp; pp = &(*pp)->next)
+            if (*pp == s) { *pp = s->next; break; }
+    }
+    pthread_mutex_unlock(&streams_lock);
+    pthread_mutex_lock(&kids_lock);
+    int done = s->kid->done;
+    pid_t pid = s->kid->pid;
+    pthread_mutex_unlock(&kids_lock);
+    if (!done) kill(-pid, SIGKILL);
+    kill_marked(s->token);
+    double until = now_mono() + jnum(req, "timeout", 5.0);
+    pthread_mutex_lock(&kids_lock);
+    while (!s->kid->done && now_mono() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&kids_cond, &kids_lock, &ts);
+    }
+    if (s->kid->done) buf_fmt(res, ",\"code\":%d", child_code(s->kid));
+    else buf_str(res, ",\"code\":null");
+    pthread_mutex_unlock(&kids_lock);
+    stream_put(s);
     return 0;
 }
 
@@ -1101,6 +1335,7 @@ typedef int (*op_fn)(json *, buf_t *, char *, size_t);
 static const struct { const char *name; op_fn fn; } OPS[] = {
     {"ping", op_ping}, {"hello", op_hello}, {"exec", op_exec}, {"write", op_write}, {"put", op_put},
     {"read", op_read}, {"reset", op_reset}, {"digest", op_digest}, {"scan", op_scan}, {"sync", op_sync},
+    {"sopen", op_sopen}, {"sread", op_sread}, {"swrite", op_swrite}, {"spoll", op_spoll}, {"sclose", op_sclose},
 };
 
 static void *handle(void *arg) {

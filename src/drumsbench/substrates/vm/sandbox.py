@@ -66,10 +66,12 @@ from drumsbench.substrates.base import (
     SandboxLimits,
     SandboxPaths,
     Snapshotting,
+    Stream,
+    Streaming,
     Substrate,
 )
 from drumsbench.substrates.containers.common import END_ARGV
-from drumsbench.substrates.exec_core import SANDBOX_PATH, sandbox_env
+from drumsbench.substrates.exec_core import SANDBOX_PATH, EndedStream, sandbox_env
 from drumsbench.substrates.hostproc import (
     FreezerCgroup,
     cgroup_leftovers,
@@ -89,6 +91,7 @@ from drumsbench.substrates.vm.snapshot import (
     fresh_disk,
     live_snapshot,
 )
+from drumsbench.substrates.vm.stream import AgentStream
 
 CREATE_VAR = "DRUMSBENCH_VM_CREATE"
 # Seconds an answer may take beyond a command's own timeout (software emulation under load is slow).
@@ -99,7 +102,7 @@ def run_folder(state_dir: Path, run_id: str) -> Path:
     return state_dir / "vm" / run_id
 
 
-class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching):
+class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching, Streaming):
     def __init__(self, substrate: VmSubstrate, sid: str, folder: Path, vm: Qemu,
                  cgroup: FreezerCgroup | None = None) -> None:
         self.cgroup = cgroup  # QEMU's pids and memory limit groups (its freezer group is not used)
@@ -145,6 +148,22 @@ class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching):
                 raise SandboxFrozen(f"{e} (QEMU reports the VM paused)") from e
             raise
         return self._result(res, t0)
+
+    def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> Stream:
+        """``Streaming``: the agent starts the command as it starts an exec (``sopen``: the same uid,
+        environment and token); ``stream.AgentStream`` carries its stdin and stdout."""
+        if self._stopped_by_host():
+            raise SandboxFrozen(f"vm: sandbox {self.id}: stream refused, QEMU reports the VM paused")
+        full_env = sandbox_env(self.paths, env, labels={SANDBOX_VAR: self.id})
+        try:
+            res = self._call("sopen", AGENT_SLACK_S, argv=list(argv), cwd=self._abs(cwd or self.paths.work),
+                             env=full_env)
+        except AgentError as e:
+            raise SubstrateError(f"sandbox {self.id}: cannot start a stream: {e}") from e
+        if res.get("sid") is None:  # no working folder (126), not found (127) or not executable (126)
+            return EndedStream(int(res["code"]))
+        return AgentStream(self.vm.agent, int(res["sid"]), self.id)
 
     def _stopped_by_host(self) -> bool:
         """QEMU's own record (``query-status``): was the VM stopped from the host?"""
