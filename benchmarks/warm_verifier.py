@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from drumsbench.core.outcome import Outcome
-from drumsbench.envs.base import Task
+from drumsbench.envs.base import VerifierResult
 from drumsbench.envs.coding.env import VERIFIER_VAR, VERIFIERS, CodingEnv
-from drumsbench.envs.coding.task import load_suite
+from drumsbench.envs.coding.task import CodingTask, load_suite
 from drumsbench.measure.stats import Estimate, quantile
 from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
@@ -63,7 +63,7 @@ class TimedEnv(CodingEnv):
         super().__init__(verifier)
         self.runner_s: list[float] = []
 
-    def run_verifier(self, task: Task, timeout: float) -> bool:
+    def run_verifier(self, task: CodingTask, timeout: float) -> VerifierResult:
         t0 = time.monotonic()
         try:
             return super().run_verifier(task, timeout)
@@ -101,7 +101,7 @@ def attempts(n: int, state: Path, substrate: str = "process") -> dict[str, Any]:
                     bad.append(f"{mode} {task.id}: {rec.outcome} {rec.detail}")
                 notes[mode].append(str(rec.extra.get("verifier")))
                 if mode == "judge":
-                    calls.append(int(rec.extra.get("judge_calls") or 0))
+                    calls.append(int(str(rec.extra.get("judge_calls") or 0)))
                 wall[mode].append(rec.t_end - rec.t_start)
                 verify[mode].append(rec.verify_s)
             box = slots["warm"].sandbox

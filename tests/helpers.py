@@ -20,7 +20,7 @@ def one_task_suite(tmp_path: Path, task_id: str = "textstats-empty-summary") -> 
     """A suite folder in ``tmp_path`` holding one built-in coding task and its project (to damage)."""
     import tomllib
 
-    from drumsbench.envs.coding.task import BUILTIN_ROOT
+    from drumsbench.envs.suite_folders import BUILTIN_ROOT
 
     builtin = BUILTIN_ROOT / "coding"
     suite = tmp_path / "suite"

@@ -19,7 +19,8 @@ from drumsbench.core.errors import PolicyFault
 from drumsbench.core.outcome import Outcome
 from drumsbench.envs.base import Action
 from drumsbench.envs.coding.env import CodingEnv
-from drumsbench.envs.coding.task import BUILTIN_ROOT, CodingTask, load_suite
+from drumsbench.envs.coding.task import CodingTask, load_suite
+from drumsbench.envs.suite_folders import BUILTIN_ROOT
 from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
@@ -89,7 +90,8 @@ def _append(env: CodingEnv, rel: str, code: str) -> None:
 def _verify(env: CodingEnv, task: CodingTask) -> tuple[bool, str]:
     env.stage_verifier(task)
     try:
-        return env.run_verifier(task, 30), ""
+        result = env.run_verifier(task, 30)
+        return result.passed, result.reason
     except PolicyFault as e:
         return False, e.reason
 

@@ -95,3 +95,39 @@ def test_the_known_exception_is_still_real():
     """When the desktop no longer needs the process substrate, this fails: drop the exception."""
     for m, t in KNOWN:
         assert t in IMPORTS[m], f"{m} no longer imports {t}: remove it from KNOWN"
+
+
+def test_an_environment_never_narrows_its_task_itself():
+    """``Environment`` is generic over its task type (``Environment[CodingTask]``): a kind's methods
+    take their own task type, so no environment class asserts ``isinstance(task, ...)``."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Assert) and isinstance(node.test, ast.Call)
+                    and isinstance(node.test.func, ast.Name) and node.test.func.id == "isinstance"
+                    and node.test.args and isinstance(node.test.args[0], ast.Name) and node.test.args[0].id == "task"):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not found, found
+
+
+def test_the_suite_registry_imports_no_kind():
+    """``envs/suites.py`` reaches a kind only through its registry entry (``EnvKind``'s strings)."""
+    bad = sorted(t for t in IMPORTS["drumsbench.envs.suites"]
+                 if t.startswith(("drumsbench.envs.coding", "drumsbench.envs.desktop")))
+    assert not bad, bad
+
+
+CONCRETE_SUBSTRATES = ("process", "bwrap", "overlay", "containers", "vm")  # (hostproc, exec_core: shared helpers)
+# experiments/chaos.py drives the engines themselves (kill a container, its daemon); its podman
+# calls need the podman substrate's private configuration
+EXPERIMENTS_KNOWN = {("drumsbench.experiments.chaos", "drumsbench.substrates.containers.podman")}
+
+
+def test_experiments_never_import_a_concrete_substrate():
+    found = {(m, t) for m, targets in IMPORTS.items() if _layer(m) == "experiments" for t in targets
+             if t.startswith(tuple(f"drumsbench.substrates.{s}" for s in CONCRETE_SUBSTRATES))}
+    bad = sorted((m, t) for m, t in found
+                 if not any(m == km and (t == kt or t.startswith(kt + ".")) for km, kt in EXPERIMENTS_KNOWN))
+    assert not bad, bad
+    stale = sorted(k for k in EXPERIMENTS_KNOWN if not any(m == k[0] and t.startswith(k[1]) for m, t in found))
+    assert not stale, f"no longer imported, drop from EXPERIMENTS_KNOWN: {stale}"

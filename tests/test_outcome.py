@@ -29,3 +29,15 @@ def test_nine_causes():
     assert {c.value for c in InvalidCause} == {
         "dirty_reset", "stale_generation", "step_timeout", "episode_timeout", "bad_observation",
         "verifier_unavailable", "contamination", "substrate_failure", "policy_unavailable"}
+
+
+def test_a_verifier_result_is_passed_or_failed_with_its_reason():
+    from drumsbench.envs.base import VerifierResult
+
+    assert VerifierResult.success(tests=3, passed=3).evidence == {"tests": 3, "passed": 3}
+    failed = VerifierResult.failed("verifier: 1 of 3 expected tests passed", tests=3, passed=1)
+    assert (failed.passed, failed.reason) == (False, "verifier: 1 of 3 expected tests passed")
+    with pytest.raises(ValueError, match="needs its reason"):
+        VerifierResult.failed("  ")
+    with pytest.raises(ValueError, match="no reason"):
+        VerifierResult(True, "but why")

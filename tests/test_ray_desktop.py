@@ -18,8 +18,8 @@ from test_desktop import desktop_processes
 from test_ray import _descendants, _records, _run, _run_losing_node, loopback_cluster
 
 from drumsbench.core.outcome import Outcome
-from drumsbench.envs.coding.task import suite_dir
 from drumsbench.envs.desktop import instance
+from drumsbench.envs.suite_folders import suite_dir
 from drumsbench.executors import ray_env
 from drumsbench.experiments.run import RunConfig
 from drumsbench.measure.summary import build

@@ -50,7 +50,7 @@ def test_a_folder_named_like_a_builtin_does_not_shadow_it(tmp_path, monkeypatch)
     """An out folder called ``desktop`` or ``coding`` in the working folder (as `--out desktop` makes) must not
     turn `--tasks desktop` into that folder; ``./coding`` still means the folder."""
     from drumsbench.envs import suites
-    from drumsbench.envs.coding.task import BUILTIN_ROOT, suite_dir
+    from drumsbench.envs.suite_folders import BUILTIN_ROOT, suite_dir
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "coding").mkdir()

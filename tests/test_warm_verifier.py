@@ -233,7 +233,7 @@ def test_a_warm_runner_that_cannot_start_falls_back_to_cold_and_says_so(state_di
     try:
         runner = f"{env.box.paths.verify}/runner.py"
         env.box.write_file(runner, b'import sys\nif "--warm" in sys.argv:\n    raise SystemExit(3)\n' + RUNNER)
-        assert env.run_verifier(TASKS[0], 30) is True
+        assert env.run_verifier(TASKS[0], 30).passed is True
         assert len(env.fallbacks) == 1 and "exit 3" in env.fallbacks[0]
         assert _way(env.verify_note) == {"verifier": "cold", "verifier_fallback": env.fallbacks[0]}
         env.break_verifier()  # both broken: infrastructure, as the cold verifier alone says
@@ -344,8 +344,8 @@ def test_the_kept_servers_child_runs_the_code_as_the_sandboxs_uid(env_class, sta
         (init,) = sorted(p for p in task.files if p.endswith("__init__.py"))[:1]
         env.step(env_action(env, ActionSpec("shell", {"command": f"cat >> {init} <<'EOF'\n{UID_PROBE}EOF"})), 30)
         env.stage_verifier(task)
-        with pytest.raises(coding_env.PolicyFault):
-            env.run_verifier(task, 30)  # the bug is not fixed: failed
+        result = env.run_verifier(task, 30)  # the bug is not fixed: failed, with the reason
+        assert not result.passed and result.reason.startswith("verifier: "), result
         assert _way(env.verify_note) == {"verifier": "kept"}
         seen = int(box.read_file(f"{box.paths.tmp}/uid-seen"))
         # the positive control: without the drop, the code under test runs as root
@@ -358,7 +358,7 @@ def test_the_kept_servers_child_runs_the_code_as_the_sandboxs_uid(env_class, sta
 def test_fault_injection_breaks_the_kept_server_too(state_dir, run_id):
     sub, env = _staged(state_dir, run_id, oracle=True, verifier="kept")
     try:
-        assert env.run_verifier(TASKS[0], 30) is True and _way(env.verify_note) == {"verifier": "kept"}
+        assert env.run_verifier(TASKS[0], 30).passed is True and _way(env.verify_note) == {"verifier": "kept"}
         env.break_verifier()  # from the host: the server killed, the runner damaged
         with pytest.raises(coding_env.InvalidAttempt) as e:
             env.run_verifier(TASKS[0], 30)

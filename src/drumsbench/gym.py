@@ -32,9 +32,11 @@ import numpy as np
 from gymnasium import spaces
 
 from drumsbench.core.errors import UsageError
+from drumsbench.envs.coding.actions import ACTIONS as CODING_ACTIONS
+from drumsbench.envs.desktop.actions import ACTIONS as DESKTOP_ACTIONS
 from drumsbench.serve.wire import DrumsAction, DrumsObservation
 
-KINDS = ("shell", "write", "patch", "submit")
+KINDS = CODING_ACTIONS.names  # shell, write, patch, submit (the coding kind's typed actions)
 PRINTABLE = string.printable
 PATH_CHARS = string.ascii_letters + string.digits + "._-/"
 OBS_MAX = 65536
@@ -220,7 +222,7 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
         return f"Task: {obs.description}\n\n$ find . -type f | sort\n"
 
 
-DESKTOP_KINDS = ("key", "type", "click", "double_click", "drag", "scroll", "move", "wait", "shell", "submit")
+DESKTOP_KINDS = DESKTOP_ACTIONS.names  # key, type, click, double_click, drag, scroll, move, wait, shell, submit
 
 
 class DesktopEnv(CodingEnv):

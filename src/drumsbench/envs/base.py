@@ -9,11 +9,12 @@ Contracts:
   generation is not the current one, before touching the sandbox.
 - An observation that timed out has ``timed_out`` set; the rollout decides which timeout it was.
 - ``observation_problem(obs)`` names what makes an observation unusable (gate 4) or is ``None``.
-- ``stage_verifier(task)`` then ``run_verifier(task, timeout)``: True when the task is done, False
-  when it is not; ``InvalidAttempt(verifier_unavailable)`` when the verifier could not give an
-  answer. A verifier that runs and says "not done" is never an error.
-- ``run_verifier`` may raise ``PolicyFault`` (the code under test ended the verification: failed,
-  with its reason) and ``MissingDependency`` (the rollout confirms it in a fresh sandbox).
+- ``stage_verifier(task)`` then ``run_verifier(task, timeout)``: a ``VerifierResult`` — passed, or
+  failed with its reason ("not done" is a result, never an error); ``InvalidAttempt(verifier_unavailable)``
+  when the verifier could not give an answer.
+- ``run_verifier`` may raise ``PolicyFault`` (the code under test ended the verification, or left
+  the sandbox unusable: failed, with its reason) and ``MissingDependency`` (the rollout confirms it
+  in a fresh sandbox).
 - ``break_verifier()`` damages the staged verifier from the host (fault injection). Environments
   whose observations do not travel through ``Sandbox.exec`` offer ``BreakableObservation``.
 """
@@ -24,9 +25,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from drumsbench.core.errors import StaleGeneration
+from drumsbench.envs.actions import ActionSet
 from drumsbench.substrates.base import Sandbox
 
 
@@ -50,6 +52,32 @@ class Action:
 
 
 SUBMIT = "submit"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierResult:
+    """What a verifier that ran and answered says: ``passed``, or not with its ``reason`` (a failed
+    result without a reason cannot be made). ``evidence``: what it counted (JSON values, e.g. tests
+    run and passed), recorded with the attempt (``extra.verifier_evidence``). A verifier that could
+    not answer raises ``InvalidAttempt`` instead; one the policy's code ended raises ``PolicyFault``."""
+
+    passed: bool
+    reason: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.passed and not self.reason.strip():
+            raise ValueError("a failed verification needs its reason")
+        if self.passed and self.reason:
+            raise ValueError("a passed verification has no reason")
+
+    @classmethod
+    def success(cls, **evidence: Any) -> VerifierResult:
+        return cls(True, "", evidence)
+
+    @classmethod
+    def failed(cls, reason: str, **evidence: Any) -> VerifierResult:
+        return cls(False, reason, evidence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +123,20 @@ class Task(ABC):
         return self.oracle_plan() if solve else self.wrong_plan(choice)
 
 
-class Environment(ABC):
+TaskT = TypeVar("TaskT", bound=Task)
+
+
+class Environment(ABC, Generic[TaskT]):
+    """An environment kind over its own task type ``TaskT``: ``reset``, ``stage_verifier`` and
+    ``run_verifier`` take that type (a kind never narrows a ``Task`` itself); the rollout, which
+    holds any kind, sees ``Environment[Any]``."""
+
     kind: ClassVar[str]
+    # the kind's actions as typed models (``envs/actions.py``): the wire's check, the endpoint
+    # policy's tools and gymnasium's action names are made from them
+    actions: ClassVar[ActionSet]
+    # what an endpoint model is told before the task (its system prompt)
+    instructions: ClassVar[str]
     # capability interfaces (substrates/base.py) its sandboxes must implement; checked up front
     requires: ClassVar[tuple[type, ...]] = ()
     # the image flavor (``drumsbench.images.FLAVORS``) its sandboxes need where a substrate builds
@@ -134,7 +174,7 @@ class Environment(ABC):
             raise RuntimeError("environment has no sandbox attached")
         return self.sandbox
 
-    def reset(self, task: Task) -> None:
+    def reset(self, task: TaskT) -> None:
         self._write_start(task)
         self.generation += 1
         self.step_count = 0
@@ -151,7 +191,7 @@ class Environment(ABC):
         return self._apply(action, timeout)
 
     @abstractmethod
-    def _write_start(self, task: Task) -> None: ...
+    def _write_start(self, task: TaskT) -> None: ...
 
     @abstractmethod
     def fingerprint(self) -> str: ...
@@ -166,10 +206,10 @@ class Environment(ABC):
     def observation_problem(self, obs: Observation) -> str | None: ...
 
     @abstractmethod
-    def stage_verifier(self, task: Task) -> None: ...
+    def stage_verifier(self, task: TaskT) -> None: ...
 
     @abstractmethod
-    def run_verifier(self, task: Task, timeout: float) -> bool: ...
+    def run_verifier(self, task: TaskT, timeout: float) -> VerifierResult: ...
 
     @abstractmethod
     def break_verifier(self) -> None:
@@ -199,15 +239,15 @@ class Environment(ABC):
         return [p.work, p.home, p.tmp]
 
 
-class Resumable(ABC):
+class Resumable(ABC, Generic[TaskT]):
     """Capability of an environment whose task lives in a running application: ``resume`` starts it on
     task files copied into a fresh sandbox (the ``file`` fork method), as the task's reset would."""
 
     @abstractmethod
-    def resume(self, task: Task) -> None: ...
+    def resume(self, task: TaskT) -> None: ...
 
 
-class MachineForks(ABC):
+class MachineForks(ABC, Generic[TaskT]):
     """Capability of an environment whose task lives in running processes that a whole-machine fork
     copies as they are (the vm's ``snapshot`` fork method: RAM, devices and disk). ``handover``, on
     the parent, says what a continuation needs to take the copy over (JSON-able: what names the
@@ -219,10 +259,10 @@ class MachineForks(ABC):
     def handover(self) -> dict[str, object]: ...
 
     @abstractmethod
-    def adopt_fork(self, task: Task, history: list[ActionSpec], handover: dict[str, object]) -> None: ...
+    def adopt_fork(self, task: TaskT, history: list[ActionSpec], handover: dict[str, object]) -> None: ...
 
 
-class RestoringReset(ABC):
+class RestoringReset(ABC, Generic[TaskT]):
     """Capability of an environment that can reset by restoring a checkpoint of the task's verified
     start (``--reset restore``) instead of building it again.
 
@@ -235,7 +275,7 @@ class RestoringReset(ABC):
     reset_note: dict[str, object]
 
     @abstractmethod
-    def reset_by_restore(self, task: Task, spare: Callable[[], Sandbox]) -> None: ...
+    def reset_by_restore(self, task: TaskT, spare: Callable[[], Sandbox]) -> None: ...
 
 
 class VerifierNotes(ABC):

@@ -257,3 +257,21 @@ def task_folders(suite: Path, doc: str) -> list[Path]:
         check_folder(folder, folder)
         read_toml(folder / "task.toml", folder)
     return folders
+
+
+# the built-in suites (``coding``, ``desktop``): data, shipped in the package
+BUILTIN_ROOT = Path(__file__).resolve().parents[1] / "tasks"
+
+
+def suite_dir(name_or_path: str) -> Path:
+    """The folder of a suite: a bare built-in name (``coding``, ``desktop``) is the built-in suite even when
+    the working folder holds a folder of that name (an out folder called ``desktop`` must not shadow it);
+    anything else is a folder path. Write ``./desktop`` for a folder of that name."""
+    builtin = BUILTIN_ROOT / name_or_path
+    if "/" not in name_or_path and not name_or_path.startswith(".") and builtin.is_dir():
+        return builtin
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    names = sorted(p.name for p in BUILTIN_ROOT.iterdir() if p.is_dir()) if BUILTIN_ROOT.is_dir() else []
+    raise UsageError(f"--tasks: {name_or_path!r} is neither a folder nor a built-in suite ({', '.join(names)})")

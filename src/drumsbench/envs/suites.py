@@ -16,9 +16,9 @@ from typing import cast
 
 from drumsbench.core.errors import UsageError
 from drumsbench.core.plugins import Registry, load_spec
+from drumsbench.envs.actions import ActionSet
 from drumsbench.envs.base import Environment, Task
-from drumsbench.envs.coding.task import suite_dir
-from drumsbench.envs.suite_folders import read_toml, task_folders
+from drumsbench.envs.suite_folders import read_toml, suite_dir, task_folders
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class EnvKind:
     load_suite: str
     fingerprints: str
     task_checks: str | None = None
+    # the document a suite author of this kind reads (named in a refused folder's error)
+    docs: str = "docs/adding-an-environment.md"
 
     def environment_class(self) -> type[Environment]:
         cls = load_spec(self.environment)
@@ -52,13 +54,19 @@ class EnvKind:
 
 CODING = EnvKind("coding", "drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite",
                  "drumsbench.envs.coding.task:compute_fingerprints",
-                 task_checks="drumsbench.experiments.taskcheck:check_coding")
+                 task_checks="drumsbench.experiments.taskcheck:check_coding", docs="docs/tasks.md")
 DESKTOP = EnvKind("desktop", "drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite",
-                  "drumsbench.envs.desktop.task:compute_fingerprints")
+                  "drumsbench.envs.desktop.task:compute_fingerprints", docs="docs/desktop.md")
 
 KINDS: Registry[EnvKind] = Registry(
     "environment", "--tasks", {"coding": "drumsbench.envs.suites:CODING", "desktop": "drumsbench.envs.suites:DESKTOP"},
     "drumsbench.env_kinds", check=lambda obj: isinstance(obj, EnvKind), expected="an EnvKind")
+
+
+
+def environment_class(kind: str) -> type[Environment]:
+    """The ``Environment`` subclass of the kind named ``kind`` (``UsageError`` for an unknown one)."""
+    return KINDS.load(kind).environment_class()
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class Suite:
     kind: str
     tasks: Sequence[Task]
     make_env: Callable[[], Environment]
+    actions: ActionSet  # the kind's typed actions (``Environment.actions``)
 
 
 def suite_kind(name_or_path: str) -> str:
@@ -83,12 +92,13 @@ def suite_kind(name_or_path: str) -> str:
 def load(name_or_path: str) -> Suite:
     kind = KINDS.load(suite_kind(name_or_path))
     tasks = kind.tasks(name_or_path)
-    return Suite(name_or_path, kind.name, tasks, kind.environment_class())
+    env_class = kind.environment_class()
+    return Suite(name_or_path, kind.name, tasks, env_class, env_class.actions)
 
 
 def fingerprints(name_or_path: str) -> dict[str, str]:
     """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
     kind = KINDS.load(suite_kind(name_or_path))
     # every kind's task folders pass the shared checks first (no link out, readable UTF-8 TOML)
-    task_folders(suite_dir(name_or_path), "docs/tasks.md" if kind.name == "coding" else "docs/desktop.md")
+    task_folders(suite_dir(name_or_path), kind.docs)
     return kind.start_fingerprints(name_or_path)

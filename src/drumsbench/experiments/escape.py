@@ -401,6 +401,11 @@ class HostControlSandbox(Sandbox, HostFolders):
         with open(self._host(path), "rb") as f:
             return f.read(-1 if limit is None else limit)
 
+    def end_processes(self) -> None:
+        """Every process its commands started: their groups, and any that left them (by label)."""
+        self._groups.kill()
+        kill_pids(list(pids_with_env(CONTROL_VAR, self.id)))
+
     def destroy(self) -> None:
         if self._destroyed:
             return

@@ -25,7 +25,7 @@ from drumsbench.core.errors import LedgerUnwritable, UsageError
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
 from drumsbench.envs.base import Environment
-from drumsbench.envs.coding.task import suite_dir
+from drumsbench.envs.suite_folders import suite_dir
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
 from drumsbench.experiments.leak_sampler import LeakSampler

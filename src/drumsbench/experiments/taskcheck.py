@@ -44,7 +44,8 @@ def _verify(env: CodingEnv, task: CodingTask) -> str:
     """``passed``, ``failed: reason``, ``missing dependency: M`` or ``unavailable: detail``."""
     try:
         env.stage_verifier(task)
-        return "passed" if env.run_verifier(task, task.verify_timeout) else "failed"
+        result = env.run_verifier(task, task.verify_timeout)
+        return "passed" if result.passed else f"failed: {result.reason}"
     except PolicyFault as e:
         return f"failed: {e.reason}"
     except MissingDependency as e:
@@ -160,7 +161,7 @@ def check_coding(suite: str, substrates: list[str], state_dir: Path,
     """The coding kind's task checks (``EnvKind.task_checks``): the suite's data on the host (every
     patch applies, wrong patches fail, visible tests never reveal a bug, ``coding_data.py``), then
     every task on each substrate's image, each state verified ``repeat`` times (``check_suite``)."""
-    from drumsbench.envs.coding.task import suite_dir
+    from drumsbench.envs.suite_folders import suite_dir
     from drumsbench.experiments.coding_data import check_data
 
     reports, strays, _ = check_data(suite_dir(suite))

@@ -1,8 +1,9 @@
 """The endpoint policy: a model behind an OpenAI-compatible chat-completions endpoint.
 
 ``drumsbench run --policy endpoint --endpoint URL --model NAME`` (stored as the policy name
-``endpoint:NAME@URL``). Each observation goes to the endpoint with the environment's actions as
-tools (``shell``, ``write``, ``patch``, ``submit``); the answer's tool call becomes the action.
+``endpoint:NAME@URL``). Each observation goes to the endpoint with the task's kind's actions as
+tools (``Environment.actions``, typed models: coding's ``shell``, ``write``, ``patch``, ``submit``)
+and the kind's ``instructions`` as the system prompt; the answer's tool call becomes the action.
 The client is the real ``openai`` package (its own bounded retries with backoff).
 
 Attribution (docs/attribution.md, the policy is an adversary):
@@ -28,32 +29,14 @@ import time
 from typing import Any
 
 from drumsbench.core.errors import PolicyFault, PolicyUnavailable, UsageError
-from drumsbench.envs.base import SUBMIT, Action, ActionSpec, Observation, Task
+from drumsbench.envs.actions import ActionSet
+from drumsbench.envs.base import Action, ActionSpec, Observation, Task
+from drumsbench.envs.suites import environment_class
 from drumsbench.policies.registry import PolicyArgs
 from drumsbench.policies.scripted import Policy
 
 PREFIX = "endpoint:"
 OBS_CHARS = 6000
-
-TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "shell", "description": "Run a shell command in the repository's folder; see its output.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "write", "description": "Write a file (path relative to the repository's folder).",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                       "required": ["path", "content"]}}},
-    {"type": "function", "function": {
-        "name": "patch", "description": "Apply a unified diff to the repository (git apply).",
-        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}}},
-    {"type": "function", "function": {
-        "name": SUBMIT, "description": "Submit: the hidden tests judge the repository as it is now.",
-        "parameters": {"type": "object", "properties": {}}}},
-]
-REQUIRED = {t["function"]["name"]: tuple(t["function"]["parameters"].get("required", ())) for t in TOOLS}
-SYSTEM = ("You fix a bug in a Python repository. Use the tools: read with shell, change files with write or "
-          "patch, then call submit. Call exactly one tool per answer.")
-
 
 def policy_name(policy: str, endpoint: str | None, model: str | None) -> str:
     """The run's policy name for ``--policy endpoint --endpoint URL --model NAME``; UsageError naming
@@ -108,6 +91,8 @@ class EndpointPolicy(Policy):
         self.client = openai.OpenAI(base_url=url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
                                     timeout=self.timeout_s, max_retries=self.retries)
         self.messages: list[dict[str, Any]] = []
+        self.actions: ActionSet = ActionSet()  # the task's kind's, from ``begin``
+        self.tools: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
         self._tool_call_id: str | None = None
         self._problem: str | None = None
@@ -116,7 +101,9 @@ class EndpointPolicy(Policy):
         return []
 
     def begin(self, task: Task, rng: random.Random) -> None:
-        self.messages = [{"role": "system", "content": SYSTEM},
+        env_class = environment_class(task.env_kind)
+        self.actions, self.tools = env_class.actions, env_class.actions.tools()
+        self.messages = [{"role": "system", "content": env_class.instructions},
                          {"role": "user", "content": f"Task: {task.description}"}]
         self.calls = []
         self._tool_call_id = None
@@ -167,8 +154,9 @@ class EndpointPolicy(Policy):
         self.messages.append({"role": "assistant", "content": content, "tool_calls": [{
             "id": call_id, "type": "function", "function": {"name": shown_name, "arguments": shown_args}}]})
         self._tool_call_id = call_id
-        if not isinstance(name, str) or name not in REQUIRED:
-            return self._malformed(obs, f"unknown tool {shown_name}; the tools are {', '.join(REQUIRED)}")
+        model = self.actions.model(name) if isinstance(name, str) else None
+        if model is None:
+            return self._malformed(obs, f"unknown tool {shown_name}; the tools are {', '.join(self.actions.names)}")
         if arguments is not None and not isinstance(arguments, str):
             return self._malformed(obs, f"the arguments of {name} are not a JSON string "
                                         f"(a {type(arguments).__name__})")
@@ -178,10 +166,10 @@ class EndpointPolicy(Policy):
             return self._malformed(obs, f"the arguments of {name} are not JSON ({e.msg})")
         if not isinstance(args, dict):
             return self._malformed(obs, f"the arguments of {name} are not a JSON object")
-        missing = [k for k in REQUIRED[name] if not isinstance(args.get(k), str)]
-        if missing:
-            return self._malformed(obs, f"{name} needs {', '.join(missing)} (strings)")
-        return Action(name, obs.generation, {k: args[k] for k in REQUIRED[name]})
+        problem = self.actions.problem(model.kind, args)
+        if problem:
+            return self._malformed(obs, problem)
+        return Action(model.kind, obs.generation, {k: args[k] for k in model.model_fields if k in args})
 
     def _malformed(self, obs: Observation, problem: str) -> Action:
         """The policy's own failed step: the environment answers "unknown action", the next prompt
@@ -197,7 +185,7 @@ class EndpointPolicy(Policy):
         self.calls.append(entry)
         try:
             create: Any = self.client.chat.completions.create  # plain dicts, as the API takes them
-            answer = create(model=self.model, messages=self.messages, tools=TOOLS, max_tokens=self.max_tokens,
+            answer = create(model=self.model, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
                             temperature=self.temperature)
         except oa.APIConnectionError as e:  # refused, unreachable, timed out (APITimeoutError) after retries
             raise self._unavailable(entry, t0, f"{type(e).__name__}: {e}") from None

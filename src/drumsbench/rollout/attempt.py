@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -73,7 +73,7 @@ class Slot:
     """One worker's place: its environment (which keeps the generation) and current sandbox."""
 
     substrate: Substrate
-    env: Environment
+    env: Environment[Any]  # any kind, over its own task type
     worker: int = 0
     sandbox: Sandbox | None = None
     last_action: Action | None = None
@@ -142,7 +142,8 @@ def run_attempt(
                                       f"{verdict.detail}; destroy failed: {e}")
     fields = dict(meta or {})
     given = fields.pop("extra", None)
-    extra = {**(given if isinstance(given, dict) else {}), **policy.notes(), **ep.reset_note, **ep.verify_note}
+    extra = {**(given if isinstance(given, dict) else {}), **policy.notes(), **ep.reset_note, **ep.verify_note,
+             **({"verifier_evidence": ep.verifier_evidence} if ep.verifier_evidence else {})}
     return AttemptRecord(
         run_id=run_id,
         seq=seq,
@@ -182,6 +183,7 @@ class _Episode:
         # a reset by restore, or an in-place reset that failed and was replaced: how it went (in extra)
         self.reset_note: dict[str, object] = {}
         self.verify_note: dict[str, object] = {}  # how the verifier reached its verdict (recorded in extra)
+        self.verifier_evidence: dict[str, object] = {}  # what it counted (``VerifierResult.evidence``)
         self.steps: list[float] = []
         self.token: str | None = None
         self.deadline = 0.0
@@ -231,8 +233,9 @@ class _Episode:
                 self._own_disk_full(e)
                 raise
             inject.after_stage_verifier(env)
-            done = env.run_verifier(self.task, self.cfg.verify_timeout_s or self.task.verify_timeout)  # gate 5
-            reason = ""
+            result = env.run_verifier(self.task, self.cfg.verify_timeout_s or self.task.verify_timeout)  # gate 5
+            done, reason = result.passed, result.reason
+            self.verifier_evidence = dict(result.evidence)
         except PolicyFault as e:
             if e.destroy:
                 raise

@@ -184,6 +184,9 @@ class _LossyTransport(Sandbox):
     def read_file(self, path: str, limit: int | None = None) -> bytes:
         return self.inner.read_file(path, limit)
 
+    def end_processes(self) -> None:
+        self.inner.end_processes()
+
     def destroy(self) -> None:
         self.inner.destroy()
 

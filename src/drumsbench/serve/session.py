@@ -136,7 +136,7 @@ class ServedEnv(OEEnvironment[DrumsAction, DrumsObservation, DrumsState]):
                                             "is stateless; run multi-step episodes over /ws)")
                 if self.final is not None:
                     return self.final.model_copy(update={"error": "the episode is over; reset for a new one"})
-                problem = action_problem(self.hub.suite.kind, action)
+                problem = action_problem(self.hub.suite.actions, action)
                 if problem:
                     # Reaches the environment as an unknown kind: a failed step the policy sees.
                     ep.send(f"malformed: {problem}", action.generation, {})

@@ -19,10 +19,8 @@ from pydantic import Field
 
 from drumsbench.core.outcome import Outcome
 from drumsbench.core.records import AttemptRecord
-from drumsbench.envs.base import SUBMIT, Observation
-
-# What a coding action needs besides its kind (the desktop takes its arguments in ``args``).
-CODING_FIELDS = {"shell": ("command",), "write": ("path", "content"), "patch": ("patch",), SUBMIT: ()}
+from drumsbench.envs.actions import ActionSet
+from drumsbench.envs.base import Observation
 
 
 class DrumsAction(OEAction):
@@ -97,15 +95,8 @@ def final_observation(rec: AttemptRecord, *, description: str = "", error: str =
         cause=rec.cause.value if rec.cause else None, detail=rec.detail, attempt=f"{rec.run_id}/{rec.seq}")
 
 
-def action_problem(env_kind: str, action: DrumsAction) -> str | None:
-    """What makes a coding action malformed (a missing field), or None. Such an action reaches the
-    environment as an unknown kind: a failed step the policy sees, never a harness error."""
-    if env_kind != "coding":
-        return None
-    need = CODING_FIELDS.get(action.kind)
-    if need is None:
-        return f"unknown action kind {action.kind!r}; choose one of {', '.join(CODING_FIELDS)}"
-    missing = [f for f in need if getattr(action, f) is None and f not in action.args]
-    if missing:
-        return f"{action.kind} needs {', '.join(missing)}"
-    return None
+def action_problem(actions: ActionSet, action: DrumsAction) -> str | None:
+    """What makes an action malformed for the session's kind (``ActionSet.problem``: an unknown
+    kind, a missing field, a wrong type), or None. Such an action reaches the environment as an
+    unknown kind: a failed step the policy sees, never a harness error."""
+    return actions.problem(action.kind, action.payload())

@@ -238,14 +238,13 @@ class Sandbox(ABC):
         """
         raise NotImplementedError(f"{self.substrate} has no in-place reset")
 
+    @abstractmethod
     def end_processes(self) -> None:
         """Kill every process that the sandbox's commands started, keeping its files (and the
-        harness's own kept helpers: ``Helpers``).
+        harness's own kept helpers: ``Helpers``), and leave the sandbox usable.
 
-        Called before the verifier is staged, so nothing the policy left running (a background
-        process) can touch the verifier or its output. Substrates override it; the default kills
-        through an in-place reset's machinery only where the substrate offers nothing better."""
-        raise NotImplementedError(f"{self.substrate} cannot end a sandbox's processes")
+        Called before every verifier is staged, so nothing the policy left running (a background
+        process) can touch the verifier or its output; ``conformance`` checks it."""
 
     def empty_folder(self, path: str, timeout: float = 30.0) -> None:
         """Remove everything below the in-sandbox folder ``path``, keeping it; links are removed,

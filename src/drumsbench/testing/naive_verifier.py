@@ -23,8 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from drumsbench.core.errors import PolicyFault
-from drumsbench.envs.base import Task
+from drumsbench.envs.base import VerifierResult
 from drumsbench.envs.coding.env import OBS_LIMIT, CodingEnv
 from drumsbench.envs.coding.task import CodingTask
 
@@ -60,21 +59,19 @@ class NaiveCodingEnv(CodingEnv):
         # "cold": no verifier server is kept in the sandbox (the naive runner needs none)
         super().__init__(verifier="cold")
 
-    def stage_verifier(self, task: Task) -> None:
+    def stage_verifier(self, task: CodingTask) -> None:
         """End the policy's processes (as the real environment does), stage the naive runner and tests."""
-        assert isinstance(task, CodingTask)
         self.box.end_processes()
         self.box.empty_folder(self.box.paths.verify)
         files = {"naive_runner.py": NAIVE_RUNNER, **{f"tests/{name}": data for name, data in task.hidden.items()}}
         self.box.put_files(self.box.paths.verify, files)
 
-    def run_verifier(self, task: Task, timeout: float) -> bool:
-        assert isinstance(task, CodingTask)
+    def run_verifier(self, task: CodingTask, timeout: float) -> VerifierResult:
         verify = self.box.paths.verify
         self.verify_note = {"verifier": NAIVE}
         res = self.box.exec(["python3", f"{verify}/naive_runner.py", f"{verify}/tests", *sorted(task.hidden)],
                             timeout=timeout, output_limit=OBS_LIMIT)
         passed, reason = naive_verdict(res.stdout, res.stderr, res.exit_code, res.timed_out)
         if not passed:
-            raise PolicyFault(reason)
-        return True
+            return VerifierResult.failed(reason or "naive verifier: not passed")
+        return VerifierResult.success()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from drumsbench.core.errors import InvalidAttempt, PolicyFault
 from drumsbench.core.outcome import InvalidCause
-from drumsbench.envs.base import Task
+from drumsbench.envs.base import VerifierResult
 from drumsbench.envs.coding.env import OBS_LIMIT, CodingEnv
 from drumsbench.envs.coding.task import CodingTask
 
@@ -41,7 +41,7 @@ class ForgeableCodingEnv(CodingEnv):
         # the naive runner reads; its own verdict replaces the runner's
         super().__init__("warm")
 
-    def stage_verifier(self, task: Task) -> None:
+    def stage_verifier(self, task: CodingTask) -> None:
         super().stage_verifier(task)
         self.box.put_files(self.box.paths.verify, {"naive.py": NAIVE_RUNNER})
 
@@ -49,8 +49,7 @@ class ForgeableCodingEnv(CodingEnv):
         super().break_verifier()
         self.box.write_file(f"{self.box.paths.verify}/naive.py", b"import json\nraise SystemExit(\n")
 
-    def run_verifier(self, task: Task, timeout: float) -> bool:
-        assert isinstance(task, CodingTask)
+    def run_verifier(self, task: CodingTask, timeout: float) -> VerifierResult:
         p = self.box.paths
         res = self.box.exec(["python3", f"{p.verify}/naive.py", p.work, f"{p.verify}/tests"], timeout=timeout,
                             cwd=p.work, output_limit=OBS_LIMIT)
@@ -63,7 +62,9 @@ class ForgeableCodingEnv(CodingEnv):
                                      f"{res.stderr.decode(errors='replace')[-200:]}")
         if res.timed_out:
             raise PolicyFault("naive verifier: the tests hung", destroy=True)
-        return res.exit_code == 0
+        if res.exit_code == 0:
+            return VerifierResult.success()
+        return VerifierResult.failed(f"naive verifier: the tests exited {res.exit_code}")
 
 
 __all__ = ["NAIVE_RUNNER", "ForgeableCodingEnv"]

@@ -49,14 +49,15 @@ from typing import Any
 
 from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, SubstrateError, UsageError
 from drumsbench.core.outcome import InvalidCause
-from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
-from drumsbench.envs.base import Action, Environment, Observation, Task, VerifierNotes
+from drumsbench.core.verdict_channel import authentic_verdict, new_secret, runner_source, saw_ready
+from drumsbench.envs.base import Action, Environment, Observation, VerifierNotes, VerifierResult
+from drumsbench.envs.coding.actions import ACTIONS, INSTRUCTIONS
 from drumsbench.envs.coding.judge_host import run_judge
 from drumsbench.envs.coding.server_zygote import ServerZygote
 from drumsbench.envs.coding.task import CodingTask
 from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Stream, Streaming
 
-RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
+RUNNER = runner_source(Path(__file__).parent / "verify_runner.py")
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
 OBS_LIMIT = 16 * 1024
 # $1: the policy's command, run by a child shell; $2: the end marker, printed by this outer shell.
@@ -114,8 +115,10 @@ def chosen_verifier(verifier: str | None = None) -> str:
     return value
 
 
-class CodingEnv(Environment, VerifierNotes):
+class CodingEnv(Environment[CodingTask], VerifierNotes):
     kind = "coding"
+    actions = ACTIONS
+    instructions = INSTRUCTIONS
 
     def __init__(self, verifier: str | None = None) -> None:
         super().__init__()
@@ -132,7 +135,7 @@ class CodingEnv(Environment, VerifierNotes):
         # the judge's interpreter when fault injection broke it (None: the kept judge)
         self._judge_python: str | None = None
 
-    def reset(self, task: Task) -> None:
+    def reset(self, task: CodingTask) -> None:
         super().reset(task)
         if self._in_process_verifier(task) == "kept":
             self._keep_server()
@@ -162,9 +165,8 @@ class CodingEnv(Environment, VerifierNotes):
             with contextlib.suppress(SubstrateError):
                 self._zygote = ServerZygote(box)
 
-    def judged(self, task: Task) -> str | None:
+    def judged(self, task: CodingTask) -> str | None:
         """None when the trusted judge decides ``task`` in the attached sandbox; else why not."""
-        assert isinstance(task, CodingTask)
         if task.trust == TRUST_IN_PROCESS:
             return "the task declares verifier = \"in-process\""
         if self.verifier != "judge":
@@ -173,7 +175,7 @@ class CodingEnv(Environment, VerifierNotes):
             return f"the {self.box.substrate} substrate cannot stream a command (no Streaming)"
         return None
 
-    def _in_process_verifier(self, task: Task) -> str | None:
+    def _in_process_verifier(self, task: CodingTask) -> str | None:
         """The in-process runner that decides ``task`` (None: the judge does)."""
         if self.judged(task) is None:
             return None
@@ -195,8 +197,7 @@ class CodingEnv(Environment, VerifierNotes):
         which the policy could change before the interpreter reads it)."""
         return ["python3", "-I", "-c", RUNNER.decode(), "--serve", paths.verify, paths.work, str(uid)]
 
-    def _write_start(self, task: Task) -> None:
-        assert isinstance(task, CodingTask)
+    def _write_start(self, task: CodingTask) -> None:
         self.box.put_files(self.box.paths.work, task.files)
 
     def fingerprint(self) -> str:
@@ -268,10 +269,9 @@ class CodingEnv(Environment, VerifierNotes):
         return self._result(2, f"unknown action {action.kind!r}")
 
     # -- verifier ----------------------------------------------------------------------------
-    def stage_verifier(self, task: Task) -> None:
+    def stage_verifier(self, task: CodingTask) -> None:
         """End every process the policy left, then (in-process runners only) copy the runner and the
         hidden tests; the judge stages nothing in the sandbox."""
-        assert isinstance(task, CodingTask)
         self.box.end_processes()
         # What the policy left there (files, links) goes; nothing of the policy runs any more.
         self.box.empty_folder(self.box.paths.verify)
@@ -295,13 +295,13 @@ class CodingEnv(Environment, VerifierNotes):
         argv = ["python3", "-I", f"{verify}/runner.py", *(["--warm"] if warm else []), verify]
         return self.box.exec(argv, timeout=timeout, output_limit=OBS_LIMIT, stdin=runner_stdin(secret, config))
 
-    def run_verifier(self, task: Task, timeout: float) -> bool:
-        """True: passed; False: the tests ran and did not pass. ``PolicyFault`` when the code under
-        test ended the verification itself (reason recorded); ``MissingDependency`` when a hidden
+    def run_verifier(self, task: CodingTask, timeout: float) -> VerifierResult:
+        """Passed, or failed with the reason (the tests ran and did not pass; evidence: the verdict's
+        counts). ``PolicyFault`` when the code under test ended the verification itself or left the
+        sandbox unusable (reason recorded); ``MissingDependency`` when a hidden
         test needs a module the sandbox lacks; ``InvalidAttempt(verifier_unavailable)`` only with
         evidence that the runner did not get to run the tests or to report (its authenticated
         READY missing, no tests defined) or that the sandbox itself failed (see ``Sandbox.probe``)."""
-        assert isinstance(task, CodingTask)
         why_not = self.judged(task)
         if why_not is None:
             return self._run_judge(task, timeout)
@@ -310,7 +310,7 @@ class CodingEnv(Environment, VerifierNotes):
         finally:
             self.verify_note = {**self.verify_note, "trust": TRUST_IN_PROCESS, "trust_why": why_not}
 
-    def _run_judge(self, task: CodingTask, timeout: float) -> bool:
+    def _run_judge(self, task: CodingTask, timeout: float) -> VerifierResult:
         """``run_verifier`` by the trusted judge (the module docstring; docs/attribution.md)."""
         assert isinstance(self.box, Streaming)
         secret = new_secret()
@@ -344,9 +344,9 @@ class CodingEnv(Environment, VerifierNotes):
         status = verdict.get("status")
         reason = str(verdict.get("reason") or "")
         if status == "passed":
-            return True
+            return VerifierResult.success(**_counts(verdict))
         if status == "failed":
-            raise PolicyFault(f"verifier: {reason or 'tests did not pass'}")
+            return VerifierResult.failed(f"verifier: {reason or 'tests did not pass'}", **_counts(verdict))
         if status == "server_lost":
             evidence = self.box.probe()
             if evidence:
@@ -357,7 +357,7 @@ class CodingEnv(Environment, VerifierNotes):
         # hidden tests import: the policy cannot touch it), anything else: the judge's side
         raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"judge: {status}: {reason}")
 
-    def _run_in_process(self, task: CodingTask, timeout: float) -> bool:
+    def _run_in_process(self, task: CodingTask, timeout: float) -> VerifierResult:
         """``run_verifier`` by an in-process runner (``verify_runner.py``)."""
         secret = new_secret()
         config = {"tests": sorted(task.hidden), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S),
@@ -396,7 +396,8 @@ class CodingEnv(Environment, VerifierNotes):
             lines = res.stdout.decode(errors="replace").splitlines()
         return self._decide(task, res, lines, secret, timeout)
 
-    def _decide(self, task: CodingTask, res: ExecResult, lines: list[str], secret: bytes, timeout: float) -> bool:
+    def _decide(self, task: CodingTask, res: ExecResult, lines: list[str], secret: bytes,
+                timeout: float) -> VerifierResult:
         """The verdict of one runner's output (``run_verifier``'s contract)."""
         err = (res.stderr or res.stdout).decode(errors="replace")[-200:]
         if not saw_ready(lines, secret):
@@ -417,7 +418,7 @@ class CodingEnv(Environment, VerifierNotes):
                               f"(exit {res.exit_code}{', timed out' if res.timed_out else ''})", destroy=True)
         status = verdict.get("status")
         if status == "passed":
-            return True
+            return VerifierResult.success(**_counts(verdict))
         if status == "no_tests":
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, str(verdict.get("reason")))
         if status == "missing_dependency":
@@ -425,7 +426,12 @@ class CodingEnv(Environment, VerifierNotes):
             if module not in task.test_imports:
                 # The runner names only modules of the harness's list; anything else came from the
                 # code under test (the report channel is in its process): its own failure.
-                raise PolicyFault(f"verifier: the code under test reported a missing module {module!r} that no "
-                                  "hidden test imports")
+                return VerifierResult.failed(f"verifier: the code under test reported a missing module {module!r} "
+                                             "that no hidden test imports")
             raise MissingDependency(module, str(verdict.get("reason")))
-        raise PolicyFault(f"verifier: {verdict.get('reason') or 'tests did not pass'}")
+        return VerifierResult.failed(f"verifier: {verdict.get('reason') or 'tests did not pass'}", **_counts(verdict))
+
+
+def _counts(verdict: dict[str, object]) -> dict[str, int]:
+    """The counts a verdict carries (tests expected, run, passed, ...): the result's evidence."""
+    return {k: v for k, v in verdict.items() if type(v) is int and k != "calls"}

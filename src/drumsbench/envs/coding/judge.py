@@ -26,8 +26,6 @@ the harness decides from the sandbox's state whether that is the policy's doing)
 """
 
 import ast
-import hashlib
-import hmac
 import importlib.machinery
 import json
 import os
@@ -37,6 +35,7 @@ import time
 import types
 import unittest
 
+from drumsbench.core.verdict_lines import ready_line, verdict_line
 from drumsbench.envs.coding.boundary_server import BoundaryError, decode, encode
 
 MAX_ANSWER = 16 * 1024 * 1024
@@ -428,19 +427,15 @@ def verdict_of(expected, record, link):
     return {"status": "passed", "reason": "", **counts}
 
 
-def _mac(secret, text):
-    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
-
 def judge(rfd, wfd, out_fd, secret, config):
     """One verification: READY, the tests, one VERDICT, written to ``out_fd``."""
     if len(secret) < 16:
         raise SystemExit("judge: no secret")
-    _write(out_fd, f"DRUMSBENCH_READY {_mac(secret, 'ready')}\n")
+    _write(out_fd, ready_line(secret) + "\n")
     link = Link(rfd, wfd, time.monotonic() + float(config["limit_s"]))
     verdict = run_tests(link, dict(config["tests"]), list(config["task_modules"]))
     text = json.dumps(verdict, sort_keys=True)
-    _write(out_fd, f"DRUMSBENCH_VERDICT {_mac(secret, text)} {text}\n")
+    _write(out_fd, verdict_line(secret, text) + "\n")
 
 
 def _write(fd, text):

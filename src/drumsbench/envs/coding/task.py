@@ -34,10 +34,10 @@ from drumsbench.envs.suite_folders import (
     read_text,
     read_toml,
     read_tree,
+    suite_dir,
     task_folders,
 )
 
-BUILTIN_ROOT = Path(__file__).resolve().parents[2] / "tasks"
 _SKIP_PARTS = {"__pycache__", ".git"}
 
 
@@ -125,20 +125,6 @@ class CodingTask(Task):
             "python3 -c 'import sys; print(sys.version)'",
         )
         return ActionSpec("shell", {"command": commands[i % len(commands)]})
-
-
-def suite_dir(name_or_path: str) -> Path:
-    """The folder of a suite: a bare built-in name (``coding``, ``desktop``) is the built-in suite even when
-    the working folder holds a folder of that name (an out folder called ``desktop`` must not shadow it);
-    anything else is a folder path. Write ``./desktop`` for a folder of that name."""
-    builtin = BUILTIN_ROOT / name_or_path
-    if "/" not in name_or_path and not name_or_path.startswith(".") and builtin.is_dir():
-        return builtin
-    path = Path(name_or_path)
-    if path.is_dir():
-        return path
-    names = sorted(p.name for p in BUILTIN_ROOT.iterdir() if p.is_dir()) if BUILTIN_ROOT.is_dir() else []
-    raise UsageError(f"--tasks: {name_or_path!r} is neither a folder nor a built-in suite ({', '.join(names)})")
 
 
 def _skipped(rel: str) -> bool:

@@ -43,6 +43,8 @@ import signal
 import sys
 import time
 
+from drumsbench.core.verdict_lines import ready_line, verdict_line  # its text, when shipped (verdict_channel)
+
 # hashlib, hmac (the parent's MAC) and subprocess (the cold parent's child) are imported where they
 # are used: the warm runner's child, forked from the parent, never needs them, so the parent
 # imports them only after the fork.
@@ -52,13 +54,6 @@ MAX_REPORT = 4 * 1024 * 1024
 
 
 # -- parent -----------------------------------------------------------------------------------------
-def _mac(secret, text):
-    import hashlib
-    import hmac
-
-    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
-
 def _no_dump():
     """Make this process non-dumpable: same-user processes cannot ptrace it or read /proc/PID/mem."""
     try:
@@ -275,7 +270,7 @@ def main():
     _no_dump()
     verify_dir = os.path.abspath(sys.argv[1])
     expected = _expected_tests(_parse_tests(verify_dir, config["tests"]))
-    print("DRUMSBENCH_READY " + _mac(secret, "ready"), flush=True)
+    print(ready_line(secret), flush=True)
     deadline = time.monotonic() + float(config["limit_s"])
     rfd, wfd = os.pipe()
     proc = subprocess.Popen(
@@ -304,7 +299,7 @@ def _print_verdict(secret, config, verify_dir, expected, events, problem, exit_c
     # files again: the code under test could have rewritten them by now.
     verdict = json.dumps(_verdict(expected, events, problem, exit_code, frozenset(config.get("test_imports", ())),
                                   frozenset(config.get("task_modules", ()))), sort_keys=True)
-    sys.stdout.write(f"DRUMSBENCH_VERDICT {_mac(secret, verdict)} {verdict}\n")
+    sys.stdout.write(verdict_line(secret, verdict) + "\n")
     sys.stdout.flush()
 
 
@@ -364,7 +359,7 @@ def warm_main(verify_dir, drop_uid=None):
     if len(secret) < 16:
         raise SystemExit("runner: no secret on stdin")
     expected = _expected_tests(_parse_tests(verify_dir, config["tests"]))
-    print("DRUMSBENCH_READY " + _mac(secret, "ready"), flush=True)
+    print(ready_line(secret), flush=True)
     deadline = time.monotonic() + float(config["limit_s"])
     os.write(cfg_w, json.dumps({"tests": list(config["tests"]),
                                 "task_modules": list(config.get("task_modules", ()))}).encode())
@@ -428,7 +423,7 @@ def serve_main(verify_dir, work_dir, uid):
     lines the harness sent after ``go`` (the secret, the config): it forks the child before it
     reads the secret, and the child drops to UID before it reads its config and imports the code
     under test (``_drop_to``). Nothing of a verification stays in the server: each is a fork."""
-    import hashlib  # noqa: F401 - the worker's (``_mac``), once for every verification
+    import hashlib  # noqa: F401 - the worker's (``mac``), once for every verification
     import hmac  # noqa: F401
     import secrets  # noqa: F401 - the child's imports, once for every verification
     import types  # noqa: F401

@@ -61,7 +61,7 @@ import numpy as np
 from drumsbench.core import criu
 from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError
 from drumsbench.core.outcome import InvalidCause
-from drumsbench.core.verdict_channel import authentic_verdict, new_secret, saw_ready
+from drumsbench.core.verdict_channel import authentic_verdict, new_secret, runner_source, saw_ready
 from drumsbench.envs.base import (
     Action,
     ActionSpec,
@@ -71,10 +71,11 @@ from drumsbench.envs.base import (
     Observation,
     RestoringReset,
     Resumable,
-    Task,
     VerifierNotes,
+    VerifierResult,
 )
 from drumsbench.envs.desktop import restore, xcb
+from drumsbench.envs.desktop.actions import ACTIONS, INSTRUCTIONS
 from drumsbench.envs.desktop.guest import GuestInstance
 from drumsbench.envs.desktop.instance import (
     HOSTNAME,
@@ -89,7 +90,7 @@ from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
 from drumsbench.substrates.base import GuestLaunching, HostFolders, HostLaunching, Sandbox, ViewLaunching
 
-RUNNER = (Path(__file__).parent / "verify_runner.py").read_bytes()
+RUNNER = runner_source(Path(__file__).parent / "verify_runner.py")
 OUTPUT_LIMIT = 16 * 1024
 LOCK_RE = re.compile(r"^\.~lock\..*#$")
 MENU_BAND = (slice(20, 36), slice(0, 320))  # where the maximised window's menu bar is drawn
@@ -131,12 +132,15 @@ class ArtifactSink:
         return state.state_dir() / "artifacts"
 
 
-class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, MachineForks, VerifierNotes):
+class DesktopEnv(Environment[DesktopTask], BreakableObservation, Resumable[DesktopTask],
+                 RestoringReset[DesktopTask], MachineForks[DesktopTask], VerifierNotes):
     # the X server and LibreOffice start in the sandbox's view (process, bwrap, overlay, docker, podman:
     # ``requires``), or inside the guest of a sandbox that is a machine of its own (vm: ``unmet``)
     requires = (ViewLaunching, HostLaunching)
     image_flavor = "desktop"  # a container sandbox runs the desktop image (images.DESKTOP_INCLUDE)
     kind = "desktop"
+    actions = ACTIONS
+    instructions = INSTRUCTIONS
 
     @classmethod
     def unmet(cls, sandbox_class: type[Sandbox] | None) -> list[str]:
@@ -165,16 +169,14 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         self.document_uid: str | None = None
 
     # -- reset -----------------------------------------------------------------------------------
-    def _write_start(self, task: Task) -> None:
-        assert isinstance(task, DesktopTask)
+    def _write_start(self, task: DesktopTask) -> None:
         self._start(task, write_document=True)
 
-    def resume(self, task: Task) -> None:
+    def resume(self, task: DesktopTask) -> None:
         """Start LibreOffice on the document already in the work folder (a file-copy fork: the
         files came from elsewhere). Locks that came with them are removed first; what lived only in
         the parent's process — undo stack, cursor, selection, dialogs, unsaved edits — is lost,
         and ``capture()`` shows it. The generation is left as the fork set it."""
-        assert isinstance(task, DesktopTask)
         try:
             self.box.read_file(f"{self.box.paths.work}/{task.document}", limit=1)
         except OSError:
@@ -260,12 +262,11 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
     RESTORE_SCREEN_S = 2.5  # how long a restored screen may take to show the checkpoint's frame
     CHECKPOINT_QUIET_S = 1.0  # the still spell before and after a start's checkpoint
 
-    def reset_by_restore(self, task: Task, spare: Callable[[], Sandbox]) -> None:
+    def reset_by_restore(self, task: DesktopTask, spare: Callable[[], Sandbox]) -> None:
         """The task's verified start, restored from its checkpoint (made once per run and task, in a
         ``spare`` sandbox: a cold start that passed the start fingerprint, dumped, then ended). The
         restored instance must show the checkpoint's screen and pass the start fingerprint; when
         anything fails the task starts cold here instead, and ``reset_note`` says why."""
-        assert isinstance(task, DesktopTask)
         key: tuple[str, str, str] | None = None
         made: list[float] = []
         try:
@@ -490,10 +491,9 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             return {"guest_launcher_pid": self.inst.launcher_pid, "document_uid": self.document_uid}
         return {}
 
-    def adopt_fork(self, task: Task, history: list[ActionSpec], handover: dict[str, object]) -> None:
+    def adopt_fork(self, task: DesktopTask, history: list[ActionSpec], handover: dict[str, object]) -> None:
         """``MachineForks``: take over the running desktop a vm fork copied (its X server and
         LibreOffice continue where the parent's were when the snapshot was taken)."""
-        assert isinstance(task, DesktopTask)
         box = self.box
         pid = handover.get("guest_launcher_pid")
         if not isinstance(box, GuestLaunching) or not isinstance(pid, int):
@@ -759,8 +759,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
         return self._look(deadline)
 
     # -- verifier --------------------------------------------------------------------------------
-    def stage_verifier(self, task: Task) -> None:
-        assert isinstance(task, DesktopTask)
+    def stage_verifier(self, task: DesktopTask) -> None:
         box = self.box
         exit_file = self.inst.app_exit_inside if self.inst is not None else ""
         work = self.inst.work_inside if self.inst is not None else box.paths.work
@@ -786,7 +785,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             note["office"] = self.inst.office_runs_as
         return note
 
-    def run_verifier(self, task: Task, timeout: float) -> bool:
+    def run_verifier(self, task: DesktopTask, timeout: float) -> VerifierResult:
         inst = self.inst
         if inst is None or not inst.alive():
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "the desktop instance is gone: nothing to ask")
@@ -808,7 +807,7 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier could not start: {e}") from None
         lines = res.stdout.decode(errors="replace").splitlines()
         err = res.stderr.decode(errors="replace")[-200:]
-        if not saw_ready(lines, secret, "DRUMSBENCH_VERIFIER_READY"):
+        if not saw_ready(lines, secret):
             if res.timed_out:
                 raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"verifier timed out after {timeout:g} s")
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE,
@@ -825,8 +824,8 @@ class DesktopEnv(Environment, BreakableObservation, Resumable, RestoringReset, M
                               destroy=res.timed_out)
         self.last_verdict = verdict
         if verdict.get("passed") is True:
-            return True
-        raise PolicyFault(f"verifier: {verdict.get('why') or 'not done'}")
+            return VerifierResult.success()
+        return VerifierResult.failed(f"verifier: {verdict.get('why') or 'not done'}")
 
     last_verdict: dict[str, Any] | None = None
 

@@ -23,9 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from drumsbench.core.errors import UsageError
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
-from drumsbench.envs.coding.task import suite_dir
 from drumsbench.envs.desktop import odf
-from drumsbench.envs.suite_folders import StartFingerprint, TaskId, load_folders
+from drumsbench.envs.suite_folders import StartFingerprint, TaskId, load_folders, suite_dir
 
 ACTION_KINDS = {"key", "type", "click", "double_click", "drag", "scroll", "move", "wait", "shell"}
 APP_TITLES = {"writer": "LibreOffice Writer", "calc": "LibreOffice Calc"}

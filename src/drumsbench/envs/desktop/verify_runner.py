@@ -2,7 +2,7 @@
 
 Run as ``python3 runner.py <verify folder>`` under the system's Python (python3-uno lives in
 ``/usr/lib/python3/dist-packages``). It connects to LibreOffice over UNO on 127.0.0.1 inside the
-instance's private network, prints ``DRUMSBENCH_VERIFIER_READY`` once connected, finds the task's
+instance's private network, prints ``DRUMSBENCH_READY`` once connected, finds the task's
 document, calls the task's ``check(doc, ctx)`` from ``check.py`` (``ctx`` is this module: helpers
 below; a check that reads only stored files sets ``FILE_ONLY = True`` and also runs after
 the policy closed LibreOffice, with ``doc`` None — any other check then fails) and prints
@@ -14,14 +14,14 @@ writes on stdin (never argv, env or a file): nothing the policy reached during t
 print a line the harness accepts (docs/attribution.md).
 """
 
-import hashlib
-import hmac
 import importlib.util
 import json
 import os
 import sys
 import time
 import zipfile
+
+from drumsbench.core.verdict_lines import ready_line, verdict_line  # its text, when shipped (verdict_channel)
 
 sys.path.append("/usr/lib/python3/dist-packages")
 
@@ -216,14 +216,10 @@ def main() -> int:
         print("DRUMSBENCH_CAPTURE " + json.dumps(state), flush=True)
         return 0
     secret = bytes.fromhex(sys.stdin.readline().strip())
-
-    def mac(text):
-        return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
     closed = "--office-closed" in sys.argv  # LibreOffice was closed by the policy: only stored files remain
     desktop = None if closed else connect()
     closed = closed or desktop is None
-    print("DRUMSBENCH_VERIFIER_READY " + mac("ready"), flush=True)
+    print(ready_line(secret), flush=True)
     doc = None if desktop is None else find_document(desktop)
     module_spec = importlib.util.spec_from_file_location("check", os.path.join(folder, "check.py"))
     if module_spec is None or module_spec.loader is None:
@@ -242,7 +238,7 @@ def main() -> int:
     else:
         passed, why = module.check(doc, sys.modules[__name__])
     verdict = json.dumps({"passed": bool(passed), "why": str(why)[:300]})
-    print(f"DRUMSBENCH_VERDICT {mac(verdict)} {verdict}", flush=True)
+    print(verdict_line(secret, verdict), flush=True)
     return 0
 
 
