@@ -14,8 +14,10 @@ with every gate, recorded in the ledger like a run.
   final ``info["valid"]`` is False — from the loss and from its group's statistics.
 
 Spaces: observation ``Dict(text=Text)`` (printable ASCII; other characters escaped as ``\\uXXXX``);
-action ``Dict(kind=Discrete(4): shell, write, patch, submit; text=Text: the command, the file's
-content or the diff; path=Text: the file written)``. Dicts with a string ``kind`` are accepted too.
+action: made from the kind's typed actions (``flat_space``: ``kind`` plus each slot its fields
+declare, ``envs/actions.py``) — coding ``Dict(kind=Discrete(4): shell, write, patch, submit;
+text=Text: the command, the file's content or the diff; path=Text: the file written)``. Dicts with a
+string ``kind`` and fields under their own names are accepted too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 from gymnasium import spaces
 
 from drumsbench.core.errors import UsageError
+from drumsbench.envs.actions import ActionSet, Holds
 from drumsbench.envs.coding.actions import ACTIONS as CODING_ACTIONS
 from drumsbench.envs.desktop.actions import ACTIONS as DESKTOP_ACTIONS
 from drumsbench.serve.wire import DrumsAction, DrumsObservation
@@ -42,6 +45,26 @@ PATH_CHARS = string.ascii_letters + string.digits + "._-/"
 OBS_MAX = 65536
 TEXT_MAX = 4096
 PATH_MAX = 128
+
+
+WHEEL = 10  # a ``wheel`` slot: -WHEEL..WHEEL clicks
+
+
+def flat_space(actions: ActionSet, *, text_max: int, width: int = 0, height: int = 0) -> spaces.Dict:
+    """Gymnasium's action space for a kind: ``kind=Discrete(len(names))`` plus each slot the kind's
+    actions declare (``ActionSet.slots``), by what it holds: ``text`` printable text up to
+    ``text_max``, ``path`` a relative path, ``column``/``row`` a pixel of a ``width`` x ``height``
+    screen, ``wheel`` -10..10 clicks."""
+    def space(name: str, holds: Holds) -> spaces.Space[Any]:
+        if holds in ("column", "row") and (width < 1 or height < 1):
+            raise UsageError(f"action slot {name!r} is a pixel: give the screen's width and height")
+        return {"text": lambda: spaces.Text(text_max, min_length=0, charset=PRINTABLE),
+                "path": lambda: spaces.Text(PATH_MAX, min_length=1, charset=PATH_CHARS),
+                "column": lambda: spaces.Discrete(width), "row": lambda: spaces.Discrete(height),
+                "wheel": lambda: spaces.Discrete(2 * WHEEL + 1, start=-WHEEL)}[holds]()
+
+    return spaces.Dict({"kind": spaces.Discrete(len(actions.names)),
+                        **{name: space(name, holds) for name, holds in actions.slots().items()}})
 
 
 class InvalidEpisode(RuntimeError):
@@ -112,6 +135,8 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
     """``DrumsBench/Coding-v0``: the coding environment (a repository, shell/write/patch/submit)."""
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - gymnasium's own
+    actions: ActionSet = CODING_ACTIONS  # the kind's typed actions: the action space and its reading
+    text_max = TEXT_MAX
 
     def __init__(self, *, url: str | None = None, substrate: str = "process", tasks: str = "coding",
                  out: str | Path = "runs", max_steps: int = 50, step_timeout_s: float = 30.0,
@@ -127,9 +152,7 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
         self.max_steps, self.client, self.invalid, self.render_mode = max_steps, client, invalid, render_mode
         self.step_timeout_s, self.episode_timeout_s = step_timeout_s, episode_timeout_s
         self.observation_space = spaces.Dict({"text": spaces.Text(OBS_MAX, min_length=1, charset=PRINTABLE)})
-        self.action_space = spaces.Dict({"kind": spaces.Discrete(len(KINDS)),
-                                         "text": spaces.Text(TEXT_MAX, min_length=0, charset=PRINTABLE),
-                                         "path": spaces.Text(PATH_MAX, min_length=1, charset=PATH_CHARS)})
+        self.action_space = self._action_space()
         self._backend: _Local | _Remote | None = None
         self._text = ""
         self.last: DrumsObservation | None = None
@@ -169,6 +192,9 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
             backend.close()
 
     # -- helpers --------------------------------------------------------------------------------
+    def _action_space(self) -> spaces.Dict:
+        return flat_space(self.actions, text_max=self.text_max)
+
     def _get_backend(self) -> _Local | _Remote:
         if self._backend is None:
             self._backend = _Remote(self.url) if self.url else _Local(
@@ -176,19 +202,14 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
         return self._backend
 
     def _action(self, action: dict[str, Any]) -> DrumsAction:
+        """The request a gymnasium action stands for (``ActionSet.from_slots``): ``kind`` an index
+        of ``action_space`` or a name, each field from its slot or under its own name."""
         kind = action.get("kind", "submit")
-        if isinstance(kind, (int, np.integer)):
-            kind = KINDS[int(kind)] if 0 <= int(kind) < len(KINDS) else f"kind {int(kind)}"
-        text = action.get("text")
-        fields: dict[str, Any] = {k: action[k] for k in ("command", "content", "patch", "path") if k in action}
-        if kind == "shell":
-            fields.setdefault("command", text)
-        elif kind == "write":
-            fields.setdefault("content", text)
-        elif kind == "patch":
-            fields.setdefault("patch", text)
-        return DrumsAction(kind=str(kind), **{k: v for k, v in fields.items() if v is not None},
-                           generation=self.last.generation if self.last else None)
+        if isinstance(kind, np.integer):
+            kind = int(kind)
+        values = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in action.items() if k != "kind"}
+        name, payload = self.actions.from_slots(kind, values)
+        return DrumsAction(kind=name, args=payload, generation=self.last.generation if self.last else None)
 
     @staticmethod
     def _render_obs(obs: DrumsObservation) -> str:
@@ -229,64 +250,39 @@ class DesktopEnv(CodingEnv):
     """``DrumsBench/Desktop-v0``: LibreOffice under a real X server (docs/desktop.md), screenshots.
 
     Observation ``Dict(screen=Box(H, W, 3) uint8, title=Text, text=Text)`` (``text``: the goal at
-    reset, then errors, a shell action's output and the end). Action ``Dict(kind=Discrete(10): key,
-    type, click, double_click, drag, scroll, move, wait, shell, submit; text=Text: the keys, the text
-    typed or the command; x, y, x2, y2=Discrete: pixels; dy=Discrete(21): scroll clicks + 10)``;
-    dicts with a string ``kind`` and the desktop's own argument names (``keys``, ``x1``, ...) too.
+    reset, then errors, a shell action's output and the end). Action (``flat_space``)
+    ``Dict(kind=Discrete(10): key, type, click, double_click, drag, scroll, move, wait, shell,
+    submit; text=Text: the keys, the text typed or the command; x, y, x2, y2=Discrete: pixels (a
+    drag from x, y to x2, y2); dy=Discrete(21, start=-10): scroll clicks)``; dicts with a string
+    ``kind`` and the desktop's own argument names (``keys``, ``x1``, ...) too.
     Declared nondeterministic: a live GUI (a blinking cursor, timing) does not repeat pixel for pixel.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 4}  # noqa: RUF012 - gymnasium's own
+    actions = DESKTOP_ACTIONS
+    text_max = 256
 
     def __init__(self, *, tasks: str = "desktop", width: int = 1280, height: int = 800,
                  render_mode: str | None = None, **kw: Any) -> None:
         if render_mode not in (None, "rgb_array"):
             raise UsageError(f"render_mode: {render_mode!r}; only rgb_array")
+        self.width, self.height = width, height
         super().__init__(tasks=tasks, **kw)
         self.render_mode = render_mode
-        self.width, self.height = width, height
         self._screen = np.zeros((height, width, 3), dtype=np.uint8)
         self.observation_space = spaces.Dict({
             "screen": spaces.Box(0, 255, (height, width, 3), dtype=np.uint8),
             "title": spaces.Text(512, min_length=0, charset=PRINTABLE),
             "text": spaces.Text(OBS_MAX, min_length=1, charset=PRINTABLE)})
-        self.action_space = spaces.Dict({
-            "kind": spaces.Discrete(len(DESKTOP_KINDS)), "text": spaces.Text(256, min_length=0, charset=PRINTABLE),
-            "x": spaces.Discrete(width), "y": spaces.Discrete(height), "x2": spaces.Discrete(width),
-            "y2": spaces.Discrete(height), "dy": spaces.Discrete(21)})
+
+    def _action_space(self) -> spaces.Dict:
+        return flat_space(self.actions, text_max=self.text_max, width=self.width, height=self.height)
 
     def render(self) -> Any:
         return self._screen.copy() if self.render_mode == "rgb_array" else None
 
     def _intro(self, obs: DrumsObservation) -> str:
         return f"Task: {obs.description}\n"
-
-    def _action(self, action: dict[str, Any]) -> DrumsAction:
-        kind = action.get("kind", "submit")
-        spaced = isinstance(kind, (int, np.integer))  # an action of ``action_space``: dy is offset by 10
-        if spaced:
-            kind = DESKTOP_KINDS[int(kind)] if 0 <= int(kind) < len(DESKTOP_KINDS) else f"kind {int(kind)}"
-        a = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in action.items() if k != "kind"}
-        text = a.pop("text", None)
-        args: dict[str, Any] = {}
-        if kind == "key":
-            args["keys"] = a.pop("keys", text)
-        elif kind == "type":
-            args["text"] = text
-        elif kind == "shell":
-            args["command"] = a.pop("command", text)
-        elif kind == "drag":
-            args.update(x1=a.pop("x1", a.pop("x", 0)), y1=a.pop("y1", a.pop("y", 0)))
-        elif kind == "scroll" and spaced and "dy" in a:
-            a["dy"] = int(a["dy"]) - 10
-        elif kind == "wait" and not {"seconds", "title"} & set(a):
-            args["seconds"] = 0.5
-        if kind not in ("click", "double_click", "move", "scroll", "drag"):
-            for k in ("x", "y", "x2", "y2", "dy"):
-                a.pop(k, None)
-        args.update({k: v for k, v in a.items() if v is not None})
-        return DrumsAction(kind=str(kind), args={k: v for k, v in args.items() if v is not None},
-                           generation=self.last.generation if self.last else None)
 
     def _observation(self, obs: DrumsObservation, text: str) -> dict[str, Any]:
         if obs.screenshot_png:

@@ -2,32 +2,36 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
-from drumsbench.envs.actions import ActionModel, ActionSet
+from drumsbench.envs.actions import ActionModel, ActionSet, Slot
 from drumsbench.envs.base import SUBMIT
+
+TEXT = Slot("text", "text")  # the command, the file's content or the diff: one slot of the flat space
 
 
 class Shell(ActionModel):
     """Run a shell command in the repository's folder; see its output."""
 
     kind = "shell"
-    command: str = Field(..., description="the command line (/bin/sh -c)")
+    command: Annotated[str, TEXT] = Field(..., description="the command line (/bin/sh -c)")
 
 
 class Write(ActionModel):
     """Write a file (path relative to the repository's folder)."""
 
     kind = "write"
-    path: str = Field(..., description="a path inside the repository's folder")
-    content: str = Field(..., description="the file's new content")
+    path: Annotated[str, Slot("path", "path")] = Field(..., description="a path inside the repository's folder")
+    content: Annotated[str, TEXT] = Field(..., description="the file's new content")
 
 
 class Patch(ActionModel):
     """Apply a unified diff to the repository (git apply)."""
 
     kind = "patch"
-    patch: str = Field(..., description="a unified diff")
+    patch: Annotated[str, TEXT] = Field(..., description="a unified diff")
 
 
 class Submit(ActionModel):
