@@ -253,4 +253,4 @@ def test_libreoffice_is_not_root(name, desktop_ready, state_dir, run_id, tmp_pat
         office = _status(by_name["soffice.bin"])
         assert office["Uid"].split()[0] == str(VIEW_APP_UID) and int(office["CapEff"], 16) == 0, office
         assert _status(by_name["Xvfb"])["Uid"].split()[0] == "0"
-        assert env.verify_note["office"] == "unprivileged uid"
+        assert env.instance.office_runs_as == "unprivileged uid"  # what the attempt's verify_note records

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from drumsbench.core.outcome import InvalidCause
-from drumsbench.envs.base import Action, Environment, Observation, Task
+from drumsbench.envs.base import Action, ActionSpec, Environment, Observation, Task
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout.faults import injector_for
 from drumsbench.train.action_space import N_ACTIONS, SLOTS, SUBMIT_SLOT, ActionSpace
@@ -55,7 +55,7 @@ def features(taken: list[int], last_exit: int | None, step: int, max_actions: in
     return x
 
 
-def make_net(max_actions: int, seed: int) -> torch.nn.Module:
+def make_net(max_actions: int, seed: int) -> torch.nn.Sequential:
     """The network, initialised from ``seed`` alone (same seed: same weights)."""
     import torch
 
@@ -80,8 +80,11 @@ class Snapshot:
     max_actions: int
 
     @classmethod
-    def of(cls, net: torch.nn.Module, max_actions: int) -> Snapshot:
-        l1, l2 = net[0], net[2]  # type: ignore[index]
+    def of(cls, net: torch.nn.Sequential, max_actions: int) -> Snapshot:
+        import torch
+
+        l1, l2 = net[0], net[2]  # the network (``make_net``): Linear, Tanh, Linear
+        assert isinstance(l1, torch.nn.Linear) and isinstance(l2, torch.nn.Linear)
         return cls(l1.weight.detach().numpy().copy(), l1.bias.detach().numpy().copy(),
                    l2.weight.detach().numpy().copy(), l2.bias.detach().numpy().copy(), max_actions)
 
@@ -129,7 +132,7 @@ class NetPolicy(Policy):
         super().__init__()
         self.rng = random.Random(f"{self.seed}:{self.phase}:{':'.join(map(str, self.key))}")
 
-    def plan(self, task: Task, rng: random.Random) -> list:  # type: ignore[type-arg]
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
         return []  # acts from observations, never from a plan
 
     def begin(self, task: Task, rng: random.Random) -> None:

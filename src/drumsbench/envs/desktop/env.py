@@ -161,6 +161,7 @@ class DesktopEnv(Environment[DesktopTask], BreakableObservation, Resumable[Deskt
         self.frames: list[tuple[str, bytes]] = []  # (title, png) of each observation of this episode
         self.last_start_s = 0.0
         self._ready_frame: Frame | None = None  # the still frame the reset ended on
+        self.verify_note: dict[str, object] = {"trust": "in-sandbox"}  # VerifierNotes (_note_verification)
         self.start_phases: dict[str, float] = {}  # seconds from the reset's start: prepare, display, window, ready
         self.reset_note: dict[str, object] = {}  # how the last reset_by_restore went
         self.start_cpu_s = 0.0  # CPU seconds of the last cold start's instance up to its ready screen
@@ -774,18 +775,18 @@ class DesktopEnv(Environment[DesktopTask], BreakableObservation, Resumable[Deskt
     def break_verifier(self) -> None:
         self.box.write_file(f"{self.box.paths.verify}/runner.py", b"import json\nraise SystemExit(\n")
 
-    # The check runs in the sandbox (next to LibreOffice, which the policy drove): not a judge
-    # outside it (docs/attribution.md, per kind).
-    @property
-    def verify_note(self) -> dict[str, object]:  # type: ignore[override]
-        """Recorded in the attempt's extra: the check is decided in the sandbox, and who LibreOffice
-        ran as (``office``: the report's ways table says it, a stated gap where it is root)."""
+    def _note_verification(self) -> None:
+        """``verify_note``, recorded in the attempt's extra: the check runs in the sandbox (next to
+        LibreOffice, which the policy drove), not in a judge outside it (docs/attribution.md, per
+        kind), and who LibreOffice ran as (``office``: the report's ways table says it, a stated
+        gap where it is root)."""
         note: dict[str, object] = {"trust": "in-sandbox"}
         if self.inst is not None:
             note["office"] = self.inst.office_runs_as
-        return note
+        self.verify_note = note
 
     def run_verifier(self, task: DesktopTask, timeout: float) -> VerifierResult:
+        self._note_verification()
         inst = self.inst
         if inst is None or not inst.alive():
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "the desktop instance is gone: nothing to ask")
