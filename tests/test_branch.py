@@ -221,3 +221,36 @@ def test_desktop_stale_lock_in_a_file_continuation_is_caught(ledger, state_dir, 
     m = report.methods[0]
     assert m.faithful["locks"].value == 0.0, m.faithful
     assert m.invalid == {"dirty_reset": 1} and m.valid == 0
+
+
+def test_a_method_states_what_it_needs_and_the_run_refuses_before_preparing(tmp_path):
+    """``ForkMethod.requires``: checked against the substrate's class and the suite's environment
+    before any sandbox exists; a misfit is one line (exit 2) and records no run."""
+    from drumsbench.envs.coding.env import CodingEnv
+    from drumsbench.envs.desktop.env import DesktopEnv
+    from drumsbench.substrates import registry
+
+    process, overlay, podman = (registry.get(n) for n in ("process", "overlay", "podman"))
+    for name in ("replay", "file"):
+        assert METHODS[name].unmet(process, CodingEnv) is None and METHODS[name].unmet(podman, DesktopEnv) is None
+    assert METHODS["snapshot"].unmet(overlay, CodingEnv) is None
+    assert METHODS["snapshot"].unmet(process, CodingEnv) == (
+        "needs a substrate that is Forking and sandboxes that are Snapshotting, which --substrate process "
+        "with the coding environment lacks")
+    assert METHODS["criu"].requires().unmet(process, DesktopEnv) == []
+    assert METHODS["criu"].requires().unmet(podman, CodingEnv) == [
+        "sandboxes that are ProcessSandbox", "an environment that is DesktopEnv"]
+    assert METHODS["podman-checkpoint"].requires().unmet(podman, DesktopEnv) == []
+    assert "a substrate that is PodmanSubstrate" in METHODS["podman-checkpoint"].requires().unmet(process, DesktopEnv)
+
+    state = {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+    out = tmp_path / "runs"
+    bad = {("--methods", "snapshot"): "--methods snapshot: needs a substrate that is Forking",
+           ("--methods", "replay,criu"): "--methods criu: needs an environment that is DesktopEnv"}
+    for args, message in bad.items():
+        proc = cli("branch", *args, "--substrate", "process", "--out", str(out), "--no-progress", env=state)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    ledger = out / "ledger.sqlite"
+    assert not ledger.exists() or not Ledger(ledger).db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert not list((tmp_path / "state").glob("process/*/*"))  # no sandbox was made

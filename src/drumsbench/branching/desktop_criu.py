@@ -33,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from drumsbench.branching.methods import ForkCost, ForkMethod, Shippable
+from drumsbench.branching.methods import ForkCost, ForkMethod, Requirements, Shippable
 from drumsbench.core import criu
 from drumsbench.core import criu_binary as criu_install
 from drumsbench.core.errors import UsageError
@@ -58,6 +58,16 @@ class CriuFork(ForkMethod, Shippable):
     POOL = 3  # continuations kept restored ahead of demand (>= ``BranchConfig.growth_forks``)
     FILL_TIMEOUT_S = 300.0
     folder: Path | None = None  # the checkpoint's folder, once ``prepare`` made it
+
+    @classmethod
+    def requires(cls) -> Requirements:
+        from drumsbench.envs.desktop.env import DesktopEnv
+
+        return Requirements(sandbox=(ProcessSandbox,), environment=(DesktopEnv,))
+
+    @classmethod
+    def machine_problem(cls) -> str | None:
+        return criu_install.missing()
 
     @classmethod
     def configure_parent(cls, env: Environment) -> None:

@@ -48,8 +48,50 @@ class ForkCost:
     phases: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Requirements:
+    """What a fork method needs of a run, checked before its parent is prepared: capabilities (or
+    classes) of the substrate, of the substrate's sandboxes (when it declares their class) and of
+    the environment."""
+
+    substrate: tuple[type, ...] = ()
+    sandbox: tuple[type, ...] = ()
+    environment: tuple[type, ...] = ()
+
+    def unmet(self, substrate_cls: type[Substrate], env_cls: type | None) -> list[str]:
+        """What of it the run lacks, each as a phrase (empty: it fits)."""
+        sandbox_cls = substrate_cls.sandbox_class
+        out = [f"a substrate that is {r.__name__}" for r in self.substrate if not issubclass(substrate_cls, r)]
+        if sandbox_cls is not None:
+            out += [f"sandboxes that are {r.__name__}" for r in self.sandbox if not issubclass(sandbox_cls, r)]
+        if env_cls is not None:
+            out += [f"an environment that is {r.__name__}" for r in self.environment if not issubclass(env_cls, r)]
+        return out
+
+
 class ForkMethod(ABC):
     name: str
+
+    @classmethod
+    def requires(cls) -> Requirements:
+        """What this method needs of the run (default: nothing; ``unmet`` checks it)."""
+        return Requirements()
+
+    @classmethod
+    def machine_problem(cls) -> str | None:
+        """What this machine lacks for the method (a tool not installed), or None."""
+        return None
+
+    @classmethod
+    def unmet(cls, substrate_cls: type[Substrate], env_cls: type | None) -> str | None:
+        """One line saying why this method cannot run with this substrate and environment (before
+        anything is prepared), or None."""
+        lacks = cls.requires().unmet(substrate_cls, env_cls)
+        if lacks:
+            kind = getattr(env_cls, "kind", None)
+            run = f"--substrate {substrate_cls.name}" + (f" with the {kind} environment" if kind else "")
+            return f"needs {' and '.join(lacks)}, which {run} lacks"
+        return cls.machine_problem()
 
     def __init__(self, substrate: Substrate, make_env: Callable[[], Environment], task: Task,
                  recorded: list[ActionSpec], step_timeout_s: float) -> None:
@@ -190,6 +232,10 @@ class NativeSnapshot(ForkMethod, Shippable):
 
     name = "snapshot"
     snapshot_id: str | None = None
+
+    @classmethod
+    def requires(cls) -> Requirements:
+        return Requirements(substrate=(Forking,), sandbox=(Snapshotting,))
     handover: dict[str, object] | None = None  # a MachineForks parent's: what its continuations take over
 
     def prepare(self, parent: Slot) -> None:

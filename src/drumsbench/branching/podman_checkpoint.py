@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from drumsbench.branching.desktop_criu import CriuFork
-from drumsbench.branching.methods import ForkMethod
+from drumsbench.branching.methods import ForkMethod, Requirements
 from drumsbench.core import criu_binary
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.rollout.attempt import Slot
@@ -57,6 +57,14 @@ class PodmanCheckpointFork(ForkMethod):
     archive: Path | None = None
     # the parent's instance must be started checkpointable (here: under the container's init)
     configure_parent = CriuFork.configure_parent
+    machine_problem = CriuFork.machine_problem
+
+    @classmethod
+    def requires(cls) -> Requirements:
+        from drumsbench.envs.desktop.env import DesktopEnv
+        from drumsbench.substrates.containers.podman import PodmanSandbox, PodmanSubstrate
+
+        return Requirements(substrate=(PodmanSubstrate,), sandbox=(PodmanSandbox,), environment=(DesktopEnv,))
 
     def prepare(self, parent: Slot) -> None:
         from drumsbench.envs.desktop.env import DesktopEnv

@@ -53,7 +53,7 @@ def branch(
     from drumsbench.core import host_state as state
     from drumsbench.core.machine import commit, machine_info
     from drumsbench.executors.ray import executor_options
-    from drumsbench.experiments.branch import BranchConfig, ray_problems, run_branch
+    from drumsbench.experiments.branch import BranchConfig, method_problems, ray_problems, run_branch
     from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
     from drumsbench.report.tables import branch_group
     from drumsbench.rollout.attempt import RolloutConfig
@@ -77,6 +77,9 @@ def branch(
     from drumsbench.substrates import registry
 
     ray_problems(cfg, registry.get(substrate))
+    from drumsbench.envs import suites
+
+    method_problems(cfg, registry.get(substrate), suites.load(cfg.tasks).make_env)
     run_id = new_run_id()
     sub = make_substrate(substrate, run_id, suite)
     ledger = open_ledger(out)

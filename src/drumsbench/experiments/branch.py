@@ -162,6 +162,7 @@ def run_branch(cfg: BranchConfig, substrate: Substrate, ledger: Ledger, run_id: 
     for name in cfg.methods:
         METHODS.load(name)  # a one-line error naming the known methods
     ray_problems(cfg, type(substrate))
+    method_problems(cfg, type(substrate), suite.make_env)
     canaries = CanaryRegistry()
     control = positive_control(substrate)
     ledger.record_control(run_id, "branch", "isolation", control.fired, control.detail)
@@ -273,6 +274,16 @@ def _phases(costs: list[ForkCost]) -> dict[str, Estimate]:
     caller's wait apart: that is the hand-over)."""
     keys = list(dict.fromkeys(k for c in costs for k in c.phases if k.endswith("_s") and k != "wait_s"))
     return {k: quantile([c.phases[k] for c in costs if k in c.phases], 0.5) for k in keys}
+
+
+def method_problems(cfg: BranchConfig, substrate_cls: type[Substrate], make_env: object) -> None:
+    """``UsageError`` (one line) for a method this substrate or the suite's environment cannot run
+    (``ForkMethod.unmet``), before anything is prepared; ``make_env`` is the suite's."""
+    env_cls = make_env if isinstance(make_env, type) else None
+    for name in cfg.methods:
+        problem = METHODS[name].unmet(substrate_cls, env_cls)
+        if problem:
+            raise UsageError(f"--methods {name}: {problem}")
 
 
 def ray_problems(cfg: BranchConfig, substrate_cls: type[Substrate]) -> None:
