@@ -218,3 +218,34 @@ def test_container_records_that_count_as_evidence():
     dead = {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": False}
     assert "not running" in (state_evidence("docker", dead) or "")
     assert state_evidence("docker", {**dead, "OOMKilled": True}) is None
+
+
+def test_each_kind_draws_from_its_own_red_team_and_refuses_another_kinds() -> None:
+    import copy
+    import random
+
+    from drumsbench.core.errors import UsageError
+    from drumsbench.envs.desktop.task import load_suite as load_desktop
+    from drumsbench.policies.adversary import BY_KIND, DESKTOP_STRATEGIES
+
+    coding, desktop = load_suite("coding")[0], load_desktop("desktop")[0]
+    rng = random.Random(0)
+    for i in range(3):
+        a = Adversary(pick=lambda i=i: i)
+        assert a.plan(coding, rng) is not None and a.strategy == STRATEGIES[i]
+    a = Adversary(pick=lambda: 0)
+    a.plan(desktop, rng)
+    assert a.strategy in DESKTOP_STRATEGIES and a.strategy not in STRATEGIES
+    with pytest.raises(UsageError, match=r"adversary:verdict_stdout: not a strategy for the desktop environment"):
+        Adversary(["verdict_stdout"]).plan(desktop, rng)
+    with pytest.raises(UsageError, match=rf"adversary:{DESKTOP_STRATEGIES[0]}: not a strategy for the coding"):
+        Adversary([DESKTOP_STRATEGIES[0]]).plan(coding, rng)
+
+    class OtherKind(type(coding)):  # type: ignore[misc] - a kind with no red team yet
+        env_kind = "harbor"
+
+    other = copy.copy(coding)
+    other.__class__ = OtherKind
+    assert "harbor" not in BY_KIND
+    with pytest.raises(UsageError, match="no strategies for the harbor environment yet"):
+        Adversary().plan(other, rng)

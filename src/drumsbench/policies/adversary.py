@@ -582,7 +582,9 @@ NOT_FORGING: dict[str, str] = {
     "read_parent_memory": "a probe: reads a byte of the parent's memory (the secret's) and forges nothing",
 }
 DESKTOP_STRATEGIES: tuple[str, ...] = tuple(DESKTOP)
-ALL_STRATEGIES: tuple[str, ...] = (*STRATEGIES, *DESKTOP_STRATEGIES)
+# The red team of each environment kind (``Task.env_kind``): a kind without an entry has none yet
+BY_KIND: dict[str, tuple[str, ...]] = {"coding": STRATEGIES, "desktop": DESKTOP_STRATEGIES}
+ALL_STRATEGIES: tuple[str, ...] = tuple(name for pool in BY_KIND.values() for name in pool)
 
 _counter = itertools.count()
 _counter_lock = threading.Lock()
@@ -639,9 +641,12 @@ class Adversary(Policy):
             return next(_counter)
 
     def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
-        pool = self.strategies or list(DESKTOP_STRATEGIES if task.env_kind == "desktop" else STRATEGIES)
+        own = BY_KIND.get(task.env_kind, ())
+        if not own:
+            raise UsageError(f"--policy adversary: no strategies for the {task.env_kind} environment yet")
+        pool = self.strategies or list(own)
         self.strategy = pool[self._pick() % len(pool)]
-        if (self.strategy in DESKTOP) != (task.env_kind == "desktop"):
+        if self.strategy not in own:
             raise UsageError(f"--policy adversary:{self.strategy}: not a strategy for the {task.env_kind} environment")
         return strategy_plan(self.strategy, task)
 
