@@ -336,3 +336,26 @@ def test_branch_section_keeps_hand_over_apart_and_compares_end_to_end(tmp_path):
         for what, e in (("end_to_end", r.end_to_end), ("creation", r.creation)):
             got = re.search(rf'data-key="full/branch/ratio/{r.method}/{what}">([^<]*)', page)
             assert got and float(got.group(1).split()[0]) == pytest.approx(e.value, rel=2e-3), (r.method, what)
+
+
+def test_each_artifact_kind_is_registered_once_and_shown_by_a_section() -> None:
+    """``measure/artifacts.LOADED`` fills each ``RunArtifacts`` field once; every kind it reads (and
+    the training report) belongs to a section of ``report/html/page.sections``, so an unreadable
+    artifact is said in place."""
+    import dataclasses
+
+    from drumsbench.measure import artifacts as A
+    from drumsbench.measure.train_report import TrainReport
+    from drumsbench.report.html.cells import Palette
+    from drumsbench.report.html.page import sections
+
+    fields = {f.name for f in dataclasses.fields(A.RunArtifacts)} - {"train", "other_kinds", "errors"}
+    filled = [entry.field for entry in A.LOADED]
+    assert sorted(filled) == sorted(fields) and len(set(filled)) == len(filled)
+    assert len({entry.model.KIND for entry in A.LOADED}) == len(A.LOADED)
+    page = sections([], Palette(), Path("."))
+    assert len({s.sid for s in page}) == len(page)
+    shown = {kind for s in page for kind in s.kinds}
+    # raw leak samples are read by no section (each window carries its leak verdict)
+    assert {entry.model.KIND for entry in A.LOADED} - {A.LeakSamplesArtifact.KIND} <= shown
+    assert TrainReport.KIND in shown and shown <= A.KNOWN_KINDS

@@ -523,14 +523,34 @@ class RunArtifacts:
     errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be read
 
 
-KNOWN_KINDS = {m.KIND for m in (SegmentArtifact, WindowArtifact, SweepSummaryArtifact, PriceArtifact,
-                                PriceFilesArtifact, ColdstartArtifact, DesktopColdstartArtifact,
-                                IsolationArtifact, ProjectionArtifact,
-                                BranchMethodArtifact, BranchSummaryArtifact, ScreenshotArtifact,
-                                LeakSamplesArtifact, ChaosEventArtifact, ChaosSummaryArtifact, ClusterArtifact)} | {
-    TrainReport.KIND, POOL_KIND,
+@dataclass(frozen=True)
+class Loaded:
+    """How ``load_run`` fills one ``RunArtifacts`` field: with every artifact of ``model`` by key,
+    or (``key``) with the one stored under that key."""
+
+    field: str
+    model: type[Artifact]
+    key: str | None = None
+
+
+# The one registration of an artifact kind that the report reads: its model, the ``RunArtifacts``
+# field it fills and how (a new section adds its model above, its field to ``RunArtifacts`` and a
+# line here; its renderer registers in ``report/html/page.py`` with the kinds it shows)
+LOADED: tuple[Loaded, ...] = (
+    Loaded("segments", SegmentArtifact), Loaded("windows", WindowArtifact), Loaded("leaks", LeakSamplesArtifact),
+    Loaded("sweep", SweepSummaryArtifact, "summary"), Loaded("prices", PriceArtifact),
+    Loaded("coldstart", ColdstartArtifact), Loaded("desktop_coldstart", DesktopColdstartArtifact),
+    Loaded("isolation", IsolationArtifact), Loaded("projection", ProjectionArtifact),
+    Loaded("branch", BranchMethodArtifact), Loaded("branch_summary", BranchSummaryArtifact, "report"),
+    Loaded("screenshots", ScreenshotArtifact), Loaded("chaos_events", ChaosEventArtifact),
+    Loaded("chaos", ChaosSummaryArtifact, "summary"),
+)
+# kinds a run stores that are read elsewhere (not through ``LOADED``): not "other kinds"
+READ_ELSEWHERE = {
+    PriceFilesArtifact.KIND, ClusterArtifact.KIND, TrainReport.KIND, POOL_KIND,
     "coldstart-pool",  # measure.pool.PoolColdstartArtifact (it builds on this module: named, not imported)
 }
+KNOWN_KINDS = {entry.model.KIND for entry in LOADED} | READ_ELSEWHERE
 
 
 def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
@@ -551,20 +571,9 @@ def load_run(ledger: Ledger, run_id: str) -> RunArtifacts:
             out.errors[model.KIND] = f"{model.KIND} artifact does not fit its model: {where}: {first['msg']}"
             return {}
 
-    out.segments = get(SegmentArtifact)
-    out.windows = get(WindowArtifact)
-    out.leaks = get(LeakSamplesArtifact)
-    out.sweep = get(SweepSummaryArtifact).get("summary")
-    out.prices = get(PriceArtifact)
-    out.coldstart = get(ColdstartArtifact)
-    out.desktop_coldstart = get(DesktopColdstartArtifact)
-    out.isolation = get(IsolationArtifact)
-    out.projection = get(ProjectionArtifact)
-    out.branch = get(BranchMethodArtifact)
-    out.branch_summary = get(BranchSummaryArtifact).get("report")
-    out.screenshots = get(ScreenshotArtifact)
-    out.chaos_events = get(ChaosEventArtifact)
-    out.chaos = get(ChaosSummaryArtifact).get("summary")
+    for entry in LOADED:
+        got = get(entry.model)
+        setattr(out, entry.field, got if entry.key is None else got.get(entry.key))
     if TrainReport.KIND in counts:
         try:
             out.train = TrainReport.model_validate(ledger.artifacts(run_id, TrainReport.KIND)["report"])

@@ -6,17 +6,20 @@ import time
 from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
+from typing import NamedTuple
 
 from drumsbench.core.errors import UsageError
 from drumsbench.ledger import Ledger
+from drumsbench.measure import artifacts as A
 from drumsbench.measure.cost import PriceFile
 from drumsbench.measure.summary import RunReport
+from drumsbench.measure.train_report import TrainReport
 from drumsbench.report.html.branch import sec_branch
 from drumsbench.report.html.cells import Palette
 from drumsbench.report.html.chaos import sec_chaos
 from drumsbench.report.html.coldstart import sec_coldstart, sec_desktop_coldstart, sec_latency
 from drumsbench.report.html.costs import sec_cost
-from drumsbench.report.html.data import load_run_data
+from drumsbench.report.html.data import RunData, load_run_data
 from drumsbench.report.html.isolation import sec_isolation
 from drumsbench.report.html.projection import sec_projection
 from drumsbench.report.html.run import sec_conditions, sec_controls, sec_headline, sec_outcomes, sec_tasks
@@ -24,11 +27,16 @@ from drumsbench.report.html.screenshots import sec_screenshots
 from drumsbench.report.html.sweep import sec_sweep
 from drumsbench.report.html.training import sec_training
 
-# the artifact kinds behind each section (an unreadable one is reported in its section)
-SECTION_KINDS = {"cost": ("price", "prices"), "coldstart": ("coldstart",), "isolation": ("isolation",),
-                 "sweep": ("window", "sweep", "segment"), "branch": ("branch", "branch-summary"),
-                 "projection": ("projection",), "screenshots": ("screenshot",), "training": ("train-summary",),
-                 "chaos": ("chaos-event", "chaos")}
+
+class Section(NamedTuple):
+    """One section of the page: its anchor id, title, renderer (None: nothing to show) and the
+    artifact kinds it shows (an unreadable one is reported in its place)."""
+
+    sid: str
+    title: str
+    render: Callable[[], str | None]
+    kinds: tuple[str, ...] = ()
+
 
 CSS = """
 :root{--fg:#1d232b;--mut:#5b6673;--line:#d8dde3;--bg:#fff;--soft:#f4f6f8;--ok:#1a7f37;--bad:#b42318}
@@ -79,6 +87,38 @@ p.err{border:1px solid var(--bad);color:var(--bad);padding:8px;background:#fff4f
 """
 
 
+def sections(runs: list[RunData], pal: Palette, base: Path) -> list[Section]:
+    """Every section of the page, in order, each registered once here: its id, title, renderer and
+    the artifact kinds it shows (``measure/artifacts.LOADED`` registers how they are read)."""
+    return [
+        Section("outcomes", "Outcomes", lambda: sec_outcomes(runs, pal)),
+        Section("cost", "Throughput and USD per valid rollout", lambda: sec_cost(runs, pal),
+                (A.PriceArtifact.KIND, A.PriceFilesArtifact.KIND)),
+        Section("latency", "Cold start and phase latency per substrate", lambda: sec_latency(runs, pal)),
+        Section("coldstart", "Cold-start experiment: floors, teardown, memory, reset", lambda: sec_coldstart(runs, pal),
+                (A.ColdstartArtifact.KIND,)),
+        Section("desktop-coldstart", "Desktop cold start per substrate: first good screenshot, reset",
+                lambda: sec_desktop_coldstart(runs, pal), (A.DesktopColdstartArtifact.KIND,)),
+        Section("isolation", "Isolation: escape attempts", lambda: sec_isolation(runs, pal),
+                (A.IsolationArtifact.KIND,)),
+        Section("sweep", "Sweep: windows, N_max and soak", lambda: sec_sweep(runs, pal),
+                (A.WindowArtifact.KIND, A.SweepSummaryArtifact.KIND, A.SegmentArtifact.KIND)),
+        Section("branch", "Branch from a prepared state", lambda: sec_branch(runs, pal),
+                (A.BranchMethodArtifact.KIND, A.BranchSummaryArtifact.KIND)),
+        Section("chaos", "Chaos: events from outside the harness", lambda: sec_chaos(runs, pal),
+                (A.ChaosEventArtifact.KIND, A.ChaosSummaryArtifact.KIND)),
+        Section("projection", "Worker-hour projection", lambda: sec_projection(runs, pal),
+                (A.ProjectionArtifact.KIND,)),
+        Section("training", "Training: does the handling of invalid attempts change what a policy learns?",
+                lambda: sec_training(runs, pal), (TrainReport.KIND,)),
+        Section("screenshots", "Screenshots from the desktop environment and its branches",
+                lambda: sec_screenshots(runs, pal, base), (A.ScreenshotArtifact.KIND,)),
+        Section("tasks", "Per task", lambda: sec_tasks(runs, pal)),
+        Section("controls", "Positive controls", lambda: sec_controls(runs, pal)),
+        Section("conditions", "Machine, commit, configuration, price inputs", lambda: sec_conditions(runs, pal)),
+    ]
+
+
 def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunReport] | None = None,
                screenshots_base: Path | None = None, price_files: Sequence[PriceFile] = ()) -> str:
     """The page for ``run_ids`` (side by side, in the order given). Reads the ledger, never writes it;
@@ -91,35 +131,15 @@ def build_html(ledger: Ledger, run_ids: Sequence[str], reports: dict[str, RunRep
     pal = Palette()
     for rd in runs:
         pal(rd.label)
-    sections: list[tuple[str, str, Callable[[], str | None]]] = [
-        ("outcomes", "Outcomes", lambda: sec_outcomes(runs, pal)),
-        ("cost", "Throughput and USD per valid rollout", lambda: sec_cost(runs, pal)),
-        ("latency", "Cold start and phase latency per substrate", lambda: sec_latency(runs, pal)),
-        ("coldstart", "Cold-start experiment: floors, teardown, memory, reset", lambda: sec_coldstart(runs, pal)),
-        ("desktop-coldstart", "Desktop cold start per substrate: first good screenshot, reset",
-         lambda: sec_desktop_coldstart(runs, pal)),
-        ("isolation", "Isolation: escape attempts", lambda: sec_isolation(runs, pal)),
-        ("sweep", "Sweep: windows, N_max and soak", lambda: sec_sweep(runs, pal)),
-        ("branch", "Branch from a prepared state", lambda: sec_branch(runs, pal)),
-        ("chaos", "Chaos: events from outside the harness", lambda: sec_chaos(runs, pal)),
-        ("projection", "Worker-hour projection", lambda: sec_projection(runs, pal)),
-        ("training", "Training: does the handling of invalid attempts change what a policy learns?",
-         lambda: sec_training(runs, pal)),
-        ("screenshots", "Screenshots from the desktop environment and its branches",
-         lambda: sec_screenshots(runs, pal, base)),
-        ("tasks", "Per task", lambda: sec_tasks(runs, pal)),
-        ("controls", "Positive controls", lambda: sec_controls(runs, pal)),
-        ("conditions", "Machine, commit, configuration, price inputs", lambda: sec_conditions(runs, pal)),
-    ]
     body, nav = [], []
-    for sid, title, fn in sections:
+    for sid, title, fn, kinds in sections(runs, pal, base):
         try:
             html = fn()
         except Exception as e:  # one broken section must not cost the rest of the report
             html = (f'<p class="err">This section could not be rendered: {escape(type(e).__name__)}: '
                     f'{escape(str(e))}</p>')
         broken = [f"{rd.label}: {why}" for rd in runs for kind, why in rd.art.errors.items()
-                  if kind in SECTION_KINDS.get(sid, ())]
+                  if kind in kinds]
         if broken:  # artifacts that do not fit their model: said in place, the rest of the section stays
             html = "".join(f'<p class="err">Part of this section could not be rendered: {escape(b)}</p>'
                            for b in broken) + (html or "")
