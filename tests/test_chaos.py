@@ -4,6 +4,7 @@ misclassified one (each made by really changing rows of a chaos run's ledger).""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -213,6 +214,10 @@ def test_disk_full_without_a_tmpfs_is_refused(tmp_path, env):
 
 
 def test_vm_kill_makes_its_attempt_invalid_with_an_infrastructure_cause(tmp_path, env):
+    """A killed QEMU serving an attempt makes that attempt invalid with an infrastructure cause, or,
+    when it died while the attempt was still being reset (before the policy acted), the reset says so
+    and a fresh VM serves it. The event's t is the kill's own moment: the attempts in flight then
+    (and each one's successor on its worker, for a kill just after a verdict) are the ones it hit."""
     require(registry.get("vm").missing())
     out = tmp_path / "chaos"
     _, events, summary = chaos(out, env, "--substrate", "vm", "--events", "vm_kill", "--duration", "25s",
@@ -221,10 +226,20 @@ def test_vm_kill_makes_its_attempt_invalid_with_an_infrastructure_cause(tmp_path
     hit = [e for e in events if e.target.startswith("pid") and "qemu-system" in e.target]
     assert hit, [(e.target, e.followed) for e in events]
     db = sqlite3.connect(out / "ledger.sqlite")
-    in_flight = [r for e in hit for r in db.execute(
-        "SELECT outcome, cause FROM attempts WHERE t_start <= ? AND ? <= t_end", (e.t, e.t))]
-    invalid = [c for o, c in in_flight if o == "invalid"]  # the other slot's attempt goes on
-    assert invalid and set(invalid) <= {x.value for x in INFRA_CAUSES}, in_flight
+    rows = db.execute("SELECT seq, worker, outcome, cause, t_start, t_end, extra FROM attempts").fetchall()
+    causes = {c for _, _, o, c, *_ in rows if o == "invalid"}
+    assert causes and causes <= {x.value for x in INFRA_CAUSES}, causes
+
+    def touched(t: float) -> list[tuple[int, str, str | None, bool]]:
+        in_flight = [r for r in rows if r[4] <= t <= r[5]]
+        after = [min((r for r in rows if r[1] == w and r[4] >= end), key=lambda r: r[4], default=None)
+                 for _, w, _, _, _, end, _ in in_flight]
+        return [(r[0], r[2], r[3], "reset_in_place_failed" in json.loads(r[6]))
+                for r in in_flight + [a for a in after if a is not None]]
+
+    seen = {e.index: touched(e.t) for e in hit}
+    accounted = [i for i, rs in seen.items() if any(o == "invalid" or reset for _, o, _, reset in rs)]
+    assert accounted, seen
 
 
 def _daemons() -> dict[str, list[int]]:

@@ -202,6 +202,7 @@ class Chaos:
         self.unexpected: list[str] = []
         self.run_id: str | None = None
         self.events: list[ChaosEventArtifact] = []
+        self.acted_t: float | None = None  # set by _act() at the signal or command that injects an event
         self.mounted = False
         self.done = False  # the run was complete when an event stopped the harness: nothing to resume
         self.resumed_at: float | None = None  # a resumed harness has not yet recorded an attempt
@@ -372,6 +373,7 @@ class Chaos:
         assert self.run_id is not None and self.proc is not None
         run_id, index = self.run_id, len(self.events)
         segment = self.starts - 1
+        self.acted_t = None
         t = time.time()
         hold_s: float | None = None
         exit_code: int | None = None
@@ -398,6 +400,7 @@ class Chaos:
                     comm = pids[pid]
                 else:
                     pid, comm = self.rng.choice(sorted(pids.items()))
+                self._act()
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 target, followed = f"pid {pid} ({comm})", f"killed{busy}; the harness goes on"
@@ -429,6 +432,8 @@ class Chaos:
                 followed = f"the harness stopped (exit {exit_code}: {tail}); {gc_line}; {self._resume()}"
         else:
             raise UsageError(f"--events: {kind!r} is not one of {', '.join(KINDS)}")
+        if self.acted_t is not None:  # the kill's own moment, after the choosing (busiest samples 0.3 s)
+            t = self.acted_t
         with contextlib.closing(self._ledger()) as ledger:
             after = ledger.count(run_id)
             ev = ChaosEventArtifact(index=index, t=t, kind=kind, target=target, harness_segment=segment,
@@ -438,6 +443,13 @@ class Chaos:
             artifacts.put(ledger, run_id, f"event-{index:04d}", ev)
         self.events.append(ev)
         self.say(f"event {index} {kind} -> {target}: {followed}")
+
+    def _act(self) -> None:
+        """Mark now as the event's moment (``ChaosEventArtifact.t``): called just before the signal or
+        the command that injects it. The ``classified`` gate takes the attempts in flight at ``t`` as
+        the event's, so a ``t`` taken before choosing a target (a QEMU's CPU sampled over 0.3 s, an
+        engine asked which container is busy) points at attempts the kill never touched."""
+        self.acted_t = time.time()
 
     def _resume(self) -> str:
         """After the driver stopped the harness: ``run --resume``, unless the run had already ended."""
@@ -473,6 +485,7 @@ class Chaos:
                      engine_cli("docker", ["inspect", "--format", "{{.Id}} {{len .ExecIDs}}", *running]).splitlines())
             busy = [full for full, _, n in execs if n.strip() not in ("", "0")]
             cid = self.rng.choice(sorted(c for c in running if any(b.startswith(c) for b in busy)) or sorted(running))
+            self._act()
             proc = subprocess.run(["docker", "kill", cid], capture_output=True, text=True, timeout=60)
             return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed")
                                              + ("" if busy else " (no container had an exec running)"))[:200]
@@ -480,6 +493,7 @@ class Chaos:
         conmon = engine_cli("podman", ["inspect", "--format", "{{.State.ConmonPid}}", cid]).strip()
         if not conmon.isdigit() or int(conmon) <= 1:
             return f"container {cid[:12]}", "no conmon found"
+        self._act()
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(conmon), signal.SIGKILL)
         return f"conmon pid {conmon} of container {cid[:12]}", "conmon killed"
@@ -500,6 +514,7 @@ class Chaos:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             return f"dockerd pid {pid}", "gone before it could be read"
+        self._act()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
