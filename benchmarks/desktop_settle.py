@@ -34,8 +34,9 @@ from pathlib import Path
 from drumsbench.envs.base import Action, ActionSpec
 from drumsbench.envs.desktop import instance
 from drumsbench.envs.desktop.env import DesktopEnv
-from drumsbench.envs.desktop.instance import Settings, frames_differ
+from drumsbench.envs.desktop.instance import Settings
 from drumsbench.envs.desktop.profile import template_profile
+from drumsbench.envs.desktop.settle import frames_differ
 from drumsbench.envs.desktop.task import load_suite
 from drumsbench.measure.stats import quantile, wilson
 from drumsbench.substrates.process import ProcessSubstrate

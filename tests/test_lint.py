@@ -1,5 +1,6 @@
 """The code stays clean: ruff on everything, mypy on the package, ``mypy --strict`` on the core
-packages (substrates/base, envs/base, rollout, ledger, measure)."""
+packages (substrates/base, envs — the kinds and their runners —, executors, rollout, ledger, measure,
+core). ``type: ignore`` stays rare: at most four in the package, each with its error code."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 
 from helpers import ROOT
 
-STRICT = ["src/drumsbench/substrates/base.py", "src/drumsbench/envs/base.py", "src/drumsbench/rollout/attempt.py",
-          "src/drumsbench/ledger.py", "src/drumsbench/measure", "src/drumsbench/core"]
+STRICT = ["src/drumsbench/substrates/base.py", "src/drumsbench/envs", "src/drumsbench/executors",
+          "src/drumsbench/rollout/attempt.py", "src/drumsbench/ledger.py", "src/drumsbench/measure",
+          "src/drumsbench/core"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -30,3 +32,13 @@ def test_mypy(tmp_path):
     outs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
     failed = {name: outs[name][-4000:] for name, proc in procs.items() if proc.returncode != 0}
     assert not failed, failed
+
+
+def test_type_ignores_are_few_and_named():
+    """Each ``type: ignore`` says which error it silences, and there are at most four in the package
+    (issue 31): a new one means a type that could be said was not."""
+    found = [(p.relative_to(ROOT), n, line) for p in sorted((ROOT / "src").rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "type: ignore" in line]
+    bare = [f"{p}:{n}" for p, n, line in found if "type: ignore[" not in line and "tasks/" not in str(p)]
+    assert not bare, bare
+    assert len(found) <= 4, [f"{p}:{n}" for p, n, _ in found]

@@ -102,16 +102,15 @@ def train(
         try:
             extra: dict[str, object] = {} if concurrency is None else {"concurrency": concurrency}
             extra.update(executor_options(executor, ray_address))  # one-line errors for both flags
-            cfg = TrainConfig(tasks=tasks, substrate=substrate, treatments=parse_treatments(treatments),
-                              seeds=_seeds(seeds, seed_list, seed), fault_mode=FaultMode(faults),
-                              fault_scale=fault_scale, holdout_every=holdout_every,
-                              integrity=_choices(integrity, ("on", "off"), "--integrity"),
-                              start=_choices(start, ("scratch", "fork"), "--start"), prefix_k=prefix_k,
-                              only=names(task_ids),
-                              iterations=iterations, groups=groups, group_size=group_size, eval_every=eval_every,
-                              eval_episodes=eval_episodes, final_eval_episodes=final_eval_episodes, lr=lr,
-                              rollout=RolloutConfig(step_timeout_s=step, episode_timeout_s=max(30.0, step * 20),
-                                                    max_steps=50), **extra)  # type: ignore[arg-type]
+            cfg = TrainConfig.model_validate(dict(
+                tasks=tasks, substrate=substrate, treatments=parse_treatments(treatments),
+                seeds=_seeds(seeds, seed_list, seed), fault_mode=FaultMode(faults), fault_scale=fault_scale,
+                holdout_every=holdout_every, integrity=_choices(integrity, ("on", "off"), "--integrity"),
+                start=_choices(start, ("scratch", "fork"), "--start"), prefix_k=prefix_k, only=names(task_ids),
+                iterations=iterations, groups=groups, group_size=group_size, eval_every=eval_every,
+                eval_episodes=eval_episodes, final_eval_episodes=final_eval_episodes, lr=lr,
+                rollout=RolloutConfig(step_timeout_s=step, episode_timeout_s=max(30.0, step * 20), max_steps=50),
+                **extra))
         except ValidationError as e:
             raise usage_error(e, flags) from None
         from drumsbench.train.experiment import select_tasks

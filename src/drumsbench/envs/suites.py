@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from drumsbench.core.errors import UsageError
 from drumsbench.core.plugins import Registry, load_spec
@@ -39,7 +39,7 @@ class EnvKind:
     # the document a suite author of this kind reads (named in a refused folder's error)
     docs: str = "docs/adding-an-environment.md"
 
-    def environment_class(self) -> type[Environment]:
+    def environment_class(self) -> type[Environment[Any]]:
         cls = load_spec(self.environment)
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
             raise UsageError(f"environment kind {self.name!r}: {self.environment} is not an Environment subclass")
@@ -64,7 +64,7 @@ KINDS: Registry[EnvKind] = Registry(
 
 
 
-def environment_class(kind: str) -> type[Environment]:
+def environment_class(kind: str) -> type[Environment[Any]]:
     """The ``Environment`` subclass of the kind named ``kind`` (``UsageError`` for an unknown one)."""
     return KINDS.load(kind).environment_class()
 
@@ -74,7 +74,7 @@ class Suite:
     name: str
     kind: str
     tasks: Sequence[Task]
-    make_env: Callable[[], Environment]
+    make_env: Callable[[], Environment[Any]]
     actions: ActionSet  # the kind's typed actions (``Environment.actions``)
 
 

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.records import AttemptRecord
@@ -38,7 +39,7 @@ class Job:
     run_id: str
     tasks: list[Task]
     make_policy: Callable[[], Policy]
-    make_env: Callable[[], Environment]
+    make_env: Callable[[], Environment[Any]]
     rollout: RolloutConfig
     faults: FaultPlan
     seed: int

@@ -224,7 +224,7 @@ class RemoteJob:
     run_id: str
     tasks: dict[str, Task]
     make_policy: Callable[[], Policy]
-    make_env: Callable[[], Environment]
+    make_env: Callable[[], Environment[Any]]
     rollout: RolloutConfig
     seed: int
     meta: dict[str, object]

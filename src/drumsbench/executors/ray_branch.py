@@ -59,7 +59,7 @@ class BranchSpec:
 
     run_id: str
     task: Task
-    make_env: Callable[[], Environment]
+    make_env: Callable[[], Environment[Any]]
     policy: Policy  # the continuation policy; each continuation gets a copy
     rollout: RolloutConfig
     seed: int

@@ -26,9 +26,18 @@ table, with its type's name). Nothing the server writes is trusted by the judge 
 ``decode`` there builds only plain data and the judge's own proxy objects.
 """
 
+from __future__ import annotations  # annotations are text: nothing below imports typing at run time
+
 import json
 import os
 import sys
+
+TYPE_CHECKING = False  # the typing module's own flag, without importing it (the server starts per verification)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any, BinaryIO
+
+    HandleOf = Callable[[object], int]
 
 # base64, dataclasses, datetime, decimal and fractions are imported where a value needs them: the
 # server starts per verification, and a value of one of their types means its module is loaded.
@@ -42,28 +51,28 @@ class BoundaryError(Exception):
     """A value that cannot cross the boundary, or a message that breaks the format."""
 
 
-def _qualname(cls):
+def _qualname(cls: object) -> str:
     return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', getattr(cls, '__name__', '?'))}"
 
 
-def _mro_names(cls):
+def _mro_names(cls: type) -> list[str]:
     return [_qualname(c) for c in cls.__mro__]
 
 
-def _plain_tz(tz):
+def _plain_tz(tz: object) -> bool:
     if tz is None:
         return True
     dt = sys.modules.get("datetime")
     return dt is not None and type(tz) is dt.timezone
 
 
-def _loaded(module, name):
+def _loaded(module: str, name: str) -> Any:
     """``module.name`` when that module is loaded (a value of its type exists only then), else None."""
     mod = sys.modules.get(module)
     return getattr(mod, name, None) if mod is not None else None
 
 
-def encode(value, handle_of, depth=0):
+def encode(value: Any, handle_of: HandleOf, depth: int = 0) -> Any:
     """``value`` as JSON-ready data; ``handle_of(obj)`` gives the handle number of a non-plain object
     (the server's table; the judge's proxies carry theirs)."""
     if depth > 100:
@@ -113,14 +122,15 @@ def encode(value, handle_of, depth=0):
     return {"$h": handle_of(value), "type": _qualname(t)}
 
 
-def _text(exc):
+def _text(exc: BaseException) -> str:
     try:
         return str(exc)[:2000]
     except BaseException:
         return "<unprintable>"
 
 
-def decode(data, handle, record, exc_class, depth=0):
+def decode(data: Any, handle: Callable[[int, str], Any], record: Callable[[int, str, list[tuple[str, Any]]], Any],
+           exc_class: Callable[[list[str]], type[BaseException]], depth: int = 0) -> Any:
     """The value ``data`` (parsed JSON) stands for; strict: anything outside the format raises
     ``BoundaryError``. ``handle(n, type_name)``, ``record(n, cls, fields)`` and ``exc_class(mro)``
     build the non-plain values of the decoding side."""
@@ -142,7 +152,7 @@ def decode(data, handle, record, exc_class, depth=0):
             items = [decode(v, handle, record, exc_class, d) for v in _list(arg)]
             return tuple(items) if tag == "$t" else set(items) if tag == "$s" else frozenset(items)
         if tag == "$d":
-            out = {}
+            out: dict[Any, Any] = {}
             for pair in _list(arg):
                 k, v = _list(pair, 2)
                 out[decode(k, handle, record, exc_class, d)] = decode(v, handle, record, exc_class, d)
@@ -189,19 +199,19 @@ def decode(data, handle, record, exc_class, depth=0):
     raise BoundaryError(f"tag {tag} not decoded")
 
 
-def _list(x, n=None):
+def _list(x: Any, n: int | None = None) -> list[Any]:
     if type(x) is not list or (n is not None and len(x) != n):
         raise BoundaryError("malformed list")
     return x
 
 
-def _str(x):
+def _str(x: Any) -> str:
     if type(x) is not str:
         raise BoundaryError("malformed string")
     return x
 
 
-def _int(x):
+def _int(x: Any) -> int:
     if type(x) is not int:
         raise BoundaryError("malformed integer")
     return x
@@ -211,11 +221,11 @@ def _int(x):
 class _Table:
     """Objects handed to the judge, by handle number (kept for the whole verification)."""
 
-    def __init__(self):
-        self.objects = []
-        self.numbers = {}
+    def __init__(self) -> None:
+        self.objects: list[object] = []
+        self.numbers: dict[int, int] = {}
 
-    def handle_of(self, obj):
+    def handle_of(self, obj: object) -> int:
         n = self.numbers.get(id(obj))
         if n is None or self.objects[n] is not obj:
             n = len(self.objects)
@@ -223,7 +233,7 @@ class _Table:
             self.numbers[id(obj)] = n
         return n
 
-    def get(self, n):
+    def get(self, n: object) -> Any:
         if type(n) is not int or not 0 <= n < len(self.objects):
             raise BoundaryError(f"no handle {n!r}")
         return self.objects[n]
@@ -233,20 +243,20 @@ class _ServerExc(Exception):
     """The judge handed back an exception value: the server never builds the judge's classes."""
 
 
-def serve(rfile, out_fd):
+def serve(rfile: Iterable[bytes], out_fd: int) -> None:
     table = _Table()
 
-    def value(data):
+    def value(data: Any) -> Any:
         return decode(data, lambda n, _t: table.get(n), lambda n, _c, _f: table.get(n),
                       lambda _mro: _ServerExc)
 
-    def answer(obj):
+    def answer(obj: Any) -> None:
         line = json.dumps(obj, allow_nan=True, separators=(",", ":")).encode() + b"\n"
         view = memoryview(line)
         while view:
             view = view[os.write(out_fd, view):]
 
-    ops = {
+    ops: dict[str, Callable[[dict[str, Any]], Any]] = {
         "import": lambda r: __import__(r["name"], fromlist=["_"]) if "." in r["name"] else __import__(r["name"]),
         "getattr": lambda r: getattr(table.get(r["h"]), r["name"]),
         "setattr": lambda r: setattr(table.get(r["h"]), r["name"], value(r["v"])),
@@ -275,8 +285,8 @@ def serve(rfile, out_fd):
             answer({"err": {"mro": _mro_names(type(e)), "msg": _text(e)}})
 
 
-def _bounded_list(obj):
-    out = []
+def _bounded_list(obj: Any) -> list[Any]:
+    out: list[Any] = []
     for item in obj:
         out.append(item)
         if len(out) > MAX_ITEMS:
@@ -284,7 +294,7 @@ def _bounded_list(obj):
     return out
 
 
-def main():
+def main() -> None:
     out_fd = os.dup(1)
     os.dup2(2, 1)  # the code under test's prints go to stderr, never into the answers
     sys.stdout = sys.stderr
@@ -296,7 +306,7 @@ def main():
     serve(_lines(rfile), out_fd)
 
 
-def _lines(f):
+def _lines(f: BinaryIO) -> Iterator[bytes]:
     buf = b""
     while True:
         chunk = f.read(65536)
@@ -308,7 +318,7 @@ def _lines(f):
             yield line
 
 
-def zygote_main(work_dir, uid, sock_fd):
+def zygote_main(work_dir: str, uid: int, sock_fd: int) -> None:
     """``python3 -I -c <this source> --zygote WORK UID SOCK``: the boundary server kept warm.
 
     Started by the harness through the sandbox's ``Helpers`` (as the harness's uid, in the
@@ -322,7 +332,7 @@ def zygote_main(work_dir, uid, sock_fd):
     import signal
     import socket
 
-    def reap(_sig, _frame):
+    def reap(_sig: int, _frame: object) -> None:
         while True:
             try:
                 done, _ = os.waitpid(-1, os.WNOHANG)

@@ -317,7 +317,7 @@ class CodingEnv(Environment[CodingTask], VerifierNotes):
         config = {"tests": {name.rsplit("/", 1)[-1]: data.decode() for name, data in task.hidden.items()},
                   "task_modules": sorted(task_modules(task)), "limit_s": max(1.0, timeout - VERIFY_MARGIN_S)}
         self.verify_note = {"verifier": "judge", "trust": TRUST_JUDGE}
-        zygote = self._zygote if self._zygote is not None and self._zygote.box is self.box else None
+        zygote = self._zygote if self._zygote is not None and self._zygote.serves(self.box) else None
         stream: Stream | None = zygote.open() if zygote is not None and zygote.alive() else None
         self.verify_note["server"] = "zygote" if stream is not None else "started"
         if stream is None:

@@ -26,6 +26,7 @@ the harness decides from the sandbox's state whether that is the policy's doing)
 """
 
 import ast
+import importlib.abc
 import importlib.machinery
 import json
 import os
@@ -35,8 +36,17 @@ import time
 import types
 import unittest
 
+# No ``from __future__ import annotations``: run_tests compiles the hidden tests with compile(),
+# which inherits this file's future flags (their annotations would turn into strings).
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
 from drumsbench.core.verdict_lines import ready_line, verdict_line
 from drumsbench.envs.coding.boundary_server import BoundaryError, decode, encode
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+_T = TypeVar("_T")
 
 MAX_ANSWER = 16 * 1024 * 1024
 
@@ -48,16 +58,16 @@ class ServerLost(BaseException):
 class Link:
     """The judge's end of the line channel to the boundary server."""
 
-    def __init__(self, rfd, wfd, deadline):
+    def __init__(self, rfd: int, wfd: int, deadline: float) -> None:
         self.rfd, self.wfd, self.deadline = rfd, wfd, deadline
         self.buf = b""
-        self.lost = None
+        self.lost: str | None = None
         self.calls = 0
-        self.exc_classes = {}
-        self.where = None  # what the judge was doing (an import of a hidden file, a test id)
-        self.lost_during = None
+        self.exc_classes: dict[str, type[Exception]] = {}
+        self.where: str | None = None  # what the judge was doing (an import of a hidden file, a test id)
+        self.lost_during: str | None = None
 
-    def request(self, op, **args):
+    def request(self, op: str, **args: Any) -> Any:
         """Send one request, return the decoded answer, or raise the code under test's exception."""
         if self.lost is not None:
             raise ServerLost(self.lost)
@@ -82,18 +92,18 @@ class Link:
             if type(err) is not dict:
                 raise BoundaryError("malformed err")
             mro = [str(n) for n in err.get("mro", ())] or ["builtins.Exception"]
-            exc = make_exception(self.exc_class(mro), str(err.get("msg", ""))[:2000])
+            exc: Any = make_exception(self.exc_class(mro), str(err.get("msg", ""))[:2000])
         except (ValueError, KeyError, TypeError, RecursionError, BoundaryError) as e:
             self._lose(f"the code under test's server broke the answer format: {str(e)[:160]}")
         exc.drumsbench_remote = True
         raise exc
 
-    def _lose(self, why):
+    def _lose(self, why: str) -> NoReturn:
         self.lost = why
         self.lost_during = self.where
         raise ServerLost(why)
 
-    def _read_line(self):
+    def _read_line(self) -> bytes:
         while b"\n" not in self.buf:
             left = self.deadline - time.monotonic()
             if left <= 0:
@@ -110,14 +120,14 @@ class Link:
         line, self.buf = self.buf.split(b"\n", 1)
         return line
 
-    def decode(self, data):
+    def decode(self, data: Any) -> Any:
         return decode(data, lambda n, t: Remote(self, n, t), lambda n, c, f: RemoteRecord(self, n, c, f),
                       self.exc_class)
 
-    def encode(self, value):
+    def encode(self, value: object) -> Any:
         return encode(value, _judge_handle)
 
-    def exc_class(self, mro):
+    def exc_class(self, mro: list[str]) -> type[Exception]:
         """The judge's class for an exception class of the code under test, one per name."""
         name = mro[0]
         cls = self.exc_classes.get(name)
@@ -127,7 +137,7 @@ class Link:
         if builtin is not None:
             self.exc_classes[name] = builtin
             return builtin
-        base = RemoteError
+        base: type[Exception] = RemoteError
         for n in mro[1:]:
             found = _builtin_exception(n)
             if found is not None:
@@ -139,7 +149,7 @@ class Link:
         return cls
 
 
-def _builtin_exception(name):
+def _builtin_exception(name: str) -> type[Exception] | None:
     """The judge's own exception class of that qualified name: a builtin, or a class of a standard
     library module the judge has already imported (``decimal.InvalidOperation``); nothing is
     imported by a name the server sent."""
@@ -155,7 +165,7 @@ def _builtin_exception(name):
     return found if isinstance(found, type) and issubclass(found, Exception) else None
 
 
-def make_exception(cls, msg):
+def make_exception(cls: type[Exception], msg: str) -> Exception:
     """An instance of ``cls`` carrying ``msg``, also for classes whose constructor wants more."""
     try:
         return cls(msg)
@@ -170,7 +180,7 @@ class RemoteError(Exception):
     (SystemExit, KeyboardInterrupt, BaseException itself): a test sees them as errors."""
 
 
-def _judge_handle(obj):
+def _judge_handle(obj: object) -> Any:
     if isinstance(obj, Remote):
         return object.__getattribute__(obj, "_db_n")
     raise BoundaryError(f"cannot hand a {type(obj).__name__} of the tests to the code under test")
@@ -181,69 +191,69 @@ class Remote:
 
     __slots__ = ("_db_link", "_db_n", "_db_type")
 
-    def __init__(self, link, n, type_name):
+    def __init__(self, link: Link, n: int, type_name: str) -> None:
         object.__setattr__(self, "_db_link", link)
         object.__setattr__(self, "_db_n", n)
         object.__setattr__(self, "_db_type", type_name)
 
-    def _db_ask(self, op, **args):
+    def _db_ask(self, op: str, **args: Any) -> Any:
         link = object.__getattribute__(self, "_db_link")
         return link.request(op, h=object.__getattribute__(self, "_db_n"), **args)
 
-    def _db_typed(self, op, kind, **args):
+    def _db_typed(self, op: str, kind: type[_T], **args: Any) -> _T:
         value = self._db_ask(op, **args)
         if type(value) is not kind:
             raise BoundaryError(f"{op}() of a {object.__getattribute__(self, '_db_type')} gave a "
                                 f"{type(value).__name__}, not plain {kind.__name__}")
         return value
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         return self._db_ask("getattr", name=name)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> None:
         link = object.__getattribute__(self, "_db_link")
         self._db_ask("setattr", name=name, v=link.encode(value))
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: object, **kwargs: object) -> Any:
         link = object.__getattribute__(self, "_db_link")
         return self._db_ask("call", a=link.encode(list(args)), kw=link.encode(dict(kwargs)))
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self._db_typed("str", str)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return self._db_typed("repr", str)
 
-    def __format__(self, spec):
+    def __format__(self, spec: str) -> str:
         return self._db_typed("format", str, spec=spec)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._db_typed("len", int)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self._db_typed("bool", bool)
 
-    def __iter__(self):
+    def __iter__(self) -> "Iterator[Any]":
         return iter(self._db_typed("list", list))
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: object) -> Any:
         link = object.__getattribute__(self, "_db_link")
         return self._db_ask("getitem", k=link.encode(key))
 
-    def __contains__(self, value):
+    def __contains__(self, value: object) -> bool:
         link = object.__getattribute__(self, "_db_link")
         return self._db_typed("contains", bool, v=link.encode(value))
 
-    def __instancecheck__(self, value):
+    def __instancecheck__(self, value: object) -> bool:
         link = object.__getattribute__(self, "_db_link")
         return self._db_typed("isinstance", bool, v=link.encode(value))
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((id(object.__getattribute__(self, "_db_link")), object.__getattribute__(self, "_db_n")))
 
-    def _db_refuse(self, other):
+    def _db_refuse(self, other: object) -> bool:
         raise BoundaryError(f"a {object.__getattribute__(self, '_db_type')} of the code under test is compared: "
                             "the judge compares plain data only (compare its fields or str())")
 
@@ -256,24 +266,24 @@ class RemoteRecord(Remote):
 
     __slots__ = ("_db_cls", "_db_fields")
 
-    def __init__(self, link, n, cls, fields):
+    def __init__(self, link: Link, n: int, cls: str, fields: list[tuple[str, Any]]) -> None:
         super().__init__(link, n, cls)
         object.__setattr__(self, "_db_cls", cls)
         object.__setattr__(self, "_db_fields", tuple(fields))
 
-    def _db_key(self):
+    def _db_key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
         return (object.__getattribute__(self, "_db_cls"), object.__getattribute__(self, "_db_fields"))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, RemoteRecord) and self._db_key() == other._db_key()
 
-    def __ne__(self, other):
+    def __ne__(self, other: object) -> bool:
         return not self == other
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._db_key())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         cls, fields = self._db_key()
         return f"{cls.rpartition('.')[2]}({', '.join(f'{k}={v!r}' for k, v in fields)})"
 
@@ -281,36 +291,37 @@ class RemoteRecord(Remote):
 class RemoteModule(types.ModuleType):
     """A task module in the judge: its attributes are the server's module's, forwarded."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         return self.__dict__["_drumsbench_remote"].__getattr__(name)
 
 
-class TaskModules:
+class TaskModules(importlib.abc.Loader):
     """Imports of the task's own top-level names (and below) become ``RemoteModule``s."""
 
-    def __init__(self, link, names):
+    def __init__(self, link: Link, names: list[str]) -> None:
         self.link, self.names = link, frozenset(names)
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: "Sequence[str] | None",
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname.split(".")[0] in self.names:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
-    def create_module(self, spec):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> RemoteModule:
         module = RemoteModule(spec.name)
         module.__dict__["_drumsbench_remote"] = self.link.request("import", name=spec.name)
         return module
 
-    def exec_module(self, module):
+    def exec_module(self, module: types.ModuleType) -> None:
         pass
 
 
 # -- running the tests ---------------------------------------------------------------------------------
-def expected_tests(sources):
+def expected_tests(sources: dict[str, str]) -> list[str]:
     """``module.Class.test_method`` of every test method the files define, by syntax."""
-    expected = []
+    expected: list[str] = []
     for name, source in sources.items():
         module = name[:-3] if name.endswith(".py") else name
         for node in ast.parse(source, filename=name).body:
@@ -324,50 +335,51 @@ def expected_tests(sources):
 class Record(unittest.TestResult):
     """Statuses per test id, written only here."""
 
-    def __init__(self, link):
+    def __init__(self, link: Link) -> None:
         super().__init__()
         self.link = link
-        self.statuses = {}
-        self.problems = {}  # test id -> its first failure or error, as text
+        self.statuses: dict[str, list[str]] = {}
+        self.problems: dict[str, str] = {}  # test id -> its first failure or error, as text
 
-    def startTest(self, test):
+    def startTest(self, test: unittest.TestCase) -> None:
         super().startTest(test)
         self.link.where = test.id()
 
-    def _put(self, test, status):
+    def _put(self, test: unittest.TestCase, status: str) -> None:
         self.statuses.setdefault(test.id(), []).append(status)
 
-    def addSuccess(self, test):
+    def addSuccess(self, test: unittest.TestCase) -> None:
         self._put(test, "pass")
 
-    def addFailure(self, test, err):
+    def addFailure(self, test: unittest.TestCase, err: tuple[Any, Any, Any]) -> None:
         self._put(test, "fail")
         self.first_problem(test, err)
 
-    def addError(self, test, err):
+    def addError(self, test: unittest.TestCase, err: tuple[Any, Any, Any]) -> None:
         self._put(test, "error")
         self.first_problem(test, err)
 
-    def addSkip(self, test, reason):
+    def addSkip(self, test: unittest.TestCase, reason: str) -> None:
         self._put(test, "skip")
 
-    def addExpectedFailure(self, test, err):
+    def addExpectedFailure(self, test: unittest.TestCase, err: tuple[Any, Any, Any]) -> None:
         self._put(test, "xfail")
 
-    def addUnexpectedSuccess(self, test):
+    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:
         self._put(test, "xpass")
 
-    def addSubTest(self, test, subtest, err):
+    def addSubTest(self, test: unittest.TestCase, subtest: unittest.TestCase, err: tuple[Any, Any, Any] | None) -> None:
         if err is not None:
             self._put(test, "fail" if issubclass(err[0], test.failureException) else "error")
             self.first_problem(subtest, err)
 
-    def first_problem(self, test, err):
+    def first_problem(self, test: unittest.TestCase,
+                      err: tuple[type[BaseException], BaseException, types.TracebackType]) -> None:
         tid = getattr(test, "test_case", test).id()  # a subtest's: its test's
         self.problems.setdefault(tid, f"{err[0].__name__}: {str(err[1])[:200]}")
 
 
-def run_tests(link, sources, task_modules):
+def run_tests(link: Link, sources: dict[str, str], task_modules: list[str]) -> dict[str, Any]:
     """The verdict (a dict) of running ``sources`` against the server behind ``link``."""
     expected = expected_tests(sources)
     if not expected:
@@ -399,13 +411,13 @@ def run_tests(link, sources, task_modules):
     return verdict_of(expected, record, link)
 
 
-def _failed(link, expected, reason):
+def _failed(link: Link, expected: list[str], reason: str) -> dict[str, Any]:
     if link.lost is not None:
         return {"status": "server_lost", "reason": link.lost, "during": link.lost_during, "expected": len(expected)}
     return {"status": "failed", "reason": reason[:300], "expected": len(expected)}
 
 
-def verdict_of(expected, record, link):
+def verdict_of(expected: list[str], record: Record, link: Link) -> dict[str, Any]:
     by_id = record.statuses
     counts = {"expected": len(expected), "reported": sum(len(v) for v in by_id.values()), "calls": link.calls}
     for status in ("pass", "fail", "error", "skip", "xfail", "xpass"):
@@ -427,7 +439,7 @@ def verdict_of(expected, record, link):
     return {"status": "passed", "reason": "", **counts}
 
 
-def judge(rfd, wfd, out_fd, secret, config):
+def judge(rfd: int, wfd: int, out_fd: int, secret: bytes, config: dict[str, Any]) -> None:
     """One verification: READY, the tests, one VERDICT, written to ``out_fd``."""
     if len(secret) < 16:
         raise SystemExit("judge: no secret")
@@ -438,13 +450,13 @@ def judge(rfd, wfd, out_fd, secret, config):
     _write(out_fd, verdict_line(secret, text) + "\n")
 
 
-def _write(fd, text):
+def _write(fd: int, text: str) -> None:
     view = memoryview(text.encode())
     while view:
         view = view[os.write(fd, view):]
 
 
-def serve(sock_fd):
+def serve(sock_fd: int) -> None:
     """The kept judge (``judge_host.KeptJudge``): everything imported once; per request — a JSON
     message ``{"secret": hex, "config": {...}}`` with three descriptors (the server's stdout, its
     stdin, the output pipe) on the Unix socket ``sock_fd`` — fork a judge that writes its pid line,
@@ -483,7 +495,7 @@ def serve(sock_fd):
             os.close(fd)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:
         serve(int(argv[1]))

@@ -106,6 +106,10 @@ class ServerZygote:
         self.sock = ours
         self.sock.settimeout(_ANSWER_S)
 
+    def serves(self, box: Sandbox) -> bool:
+        """Was this zygote started in ``box`` (the very sandbox, not an equal one)?"""
+        return self.box is box
+
     def alive(self) -> bool:
         return self.helper.alive()
 

@@ -49,12 +49,23 @@ from drumsbench.core.verdict_lines import ready_line, verdict_line  # its text, 
 # are used: the warm runner's child, forked from the parent, never needs them, so the parent
 # imports them only after the fork.
 
+# The typing module's own flag, without importing it (the runner imports as little as it can). No
+# ``from __future__ import annotations``: compile() in the child inherits this file's future flags.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    import unittest
+    from collections.abc import Iterable, Iterator, Sequence
+    from typing import Any
+
+    from _typeshed import OptExcInfo
+
 MAX_LINE = 64 * 1024
 MAX_REPORT = 4 * 1024 * 1024
 
 
 # -- parent -----------------------------------------------------------------------------------------
-def _no_dump():
+def _no_dump() -> None:
     """Make this process non-dumpable: same-user processes cannot ptrace it or read /proc/PID/mem."""
     try:
         import ctypes
@@ -64,19 +75,19 @@ def _no_dump():
         pass
 
 
-def _parse_tests(verify_dir, names):
+def _parse_tests(verify_dir: str, names: "Iterable[str]") -> dict[str, ast.Module]:
     """{hidden file name: its syntax tree}, each file read and parsed once per process (before any
     code under test runs, in the child); the four readers below take this."""
-    trees = {}
+    trees: dict[str, ast.Module] = {}
     for name in names:
         with open(os.path.join(verify_dir, "tests", name), "rb") as f:
             trees[name] = ast.parse(f.read(), filename=name)
     return trees
 
 
-def _expected_tests(trees):
+def _expected_tests(trees: dict[str, ast.Module]) -> list[str]:
     """``module.Class.test_method`` of every test method defined in the hidden files, by syntax."""
-    expected = []
+    expected: list[str] = []
     for name, tree in trees.items():
         module = name[:-3] if name.endswith(".py") else name
         for node in tree.body:
@@ -87,9 +98,9 @@ def _expected_tests(trees):
     return expected
 
 
-def _test_imports(trees):
+def _test_imports(trees: dict[str, ast.Module]) -> set[str]:
     """Top-level modules that the hidden test files import themselves (by syntax)."""
-    found = set()
+    found: set[str] = set()
     for tree in trees.values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -99,12 +110,13 @@ def _test_imports(trees):
     return found
 
 
-def _test_bindings(trees, task_modules):
+def _test_bindings(trees: dict[str, ast.Module], task_modules: frozenset[str]
+                   ) -> dict[str, dict[str, tuple[str, str | None]]]:
     """Per hidden test module: {name it binds at top level: (module, attribute or None)} for its
     imports of modules that are not the task's, by syntax."""
-    out = {}
+    out: dict[str, dict[str, tuple[str, str | None]]] = {}
     for name, tree in trees.items():
-        binds = {}
+        binds: dict[str, tuple[str, str | None]] = {}
         for node in tree.body:
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -119,14 +131,14 @@ def _test_bindings(trees, task_modules):
     return out
 
 
-def _test_classes(trees):
+def _test_classes(trees: dict[str, ast.Module]) -> dict[str, dict[str, tuple[set[str], bool]]]:
     """Per hidden test module: {class name: (names its body defines, whether it defines tests)}, by syntax."""
-    out = {}
+    out: dict[str, dict[str, tuple[set[str], bool]]] = {}
     for name, tree in trees.items():
-        classes = {}
+        classes: dict[str, tuple[set[str], bool]] = {}
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
-                defined = set()
+                defined: set[str] = set()
                 for item in node.body:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                         defined.add(item.name)
@@ -139,7 +151,7 @@ def _test_classes(trees):
     return out
 
 
-def _binary_in_tree(root, limit=20000):
+def _binary_in_tree(root: str, limit: int = 20000) -> str | None:
     """The first file under ``root`` that is a native module (an extension suffix or ELF bytes)."""
     import importlib.machinery
 
@@ -162,7 +174,7 @@ def _binary_in_tree(root, limit=20000):
     return None
 
 
-def _image_has(module):
+def _image_has(module: str) -> bool:
     """Does the image provide top-level ``module`` with the work tree and the tests off sys.path?"""
     import importlib.util
 
@@ -176,8 +188,11 @@ def _image_has(module):
         sys.path[:] = saved
 
 
-def _read_report(proc, rfd, deadline):
+def _read_report(proc: "subprocess.Popen[bytes] | None", rfd: int, deadline: float
+                 ) -> "tuple[list[dict[str, Any]], str | None]":
     """Events from the child until EOF, the deadline or a flood: (events, problem or None)."""
+    events: list[dict[str, Any]]
+    nonce: str | None
     events, buf, total, nonce = [], b"", 0, None
     while True:
         left = deadline - time.monotonic()
@@ -213,7 +228,12 @@ def _read_report(proc, rfd, deadline):
             return events, "flood"
 
 
-def _verdict(expected, events, problem, exit_code, test_imports=frozenset(), task_modules=frozenset()):
+def _verdict(expected: "Sequence[str]", events: "Iterable[dict[str, Any]]", problem: str | None,
+             exit_code: int | None, test_imports: frozenset[str] = frozenset(),
+             task_modules: frozenset[str] = frozenset()) -> dict[str, str | int]:
+    by_id: dict[str, list[str]]
+    import_errors: list[dict[str, Any]]
+    reason: str | None
     by_id, import_errors, reason, done = {}, [], None, False
     for ev in events:
         kind = ev.get("ev")
@@ -260,7 +280,7 @@ def _verdict(expected, events, problem, exit_code, test_imports=frozenset(), tas
     return {"status": "failed", "reason": reason[:300], **counts}
 
 
-def main():
+def main() -> None:
     import subprocess
 
     secret = bytes.fromhex(sys.stdin.readline().strip())
@@ -281,7 +301,7 @@ def main():
     os.close(wfd)
     events, problem = _read_report(proc, rfd, deadline)
     try:
-        exit_code = proc.wait(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        exit_code: int | None = proc.wait(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:
         exit_code = None
         problem = problem or "timeout"
@@ -294,7 +314,8 @@ def main():
     _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code)
 
 
-def _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code):
+def _print_verdict(secret: bytes, config: "dict[str, Any]", verify_dir: str, expected: "Sequence[str]",
+                   events: "Iterable[dict[str, Any]]", problem: str | None, exit_code: int | None) -> None:
     # The harness's list of the tests' imports (read from the task's own bytes), never the staged
     # files again: the code under test could have rewritten them by now.
     verdict = json.dumps(_verdict(expected, events, problem, exit_code, frozenset(config.get("test_imports", ())),
@@ -304,7 +325,7 @@ def _print_verdict(secret, config, verify_dir, expected, events, problem, exit_c
 
 
 # -- warm: one interpreter, the child forked from it -------------------------------------------------
-def warm_main(verify_dir, drop_uid=None):
+def warm_main(verify_dir: str, drop_uid: int | None = None) -> None:
     """``python3 -I runner.py --warm VERIFY_DIR``: the same stdin, output and verdicts as ``main``,
     with one interpreter instead of two. ``drop_uid`` (the kept server's workers, which run as the
     harness's uid): the child drops to it (``_drop_to``) before it reads its config.
@@ -378,7 +399,7 @@ def warm_main(verify_dir, drop_uid=None):
     _print_verdict(secret, config, verify_dir, expected, events, problem, exit_code)
 
 
-def _drop_to(uid, keep):
+def _drop_to(uid: int, keep: "Iterable[int]") -> None:
     """Become ``uid`` (its own gid, no supplementary groups) for good, with no descriptor but
     0-2 and ``keep`` and the OOM score of an ordinary process (the kept server's is -1000)."""
     try:
@@ -399,7 +420,7 @@ def _drop_to(uid, keep):
 
 
 # -- kept: one server per sandbox, started before the policy's first action -------------------------
-def _read_line(fd, limit=64):
+def _read_line(fd: int, limit: int = 64) -> bytes:
     """One line from ``fd``, a byte at a time (nothing after it is taken from the pipe); b"" at EOF."""
     line = b""
     while len(line) < limit:
@@ -410,7 +431,7 @@ def _read_line(fd, limit=64):
     return line
 
 
-def serve_main(verify_dir, work_dir, uid):
+def serve_main(verify_dir: str, work_dir: str, uid: int) -> None:
     """``python3 -I -c RUNNER --serve VERIFY_DIR WORK_DIR UID``: the kept verifier.
 
     Started by the harness as its own uid through the sandbox's ``Helpers`` capability, at reset,
@@ -455,7 +476,7 @@ def serve_main(verify_dir, work_dir, uid):
         os.write(1, f"\nDRUMSBENCH_HELPER_END {code}\n".encode())
 
 
-def _wait_child(pid, timeout):
+def _wait_child(pid: int, timeout: float) -> int | None:
     """The forked child's exit code (-N: killed by signal N), or None when it still runs after ``timeout``."""
     end = time.monotonic() + timeout
     while True:
@@ -468,7 +489,7 @@ def _wait_child(pid, timeout):
 
 
 # -- child ------------------------------------------------------------------------------------------
-def child(verify_dir, fd, task_modules, names):
+def child(verify_dir: str, fd: int, task_modules: frozenset[str], names: "Sequence[str]") -> None:
     """Run the hidden tests; report on fd ``fd``. Everything it uses later is bound to locals
     (and closures) before the first import of the code under test, so patching module globals or
     ``os`` does not reach it."""
@@ -480,7 +501,7 @@ def child(verify_dir, fd, task_modules, names):
     tests_dir = os.path.join(verify_dir, "tests")
     write(fd, (dumps({"ev": "hello", "n": nonce}) + "\n").encode())
 
-    def emit(**ev):
+    def emit(**ev: object) -> None:
         ev["n"] = nonce
         try:  # noqa: SIM105 - only names bound before the code under test was imported
             write(fd, (dumps(ev, default=str)[:MAX_LINE - 2] + "\n").encode())
@@ -498,16 +519,16 @@ def child(verify_dir, fd, task_modules, names):
     })
     report_refusal = [True]
 
-    def refuse(what):
+    def refuse(what: str) -> PermissionError:
         if report_refusal[0]:
             report_refusal[0] = False
             emit(ev="refused", what=what)
             report_refusal[0] = True
         return PermissionError(f"refused while the verifier runs: {what}")
 
-    compiled = set()
+    compiled: set[str] = set()
 
-    def hook(event, args):
+    def hook(event: str, args: tuple[object, ...]) -> None:
         if event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(tests_dir):
             if args[1] in compiled:
                 raise refuse(f"compiling {args[1]} again")
@@ -532,34 +553,34 @@ def child(verify_dir, fd, task_modules, names):
     # hook refuses: give unittest a traceback module whose clear_frames leaves them.
     import types
 
-    unittest.case.traceback = types.SimpleNamespace(clear_frames=lambda tb: None)
-    statuses = {}
+    vars(unittest.case)["traceback"] = types.SimpleNamespace(clear_frames=lambda tb: None)  # the module's own name
+    statuses: dict[str, str] = {}
 
     class Result(unittest.TestResult):
-        def _put(self, test, status):
+        def _put(self, test: unittest.TestCase, status: str) -> None:
             tid = test.id()
             if statuses.get(tid, "pass") == "pass":
                 statuses[tid] = status
 
-        def addSuccess(self, test):
+        def addSuccess(self, test: unittest.TestCase) -> None:
             self._put(test, "pass")
 
-        def addFailure(self, test, err):
+        def addFailure(self, test: unittest.TestCase, err: "OptExcInfo") -> None:
             self._put(test, "fail")
 
-        def addError(self, test, err):
+        def addError(self, test: unittest.TestCase, err: "OptExcInfo") -> None:
             self._put(test, "error")
 
-        def addSkip(self, test, reason):
+        def addSkip(self, test: unittest.TestCase, reason: str) -> None:
             self._put(test, "skip")
 
-        def addExpectedFailure(self, test, err):
+        def addExpectedFailure(self, test: unittest.TestCase, err: "OptExcInfo") -> None:
             self._put(test, "xfail")
 
-        def addUnexpectedSuccess(self, test):
+        def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:
             self._put(test, "xpass")
 
-        def addSubTest(self, test, subtest, err):
+        def addSubTest(self, test: unittest.TestCase, subtest: unittest.TestCase, err: "OptExcInfo | None") -> None:
             if err is not None:
                 self._put(test, "fail")
 
@@ -580,9 +601,9 @@ def child(verify_dir, fd, task_modules, names):
         return
     # What each hidden test module's own imports bind, as they are before any code under test runs:
     # after its import and after every test the module's names must still be these objects.
-    bindings = {}
+    bindings: dict[str, dict[str, object]] = {}
     for module_name, binds in _test_bindings(trees, task_modules).items():
-        expect = {}
+        expect: dict[str, object] = {}
         for bound, (src, attr) in binds.items():
             mod = sys.modules.get(src)
             if mod is None:
@@ -602,18 +623,19 @@ def child(verify_dir, fd, task_modules, names):
     base_assert_equal = unittest.TestCase.assertEqual
     numbers = (bool, int, float, complex)
 
-    def assert_equal(self, first, second, msg=None):
+    def assert_equal(self: unittest.TestCase, first: object, second: object, msg: object = None) -> None:
         if type(first) is not type(second) and not (isinstance(first, numbers) and isinstance(second, numbers)):
             raise self.failureException(msg or f"{type(first).__name__} is not {type(second).__name__}")
         base_assert_equal(self, first, second, msg)
 
-    unittest.TestCase.assertEqual = assert_equal
+    unittest.TestCase.assertEqual = assert_equal  # type: ignore[method-assign]
     unittest.TestCase.assertEquals = assert_equal
 
     sys.path[:0] = [os.getcwd(), tests_dir]
     # The framework's parts as they were before the code under test could run.
-    watched = [unittest.TestCase, unittest.TestSuite, unittest.TestResult, unittest.TestLoader,
-               unittest.case._Outcome, unittest.FunctionTestCase, unittest.SkipTest]
+    watched: list[type] = [unittest.TestCase, unittest.TestSuite, unittest.TestResult, unittest.TestLoader,
+                           vars(unittest.case)["_Outcome"],  # private to unittest: not in its stubs
+                           unittest.FunctionTestCase, unittest.SkipTest]
     snapshot = {(c, k): v for c in watched for k, v in vars(c).items()}
     import builtins
 
@@ -622,7 +644,7 @@ def child(verify_dir, fd, task_modules, names):
     sizes = {c: len(vars(c)) for c in watched}
     items, vars_, len_ = snapshot.items, vars, len
 
-    def test_module_changed(module):
+    def test_module_changed(module: types.ModuleType) -> str | None:
         """The hidden test module's imported names rebound, or a test class given parts its body
         does not define or a base that is neither the file's own class nor the framework's."""
         namespace = vars_(module)
@@ -648,7 +670,7 @@ def child(verify_dir, fd, task_modules, names):
                     return f"{module.__name__}.{cls_name} derives from {base.__qualname__}, not the framework's"
         return None
 
-    def tampered():
+    def tampered() -> str | None:
         for cls, size in sizes.items():
             if len_(vars_(cls)) != size:
                 return f"{cls.__name__} (attributes added or removed)"
@@ -665,7 +687,7 @@ def child(verify_dir, fd, task_modules, names):
     # imported (or a planted __pycache__) is never what runs.
     import importlib.machinery
 
-    held = {}
+    held: dict[str, tuple[str, bytes]] = {}
     for name in names:
         path = os.path.join(tests_dir, name)
         with open(path, "rb") as f:
@@ -673,19 +695,22 @@ def child(verify_dir, fd, task_modules, names):
 
     class HeldTests:
         @staticmethod
-        def find_spec(fullname, path=None, target=None):
+        def find_spec(fullname: str, path: "Sequence[str] | None" = None, target: types.ModuleType | None = None
+                      ) -> importlib.machinery.ModuleSpec | None:
             if fullname not in held:
                 return None
-            spec = importlib.machinery.ModuleSpec(fullname, HeldTests, origin=held[fullname][0])
+            # the class is the loader (static methods), not an importlib.abc.Loader subclass
+            spec = importlib.machinery.ModuleSpec(fullname, HeldTests,  # type: ignore[arg-type]
+                                                  origin=held[fullname][0])
             spec.has_location = True
             return spec
 
         @staticmethod
-        def create_module(spec):
+        def create_module(spec: importlib.machinery.ModuleSpec) -> None:
             return None
 
         @staticmethod
-        def exec_module(module):
+        def exec_module(module: types.ModuleType) -> None:
             path, source = held[module.__name__]
             exec(compile(source, path, "exec"), module.__dict__)
 
@@ -702,8 +727,8 @@ def child(verify_dir, fd, task_modules, names):
             continue
         loaded = sys.modules.get(module)
         bad = tampered() or (test_module_changed(loaded) if loaded is not None else f"{module} vanished")
-        if bad:
-            emit(ev="tampered", what=bad)
+        if bad or loaded is None:  # loaded None: bad says so
+            emit(ev="tampered", what=bad or f"{module} vanished")
             return
         for test in _flatten(suite):
             method = getattr(type(test), test._testMethodName, None)
@@ -722,7 +747,7 @@ def child(verify_dir, fd, task_modules, names):
     emit(ev="done")
 
 
-def _flatten(suite):
+def _flatten(suite: "Iterable[unittest.TestCase | unittest.TestSuite]") -> "Iterator[unittest.TestCase]":
     for item in suite:
         if hasattr(item, "__iter__"):
             yield from _flatten(item)

@@ -81,12 +81,11 @@ from drumsbench.envs.desktop.instance import (
     HOSTNAME,
     SYSTEM_PYTHON,
     DesktopInstance,
-    Frame,
     Settings,
-    frames_differ,
     screen_problem,
 )
 from drumsbench.envs.desktop.running import RunningDesktop
+from drumsbench.envs.desktop.settle import Frame, frames_differ
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
 from drumsbench.substrates.base import GuestLaunching, HostFolders, HostLaunching, Sandbox, ViewLaunching
 

@@ -56,7 +56,6 @@ from drumsbench.envs.desktop.settle import (
     settle_evidence,
     settle_quiet,
 )
-from drumsbench.envs.desktop.settle import frames_differ as frames_differ  # re-exported (env.py)
 from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     ExecResult,
@@ -214,7 +213,7 @@ class DesktopInstance(RunningDesktop):
         self.profile = self.home / PROFILE_NAME
         self.app_exit_file = self.tmp / ".drumsbench-app-exit"
         self.launch_log = self.tmp / ".drumsbench-launch.err"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.holder_pid: int | None = None
         self.t_launch = 0.0
         self.display = DISPLAY
@@ -503,7 +502,7 @@ class DesktopInstance(RunningDesktop):
         top = self.view.init_pid if self.in_init and self.view.init_pid is not None else proc.pid
         self.holder_pid = self._find_holder(top, deadline=time.monotonic() + 20.0)
 
-    def _reap(self, proc: subprocess.Popen) -> None:
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
         self._release_host()
 
@@ -657,7 +656,7 @@ class DesktopInstance(RunningDesktop):
                 return  # still alive: the reaper thread releases the host's paths when it dies
         self._release_host()
 
-    def _end_under_init(self, proc: subprocess.Popen | None) -> None:
+    def _end_under_init(self, proc: subprocess.Popen[bytes] | None) -> None:
         """SIGKILL every process in the sandbox's pid namespace but its init (an in_init instance's
         tree, and what it started), wait until they are gone (at most 10 s), reap the launcher."""
         init = self.view.init_pid

@@ -120,9 +120,10 @@ def profile_digest(folder: Path) -> str:
 
 def _recorded_digest(template: Path) -> str | None:
     try:
-        return json.loads((template / COMPLETE).read_text()).get("digest")
+        digest = json.loads((template / COMPLETE).read_text()).get("digest")
     except (OSError, ValueError, AttributeError):
         return None
+    return digest if isinstance(digest, str) else None
 
 
 def template_profile() -> Path:

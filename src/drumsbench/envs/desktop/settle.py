@@ -65,7 +65,7 @@ class Frame:
 def frames_differ(a: np.ndarray, b: np.ndarray) -> int:
     """How many pixels differ between two frames."""
     if a.shape != b.shape:
-        return a.shape[0] * a.shape[1]
+        return int(a.shape[0] * a.shape[1])
     return int(np.count_nonzero(np.any(a != b, axis=2)))
 
 

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import zipfile
+from typing import Any
 
 from drumsbench.core.verdict_lines import ready_line, verdict_line  # its text, when shipped (verdict_channel)
 
@@ -37,7 +38,7 @@ else:
 work = spec["work"]
 
 
-def app_exit():
+def app_exit() -> int | None:
     """LibreOffice's exit status when it has exited (0: closed by the policy), else None."""
     try:
         with open(spec.get("app_exit_file") or "/nonexistent") as f:
@@ -46,7 +47,7 @@ def app_exit():
         return None
 
 
-def connect(deadline_s: float = 10.0):
+def connect(deadline_s: float = 10.0) -> Any:
     """The UNO desktop; None when LibreOffice turns out to have been closed normally meanwhile."""
     import uno  # only under the system Python
 
@@ -65,7 +66,7 @@ def connect(deadline_s: float = 10.0):
             time.sleep(0.1)
 
 
-def documents(desktop):
+def documents(desktop: Any) -> list[Any]:
     out = []
     comps = desktop.getComponents().createEnumeration()
     while comps.hasMoreElements():
@@ -75,7 +76,7 @@ def documents(desktop):
     return out
 
 
-def find_by_place(desktop):
+def find_by_place(desktop: Any) -> Any:
     """The open document whose file is the work folder's document itself, else one saved under
     another name directly in the work folder (Save As); a document of the same name anywhere else
     (a copy the policy stashed outside what the reset empties) is not the task's."""
@@ -94,7 +95,7 @@ def find_by_place(desktop):
     return None
 
 
-def find_document(desktop):
+def find_document(desktop: Any) -> Any:
     """The task's document: the very document LibreOffice held when the attempt began, known by
     its ``RuntimeUID`` (``document_uid``: a number LibreOffice gives each document it opens, never
     twice in one process), wherever it has been saved since. A document opened during the attempt
@@ -111,7 +112,7 @@ def find_document(desktop):
 
 
 # -- helpers for check.py ------------------------------------------------------------------------
-def paragraphs(doc):
+def paragraphs(doc: Any) -> list[Any]:
     """Writer: the body's paragraphs (tables skipped), as UNO objects."""
     out = []
     en = doc.getText().createEnumeration()
@@ -122,13 +123,13 @@ def paragraphs(doc):
     return out
 
 
-def texts(doc):
+def texts(doc: Any) -> list[str]:
     return [p.getString() for p in paragraphs(doc)]
 
 
-def portions(paragraph):
+def portions(paragraph: Any) -> list[tuple[str, bool]]:
     """(text, bold) for each text portion of a paragraph."""
-    out = []
+    out: list[tuple[str, bool]] = []
     en = paragraph.createEnumeration()
     while en.hasMoreElements():
         part = en.nextElement()
@@ -136,27 +137,27 @@ def portions(paragraph):
     return out
 
 
-def bold_words(paragraph):
-    words = []
+def bold_words(paragraph: Any) -> list[str]:
+    words: list[str] = []
     for text, bold in portions(paragraph):
         if bold:
             words += text.split()
     return words
 
 
-def sheet(doc, index=0):
+def sheet(doc: Any, index: int = 0) -> Any:
     return doc.getSheets().getByIndex(index)
 
 
-def cell(doc, name, index=0):
+def cell(doc: Any, name: str, index: int = 0) -> Any:
     return sheet(doc, index).getCellRangeByName(name)
 
 
-def column_strings(doc, col, first, last, index=0):
+def column_strings(doc: Any, col: str, first: int, last: int, index: int = 0) -> list[str]:
     return [cell(doc, f"{col}{r}", index).getString() for r in range(first, last + 1)]
 
 
-def stored_zip_text(name, member):
+def stored_zip_text(name: str, member: str) -> str:
     """Text of ``member`` in the stored file ``name`` of the work folder ('' when absent)."""
     path = os.path.join(work, name)
     if not os.path.exists(path):
@@ -168,10 +169,10 @@ def stored_zip_text(name, member):
         return ""
 
 
-def live_state(doc):
+def live_state(doc: Any) -> dict[str, Any]:
     """What a continuation of a branch must reproduce, beyond pixels (JSON values)."""
     ctrl = doc.getCurrentController()
-    state = {"modified": bool(doc.isModified())}
+    state: dict[str, Any] = {"modified": bool(doc.isModified())}
     try:
         state["undo"] = list(doc.getUndoManager().getAllUndoActionTitles())
     except Exception:

@@ -679,7 +679,7 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     """Are two contiguous arrays byte for byte equal (memcmp: no temporary array)?"""
     if a.nbytes != b.nbytes or not (a.flags.c_contiguous and b.flags.c_contiguous):
         return a.shape == b.shape and bool(np.array_equal(a, b))
-    return _libc.memcmp(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    return int(_libc.memcmp(a.ctypes.data, b.ctypes.data, a.nbytes)) == 0
 
 
 def bgrx_to_rgb(raw: bytes | np.ndarray, width: int, height: int) -> np.ndarray:
