@@ -18,7 +18,8 @@ from drumsbench.core import criu_binary
 from drumsbench.envs.desktop import instance
 from drumsbench.ledger import Ledger
 from drumsbench.measure import artifacts
-from drumsbench.substrates.containers.podman import PodmanSubstrate, checkpoint_dir
+from drumsbench.substrates.containers.podman import PodmanSubstrate
+from drumsbench.substrates.containers.podman_cli import checkpoint_dir
 from drumsbench.substrates.hostproc import pids_with_env
 
 from conftest import require

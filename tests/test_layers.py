@@ -119,8 +119,8 @@ def test_the_suite_registry_imports_no_kind():
 
 CONCRETE_SUBSTRATES = ("process", "bwrap", "overlay", "containers", "vm")  # (hostproc, exec_core: shared helpers)
 # experiments/chaos.py drives the engines themselves (kill a container, its daemon); its podman
-# calls need the podman substrate's private configuration
-EXPERIMENTS_KNOWN = {("drumsbench.experiments.chaos", "drumsbench.substrates.containers.podman")}
+# calls need the podman substrate's private configuration (``podman_cli``)
+EXPERIMENTS_KNOWN = {("drumsbench.experiments.chaos", "drumsbench.substrates.containers.podman_cli")}
 
 
 def test_experiments_never_import_a_concrete_substrate():

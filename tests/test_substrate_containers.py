@@ -31,7 +31,7 @@ def sub(request, run_id, state_dir):
 def labels_of(sub, box) -> dict[str, str]:
     if sub.name == "docker":
         return sub.client.api.inspect_container(box.container_id)["Config"]["Labels"]
-    from drumsbench.substrates.containers.podman import podman
+    from drumsbench.substrates.containers.podman_cli import podman
 
     info = json.loads(podman(["container", "inspect", box.container_id]).stdout)
     return info[0]["Config"]["Labels"]
@@ -41,7 +41,7 @@ def remove_behind_its_back(sub, cid: str) -> None:
     if sub.name == "docker":
         sub.client.api.remove_container(cid, force=True)
     else:
-        from drumsbench.substrates.containers.podman import podman
+        from drumsbench.substrates.containers.podman_cli import podman
 
         podman(["rm", "--force", "--time", "0", cid])
 
@@ -187,7 +187,8 @@ def test_image_is_cached(sub, monkeypatch):
         def image_id(tag):
             return sub.client.api.inspect_image(tag)["Id"]
     else:
-        from drumsbench.substrates.containers.podman import ensure_image, podman
+        from drumsbench.substrates.containers.podman import ensure_image
+        from drumsbench.substrates.containers.podman_cli import podman
 
         def image_id(tag):
             return json.loads(podman(["image", "inspect", tag]).stdout)[0]["Id"]
@@ -221,7 +222,7 @@ def test_gc_removes_a_crashed_builds_container(sub, run_id, state_dir):
             host_config=sub.client.api.create_host_config(network_mode="none"),
         )
     else:
-        from drumsbench.substrates.containers.podman import podman
+        from drumsbench.substrates.containers.podman_cli import podman
 
         podman(["create", "--network", "none", "--name", name, images.rootfs_tag(), "true"])
     removed = type(sub).gc(state_dir, {run_id})

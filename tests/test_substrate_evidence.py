@@ -44,7 +44,7 @@ def host_kill(sub, box) -> None:
     if sub.name == "docker":
         sub.client.api.kill(box.container_id, signal="KILL")
     else:
-        from drumsbench.substrates.containers.podman import podman
+        from drumsbench.substrates.containers.podman_cli import podman
 
         podman(["kill", "--signal", "KILL", box.container_id])
 

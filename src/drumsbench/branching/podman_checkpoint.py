@@ -62,13 +62,16 @@ class PodmanCheckpointFork(ForkMethod):
     @classmethod
     def requires(cls) -> Requirements:
         from drumsbench.envs.desktop.env import DesktopEnv
-        from drumsbench.substrates.containers.podman import PodmanSandbox, PodmanSubstrate
+        from drumsbench.substrates.containers.podman import PodmanSubstrate
+        from drumsbench.substrates.containers.podman_sandbox import PodmanSandbox
 
         return Requirements(substrate=(PodmanSubstrate,), sandbox=(PodmanSandbox,), environment=(DesktopEnv,))
 
     def prepare(self, parent: Slot) -> None:
         from drumsbench.envs.desktop.env import DesktopEnv
-        from drumsbench.substrates.containers.podman import PodmanSandbox, PodmanSubstrate, checkpoint_dir
+        from drumsbench.substrates.containers.podman import PodmanSubstrate
+        from drumsbench.substrates.containers.podman_cli import checkpoint_dir
+        from drumsbench.substrates.containers.podman_sandbox import PodmanSandbox
 
         missing = criu_binary.missing()
         if missing:

@@ -138,7 +138,7 @@ def engine_cli(engine: str, args: list[str]) -> str:
     """stdout of ``docker ARGS`` or of ``podman ARGS`` with the podman substrate's private configuration
     (its storage is not the machine's default: a plain ``podman ps`` sees none of its containers)."""
     if engine == "podman":
-        from drumsbench.substrates.containers.podman import podman
+        from drumsbench.substrates.containers.podman_cli import podman
 
         return podman(args, check=False, timeout=60).stdout.decode(errors="replace")
     return subprocess.run([engine, *args], capture_output=True, text=True, timeout=60).stdout

@@ -53,6 +53,16 @@ class ColdstartConfig(BaseModel):
 SubstrateColdstart = ColdstartArtifact  # the typed artifact is the result (measure/artifacts.py)
 
 
+def reset_by(strategy: ResetStrategy, box: Sandbox, sub: Substrate) -> Sandbox:
+    """The sandbox after one reset by ``strategy``: the same one emptied in place, or a fresh one
+    (the old one destroyed)."""
+    if strategy is ResetStrategy.IN_PLACE:
+        box.reset_in_place()
+        return box
+    box.destroy()
+    return sub.create()
+
+
 def _run_mode(mode: Mode, n: int, stagger_s: float, one: Callable[[], Any]) -> list[Any]:
     """Call ``one`` n times in the given mode; results in start order (an exception is a result)."""
     results: list[Any] = [None] * n
@@ -159,11 +169,7 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
             for _ in range(cfg.reset_n):
                 box.write_file(f"{box.paths.work}/dirt.txt", b"changed by an episode")
                 t0 = time.monotonic()
-                if strategy is ResetStrategy.IN_PLACE:
-                    box.reset_in_place()
-                else:
-                    box.destroy()
-                    box = sub.create()
+                box = reset_by(strategy, box, sub)
                 box.put_files(box.paths.work, start_files)
                 times.append(time.monotonic() - t0)
             resets[strategy.value] = latency(times)
@@ -252,11 +258,9 @@ def measure_desktop(sub: Substrate, cfg: ColdstartConfig, task: DesktopTask,
             times = []
             for _ in range(cfg.reset_n):
                 t0 = time.monotonic()
-                if strategy is ResetStrategy.IN_PLACE:
-                    box.reset_in_place()
-                else:
-                    box.destroy()
-                    box = sub.create()
+                fresh = reset_by(strategy, box, sub)
+                if fresh is not box:
+                    box = fresh
                     env.attach(box)
                 env.reset(task)
                 times.append(time.monotonic() - t0)

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -52,7 +52,7 @@ from drumsbench.substrates.base import (
 )
 from drumsbench.substrates.containers import host_entry
 from drumsbench.substrates.exec_core import EXEC_VAR, sandbox_env
-from drumsbench.substrates.hostproc import alive_not_exiting
+from drumsbench.substrates.hostproc import alive_not_exiting, mounts_of_source
 
 LABEL_RUN = "drumsbench.run"
 LABEL_SANDBOX = "drumsbench.sandbox"
@@ -628,13 +628,20 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
 
 
 class ContainerSubstrate(Substrate, ImageFlavors):
-    """A substrate of containers of one sandbox image, built on first use."""
+    """A substrate of containers of one sandbox image, built on first use. The skeleton both engines
+    share lives here — the disk bound's mechanism (``disk_mode``), ``create`` (create, bound the
+    layer, start, or remove again), ``leftovers`` — and each engine gives only its calls: the
+    ``_engine_*`` methods, ``disk_quota``, ``disk_tmpfs`` and ``build_image``."""
+
+    sandbox_class: ClassVar[type[ContainerSandbox]]
+    layer_driver: ClassVar[str]  # the engine's overlay storage driver's name, for the disk bound's text
 
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self._image: str | None = None
         self._image_lock = threading.Lock()
         self.flavor = "base"
+        self._disk: tuple[str, str | None, str | None] | None = None  # (mode, quota's why, tmpfs's why)
 
     def use_flavor(self, flavor: str) -> None:
         """``ImageFlavors``: sandboxes made from now on run the image of rootfs ``flavor``."""
@@ -653,6 +660,103 @@ class ContainerSubstrate(Substrate, ImageFlavors):
             if self._image is None:
                 self._image = self.build_image()
             return self._image
+
+    # -- the disk bound ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def disk_quota(self) -> str | None:
+        """None when the engine's storage takes a per-container size, else why not."""
+
+    @abc.abstractmethod
+    def disk_tmpfs(self) -> str | None:
+        """None when the disk bound can be a tmpfs over a created container's layer folder (mounted
+        before it starts), else why not."""
+
+    def disk_mode(self) -> tuple[str, str]:
+        """("quota" | "tmpfs" | "none", the mechanism's text for the current bound): the storage's own
+        per-container quota where it takes one, else a tmpfs of the bound's size over the container's
+        layer folder, else none (said). Decided once per substrate; the text follows ``limits``."""
+        if self._disk is None:
+            quota = self.disk_quota()
+            tmpfs = None if quota is None else self.disk_tmpfs()
+            self._disk = ("quota" if quota is None else "tmpfs" if tmpfs is None else "none", quota, tmpfs)
+        mode, quota, tmpfs = self._disk
+        lim = self.limits.disk_bound_mb
+        if mode == "quota":
+            return mode, f"{lim} MiB: --storage-opt size (the storage's per-container quota)"
+        if mode == "tmpfs":
+            return mode, (f"{lim} MiB: a tmpfs of that size over the container's {self.layer_driver} layer folder "
+                          "(its upper and work), mounted before it starts; ENOSPC inside it; its pages count "
+                          f"against the memory bound too ({quota})")
+        return mode, (f"not enforced: {quota}, and no tmpfs: {tmpfs}; a sandbox's writes go to the host's file "
+                      "system unbounded")
+
+    def limit_mechanisms(self) -> dict[str, str]:
+        return limit_mechanisms(self.limits, self.disk_mode()[1])
+
+    # -- create --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _engine_create(self, image: str, sid: str) -> str:
+        """Create (not start) a container of ``image`` with ``REAPER_ARGV``, no network, the labels
+        ``LABEL_RUN`` and ``LABEL_SANDBOX`` = ``sid``, ``self.limits`` (the storage quota when
+        ``disk_mode`` says so) and no-new-privileges; its id. ``SubstrateError`` leaves none."""
+
+    @abc.abstractmethod
+    def _engine_start(self, cid: str) -> None:
+        """Start the created container (``SubstrateError`` when it does not)."""
+
+    @abc.abstractmethod
+    def _engine_remove(self, cid: str) -> None:
+        """Remove the container by force, quietly (gone already is fine; a failure is not raised)."""
+
+    @abc.abstractmethod
+    def _engine_layer_dirs(self, cid: str) -> tuple[Path, Path]:
+        """The created container's overlay upper and work folders on the host (``SubstrateError``)."""
+
+    def create(self) -> ContainerSandbox:
+        """A container of the image: created, its layer folder under the disk bound's tmpfs
+        (``disk_mode``), started; a failure anywhere removes the container and the tmpfs again."""
+        image = self.image()
+        sid = new_sandbox_id()
+        cid = self._engine_create(image, sid)
+        try:
+            layer = self._bound_disk(cid, sid)
+            self._engine_start(cid)
+            if layer is not None and os.stat(layer / "diff").st_dev == os.stat(layer.parent).st_dev:
+                # the engine bound its storage folder over itself after the tmpfs was mounted: shadowed
+                raise SubstrateError(f"{self.name}: the disk bound of {cid[:12]} is not in effect (its layer "
+                                     "folder is on the storage's file system after start)")
+        except BaseException:
+            unbind_disk(self.run_id, sid)
+            self._engine_remove(cid)
+            raise
+        return self.sandbox_class(self, cid, sid).handed_over()
+
+    def _bound_disk(self, cid: str, sid: str) -> Path | None:
+        """The tmpfs disk bound over the created (not started) container's layer folder; that folder
+        (None: no tmpfs bound)."""
+        if self.limits.disk_bound_mb is None or self.disk_mode()[0] != "tmpfs":
+            return None
+        upper, work = self._engine_layer_dirs(cid)
+        return bound_container_layer(self.name, cid, upper, work, self.limits.disk_bound_mb,
+                                     disk_source(self.run_id, sid))
+
+    # -- what a run leaves -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _engine_containers(self) -> list[tuple[str, str]]:
+        """(id, state) of every container labelled with this run (``SubstrateError``: cannot list)."""
+
+    def _kept_files(self) -> list[str]:
+        """What else of this run the engine keeps on the host (one line each); none by default."""
+        return []
+
+    def leftovers(self) -> list[str]:
+        try:
+            left = [f"container {cid[:12]} ({state})" for cid, state in self._engine_containers()]
+        except SubstrateError as e:
+            return [f"{self.name}: cannot list containers: {e}"]
+        left += self._kept_files()
+        # a disk-bound tmpfs goes with its container; one left without containers is a leftover itself
+        return left or [f"mount {p}" for p in mounts_of_source(disk_source(self.run_id))]
 
 
 def gc_containers(engine: str, labelled: Iterable[Mapping[str, Any]], dead_runs: set[str],
