@@ -79,19 +79,9 @@ def run(
                 extra["pool"] = 0  # each Ray node makes its own sandboxes
             if price:
                 extra["price"] = run_price(price)
-            if executor not in ("local", "ray"):
-                raise UsageError(f"--executor: {executor!r} is not one of local, ray")
-            if ray_address is not None and executor != "ray":
-                raise UsageError("--ray-address: only with --executor ray")
-            if executor == "ray":
-                from drumsbench.executors.ray import check_address
-                from drumsbench.executors.ray import missing as ray_missing
+            from drumsbench.executors.ray import executor_options
 
-                if ray_missing():
-                    raise UsageError(f"--executor ray: {ray_missing()}")
-                check_address(ray_address)
-                extra["executor"] = executor
-                extra["ray_address"] = ray_address
+            extra.update(executor_options(executor, ray_address))  # one-line errors for both flags
             if usd_per_host_hour is not None:
                 extra["price"] = HostPrice(name="given", usd_per_host_hour=usd_per_host_hour,
                                            note="given with --usd-per-host-hour")
