@@ -212,14 +212,16 @@ NAIVE_FIND = '''def find_document(desktop):
     return None
 
 
-def paragraphs(doc):'''
+'''
 
 
 def naive_runner() -> bytes:
+    """The shipped runner with ``find_document`` (its whole definition, up to the next top-level
+    statement) replaced by the naive one: any open document named like the task's."""
     text = desktop_env.RUNNER.decode()
-    start = text.index("def find_document(desktop):")
-    end = text.index("def paragraphs(doc):")
-    return (text[:start] + NAIVE_FIND + text[end + len("def paragraphs(doc):"):]).encode()
+    start = text.index("\ndef find_document(") + 1
+    end = start + text[start:].index("\n# -- helpers for check.py")
+    return (text[:start] + NAIVE_FIND + text[end + 1:]).encode()
 
 
 def test_a_stashed_solved_copy_opened_instead_of_the_document_is_failed(slots, monkeypatch):
