@@ -40,3 +40,25 @@ def test_end_processes_check_catches_a_sandbox_that_cannot_end_its_processes(bro
             check_end_processes(sub)
     finally:
         sub.close()
+
+
+@pytest.mark.parametrize("broken", ["freeze", "thaw", "probe"])
+def test_freeze_check_catches_a_freeze_that_does_not_hold(broken, state_dir, run_id, monkeypatch):
+    """Positive control of ``check_freeze``: docker sandboxes whose freeze does nothing (a command
+    runs), whose thaw does nothing (the sandbox stays stopped), or whose probe never sees the pause
+    (the gate would have no evidence of the stall) fail it."""
+    from drumsbench.substrates.conformance import ConformanceFailure, check_freeze
+    from drumsbench.substrates.containers.docker import DockerSubstrate
+    from drumsbench.substrates.containers.docker_sandbox import DockerSandbox
+
+    require(DockerSubstrate.missing())
+    if broken == "probe":
+        monkeypatch.setattr(DockerSandbox, "probe", lambda self, timeout=5.0: None)
+    else:
+        monkeypatch.setattr(DockerSandbox, broken, lambda self: None)
+    sub = DockerSubstrate(run_id, state_dir)
+    try:
+        with pytest.raises(ConformanceFailure, match=r"frozen|thaw"):
+            check_freeze(sub)
+    finally:
+        sub.close()

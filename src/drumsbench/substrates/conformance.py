@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 from drumsbench.core.errors import SubstrateError
 from drumsbench.core.fingerprint import files_digest
-from drumsbench.substrates.base import Forking, HostFolders, ResetStrategy, Sandbox, Snapshotting, Substrate
+from drumsbench.substrates.base import (
+    Forking,
+    Freezable,
+    HostFolders,
+    ResetStrategy,
+    Sandbox,
+    SandboxFrozen,
+    Snapshotting,
+    Substrate,
+)
 
 
 class ConformanceFailure(AssertionError):
@@ -115,6 +124,33 @@ def check_end_processes(sub: Substrate) -> None:
         res = box.exec("echo alive", timeout=10)
         expect(res.stdout == b"alive\n", "the sandbox must stay usable after end_processes")
         expect(box.probe() is None, "probe after end_processes must find nothing (None)")
+
+
+def check_freeze(sub: Substrate) -> None:
+    """A ``Freezable`` sandbox (fault injection freezes it as a host stall would): once frozen,
+    ``probe`` has evidence (the gate's only witness of the stall) and a command does not run — it
+    times out or is refused (``SandboxFrozen``); ``thaw`` (twice: idempotent) gives back a sandbox
+    whose ``probe`` finds nothing and whose commands run, with its files. Other sandboxes: nothing."""
+    with sandbox(sub) as box:
+        if not isinstance(box, Freezable):  # (process, bwrap, overlay: only with a cgroup of their own)
+            return
+        box.write_file(f"{box.paths.work}/kept.txt", b"kept")
+        box.freeze()
+        try:
+            evidence = box.probe()
+            expect(evidence is not None, "probe of a frozen sandbox must give evidence (the stall is the host's)")
+            try:
+                res = box.exec("echo ran", timeout=2)
+            except SandboxFrozen:
+                pass
+            else:
+                expect(res.timed_out, f"a command ran in a frozen sandbox: exit {res.exit_code}, {res.stdout!r}")
+        finally:
+            box.thaw()
+        box.thaw()
+        expect(box.probe() is None, f"probe after thaw must find nothing, found: {box.probe()}")
+        res = box.exec("cat kept.txt", timeout=30)
+        expect(res.stdout == b"kept", f"after thaw a command must run and see the files: {res!r}")
 
 
 def check_cwd_env(sub: Substrate) -> None:
@@ -295,6 +331,7 @@ CHECKS = [
         check_output_bounded,
         check_timeout_kills,
         check_end_processes,
+        check_freeze,
         check_cwd_env,
         check_files,
         check_digest_and_scan,
