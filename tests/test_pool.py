@@ -212,3 +212,35 @@ def test_the_run_and_sweep_reports_price_the_pool_they_held(tmp_path):
     for attribution in (run["costs"]["attribution"], sweep["attribution"]):
         line = {ln["name"]: ln for ln in attribution[0]["lines"]}["idle reserve"]
         assert "warm pool of 2" in line["detail"] and "hits" in line["detail"], line
+
+
+def _unaccounted_capabilities(forwarded: dict[type, type], not_forwarded: dict[type, str]) -> set[str]:
+    """Substrate-level capabilities (typed interfaces of substrates/base.py) some registered
+    substrate implements that a pooled substrate neither forwards nor names as not forwarded."""
+    from abc import ABC
+
+    from drumsbench.substrates import base, registry
+
+    found = {k for name in registry.names() for k in registry.get(name).__mro__
+             if k.__module__ == base.__name__ and issubclass(k, ABC) and k is not base.Substrate}
+    return {k.__name__ for k in found if k not in forwarded and k not in not_forwarded}
+
+
+def test_a_pooled_substrate_keeps_the_capabilities_of_its_inner_one():
+    """Every substrate-level capability of a registered substrate is forwarded by its pooled class
+    (which then has it exactly when the inner class has) or named, with why, as not forwarded.
+    Positive control: with ImageFlavors' reason taken out, the check names it."""
+    from drumsbench.rollout.pool import FORWARDED, NOT_FORWARDED, pooled_class
+    from drumsbench.substrates import registry
+
+    assert not _unaccounted_capabilities(FORWARDED, NOT_FORWARDED)
+    for name in registry.names():
+        cls = registry.get(name)
+        made = pooled_class(cls)
+        assert made.name == cls.name and made.sandbox_class is cls.sandbox_class
+        for cap in FORWARDED:
+            assert issubclass(made, cap) == issubclass(cls, cap), (name, cap.__name__)
+    overlay = pooled_class(registry.get("overlay"))
+    assert {c.__name__ for c in FORWARDED if issubclass(overlay, c)} == {"Forking", "PortableSnapshots"}
+    fewer = {k: v for k, v in NOT_FORWARDED.items() if k.__name__ != "ImageFlavors"}
+    assert _unaccounted_capabilities(FORWARDED, fewer) == {"ImageFlavors"}

@@ -40,7 +40,14 @@ from typing import Any, ClassVar, Literal
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.fingerprint import UNREADABLE_MARK
 from drumsbench.measure.cost import PoolUse
-from drumsbench.substrates.base import SANDBOX_FOLDERS, Forking, Sandbox, Substrate
+from drumsbench.substrates.base import (
+    SANDBOX_FOLDERS,
+    Forking,
+    ImageFlavors,
+    PortableSnapshots,
+    Sandbox,
+    Substrate,
+)
 
 # --pool: "auto" = one idle sandbox per concurrent attempt; "off" = no pool; N = N idle sandboxes
 PoolSetting = int | Literal["auto"]
@@ -384,8 +391,10 @@ class PooledSubstrate(Substrate):
         return self.inner.leftovers()
 
 
-class _PooledForking(PooledSubstrate, Forking):
-    """A pooled ``Forking`` substrate: forks are the inner substrate's, never pooled."""
+class _ForkingOfInner(Forking):
+    """``Forking`` of a pooled substrate: forks are the inner substrate's, never pooled."""
+
+    inner: Substrate
 
     def fork(self, snapshot_id: str) -> Sandbox:
         assert isinstance(self.inner, Forking)
@@ -400,19 +409,48 @@ class _PooledForking(PooledSubstrate, Forking):
         self.inner.drop_snapshot(snapshot_id)
 
 
+class _PortableOfInner(PortableSnapshots):
+    """``PortableSnapshots`` of a pooled substrate: the inner substrate's snapshots, as bytes."""
+
+    inner: Substrate
+
+    def export_snapshot(self, snapshot_id: str) -> bytes:
+        assert isinstance(self.inner, PortableSnapshots)
+        return self.inner.export_snapshot(snapshot_id)
+
+    def import_snapshot(self, data: bytes) -> str:
+        assert isinstance(self.inner, PortableSnapshots)
+        return self.inner.import_snapshot(data)
+
+
+# Each substrate-level capability (a typed interface of ``substrates/base.py`` a Substrate class may
+# implement) is forwarded by a pooled substrate whose inner one has it, or named here with why not;
+# tests/test_pool.py fails on a capability in neither.
+FORWARDED: dict[type, type] = {Forking: _ForkingOfInner, PortableSnapshots: _PortableOfInner}
+NOT_FORWARDED: dict[type, str] = {
+    ImageFlavors: "the flavor is chosen before the pool is filled (with_flavor, then pooled): the pool's "
+                  "sandboxes are made already",
+}
+
 _CLASSES: dict[type[Substrate], type[PooledSubstrate]] = {}
 
 
-def pooled(inner: Substrate, size: int, **kw: Any) -> PooledSubstrate:
-    """``inner`` behind a warm pool of ``size`` (starts filling now). ``close()`` closes both."""
-    cls = type(inner)
+def pooled_class(cls: type[Substrate]) -> type[PooledSubstrate]:
+    """The class of a pooled ``cls``: ``PooledSubstrate`` plus the forwarding of every capability
+    of ``FORWARDED`` that ``cls`` has, with its name, sandbox class, capabilities, ``missing`` and
+    ``gc`` (made once per class)."""
     made = _CLASSES.get(cls)
     if made is None:
-        base: type[PooledSubstrate] = _PooledForking if isinstance(inner, Forking) else PooledSubstrate
-        made = type(f"Pooled{cls.__name__}", (base,), {
+        bases = (PooledSubstrate, *(fwd for cap, fwd in FORWARDED.items() if issubclass(cls, cap)))
+        made = type(f"Pooled{cls.__name__}", bases, {
             "name": cls.name, "sandbox_class": cls.sandbox_class, "capabilities": cls.capabilities,
             "missing": classmethod(lambda _c: cls.missing()),
             "gc": classmethod(lambda _c, state_dir, dead: cls.gc(state_dir, dead)),
         })
         _CLASSES[cls] = made
-    return made(inner, WarmPool(inner, size, **kw))
+    return made
+
+
+def pooled(inner: Substrate, size: int, **kw: Any) -> PooledSubstrate:
+    """``inner`` behind a warm pool of ``size`` (starts filling now). ``close()`` closes both."""
+    return pooled_class(type(inner))(inner, WarmPool(inner, size, **kw))
