@@ -8,7 +8,9 @@ import pytest
 import drumsbench.gym as dgym
 from drumsbench.envs.actions import ActionModel, ActionSet
 from drumsbench.envs.suites import KINDS, environment_class
-from drumsbench.serve.wire import DrumsAction, action_problem
+from drumsbench.serve.wire import DrumsAction, action_class, action_problem
+
+CodingAction = action_class(environment_class("coding").actions)  # the wire's action when coding is served
 
 
 @pytest.mark.parametrize("kind", ["coding", "desktop"])
@@ -27,24 +29,24 @@ def test_every_built_in_kind_declares_typed_actions_and_instructions(kind: str) 
 
 
 def test_gymnasium_names_are_the_kinds_own() -> None:
-    assert dgym.KINDS == environment_class("coding").actions.names == ("shell", "write", "patch", "submit")
-    assert environment_class("desktop").actions.names == dgym.DESKTOP_KINDS
+    assert dgym.KindEnv(tasks="coding").actions.names == ("shell", "write", "patch", "submit")
+    assert dgym.ScreenEnv(tasks="desktop").actions.names == environment_class("desktop").actions.names
     assert set(KINDS.names()) >= {"coding", "desktop"}
 
 
 @pytest.mark.parametrize("kind,action,problem", [
     ("coding", DrumsAction(kind="shell"), "shell needs command"),
-    ("coding", DrumsAction(kind="write", path="a.py"), "write needs content"),
+    ("coding", CodingAction(kind="write", path="a.py"), "write needs content"),
     ("coding", DrumsAction(kind="rm -rf"), "unknown action kind 'rm -rf'; choose one of shell, write, patch, submit"),
     ("coding", DrumsAction(kind="patch", args={"patch": 7}), "patch: patch: Input should be a valid string"),
     ("coding", DrumsAction(kind="submit"), None),
-    ("coding", DrumsAction(kind="write", path="a.py", content=""), None),
+    ("coding", CodingAction(kind="write", path="a.py", content=""), None),
     ("desktop", DrumsAction(kind="click", args={"x": 10}), "click needs y"),
     ("desktop", DrumsAction(kind="click", args={"x": "left", "y": 3}), "click: x: Input should be a valid integer"),
     ("desktop", DrumsAction(kind="click", args={"x": "10", "y": 3}), None),
     ("desktop", DrumsAction(kind="key", args={"keys": ["ctrl+s", "Return"]}), None),
     ("desktop", DrumsAction(kind="wait"), None),
-    ("desktop", DrumsAction(kind="write", path="a", content="b"), "unknown action kind 'write'"),
+    ("desktop", DrumsAction(kind="write", args={"path": "a", "content": "b"}), "unknown action kind 'write'"),
 ])
 def test_the_wire_checks_a_request_against_the_kinds_models(kind: str, action: DrumsAction,
                                                             problem: str | None) -> None:

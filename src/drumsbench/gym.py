@@ -35,11 +35,10 @@ from gymnasium import spaces
 
 from drumsbench.core.errors import UsageError
 from drumsbench.envs.actions import ActionSet, Holds
-from drumsbench.envs.coding.actions import ACTIONS as CODING_ACTIONS
-from drumsbench.envs.desktop.actions import ACTIONS as DESKTOP_ACTIONS
+from drumsbench.envs.observations import ObservationModel
+from drumsbench.envs.suites import environment_class, suite_kind
 from drumsbench.serve.wire import DrumsAction, DrumsObservation
 
-KINDS = CODING_ACTIONS.names  # shell, write, patch, submit (the coding kind's typed actions)
 PRINTABLE = string.printable
 PATH_CHARS = string.ascii_letters + string.digits + "._-/"
 OBS_MAX = 65536
@@ -131,11 +130,13 @@ class _Remote:
         self.client.close()
 
 
-class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
-    """``DrumsBench/Coding-v0``: the coding environment (a repository, shell/write/patch/submit)."""
+class KindEnv(gym.Env[dict[str, Any], dict[str, Any]]):
+    """Episodes of the kind of the suite ``tasks`` (``DrumsBench/Coding-v0``: the coding suite;
+    ``DrumsBench/Env-v0``: any suite). Made from the kind's typed models: the action space from its
+    actions (``flat_space``), the observation ``Dict(text=Text)`` from its observations' ``text``
+    (``ObservationModel``), after the task and what the first observation is."""
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - gymnasium's own
-    actions: ActionSet = CODING_ACTIONS  # the kind's typed actions: the action space and its reading
     text_max = TEXT_MAX
 
     def __init__(self, *, url: str | None = None, substrate: str = "process", tasks: str = "coding",
@@ -149,6 +150,10 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
         if max_steps < 1:
             raise UsageError(f"max_steps: {max_steps} must be at least 1")
         self.url, self.substrate, self.tasks, self.out = url, substrate, tasks, Path(out)
+        env_class = environment_class(suite_kind(tasks))
+        # the kind's typed actions (the action space and its reading) and observations (their text)
+        self.actions: ActionSet = env_class.actions
+        self.observations: type[ObservationModel] = env_class.observations
         self.max_steps, self.client, self.invalid, self.render_mode = max_steps, client, invalid, render_mode
         self.step_timeout_s, self.episode_timeout_s = step_timeout_s, episode_timeout_s
         self.observation_space = spaces.Dict({"text": spaces.Text(OBS_MAX, min_length=1, charset=PRINTABLE)})
@@ -213,15 +218,11 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
 
     @staticmethod
     def _render_obs(obs: DrumsObservation) -> str:
-        parts = []
-        if obs.error:
-            parts.append(f"[error] {obs.error}")
-        if obs.exit_code is not None:
-            parts.append(f"[exit {obs.exit_code}{', truncated' if obs.truncated else ''}]")
-        if obs.stdout:
-            parts.append(obs.stdout)
-        if obs.stderr:
-            parts.append(f"[stderr]\n{obs.stderr}")
+        """The error of the last request, the observation's text (its kind's rendering) and, at the
+        end, the outcome."""
+        parts = [f"[error] {obs.error}"] if obs.error else []
+        if obs.text:
+            parts.append(obs.text)
         if obs.done:
             parts.append(f"[episode over: {obs.outcome}{' (' + obs.cause + ')' if obs.cause else ''}] {obs.detail}")
         return printable("\n".join(parts) or "[no output]")
@@ -240,14 +241,13 @@ class CodingEnv(gym.Env[dict[str, Any], dict[str, Any]]):
         return {"text": text}
 
     def _intro(self, obs: DrumsObservation) -> str:
-        return f"Task: {obs.description}\n\n$ find . -type f | sort\n"
+        first = self.observations.first
+        return f"Task: {obs.description}\n" + (f"\n{first}\n" if first else "")
 
 
-DESKTOP_KINDS = DESKTOP_ACTIONS.names  # key, type, click, double_click, drag, scroll, move, wait, shell, submit
-
-
-class DesktopEnv(CodingEnv):
-    """``DrumsBench/Desktop-v0``: LibreOffice under a real X server (docs/desktop.md), screenshots.
+class ScreenEnv(KindEnv):
+    """Episodes of a kind with a screen (``ObservationModel.screen_field``): ``DrumsBench/Desktop-v0``,
+    LibreOffice under a real X server (docs/desktop.md), and ``DrumsBench/Env-v0`` on such a suite.
 
     Observation ``Dict(screen=Box(H, W, 3) uint8, title=Text, text=Text)`` (``text``: the goal at
     reset, then errors, a shell action's output and the end). Action (``flat_space``)
@@ -259,7 +259,6 @@ class DesktopEnv(CodingEnv):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 4}  # noqa: RUF012 - gymnasium's own
-    actions = DESKTOP_ACTIONS
     text_max = 256
 
     def __init__(self, *, tasks: str = "desktop", width: int = 1280, height: int = 800,
@@ -281,9 +280,6 @@ class DesktopEnv(CodingEnv):
     def render(self) -> Any:
         return self._screen.copy() if self.render_mode == "rgb_array" else None
 
-    def _intro(self, obs: DrumsObservation) -> str:
-        return f"Task: {obs.description}\n"
-
     def _observation(self, obs: DrumsObservation, text: str) -> dict[str, Any]:
         if obs.screenshot_png:
             from PIL import Image  # comes with the serve extra (gradio)
@@ -295,7 +291,18 @@ class DesktopEnv(CodingEnv):
         return {"screen": self._screen.copy(), "title": printable(obs.title or "")[:512], "text": text}
 
 
-gym.register(id="DrumsBench/Coding-v0", entry_point="drumsbench.gym:CodingEnv")
-gym.register(id="DrumsBench/Desktop-v0", entry_point="drumsbench.gym:DesktopEnv", nondeterministic=True)
+def make_env(*, tasks: str, **kw: Any) -> KindEnv:
+    """``DrumsBench/Env-v0``: the environment of the suite ``tasks``, of whatever kind —
+    ``ScreenEnv`` when its observations have a screen, ``KindEnv`` otherwise."""
+    screen = environment_class(suite_kind(tasks)).observations.screen_field is not None
+    return (ScreenEnv if screen else KindEnv)(tasks=tasks, **kw)
 
-__all__ = ["CodingEnv", "DesktopEnv", "InvalidEpisode", "printable"]
+
+CodingEnv = KindEnv  # the names of DrumsBench/Coding-v0 and Desktop-v0's classes before kinds were generic
+DesktopEnv = ScreenEnv
+
+gym.register(id="DrumsBench/Coding-v0", entry_point="drumsbench.gym:KindEnv")
+gym.register(id="DrumsBench/Desktop-v0", entry_point="drumsbench.gym:ScreenEnv", nondeterministic=True)
+gym.register(id="DrumsBench/Env-v0", entry_point="drumsbench.gym:make_env")
+
+__all__ = ["CodingEnv", "DesktopEnv", "InvalidEpisode", "KindEnv", "ScreenEnv", "make_env", "printable"]

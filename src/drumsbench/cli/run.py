@@ -94,13 +94,11 @@ def run(
         run_id = new_run_id()
         # Validate everything that can be wrong before the ledger records a run.
         from drumsbench.envs import suites
-        from drumsbench.experiments.run import make_substrate
-        from drumsbench.policies.scripted import make_policy
+        from drumsbench.experiments.run import check_policy, make_substrate
         from drumsbench.rollout.faults import FaultPlan
 
         FaultPlan.parse(cfg.inject)
-        make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)
-        suites.load(cfg.tasks)
+        check_policy(cfg, suites.load(cfg.tasks).kind)
         make_substrate(cfg.substrate, run_id, cfg.tasks)
         ledger.create_run(run_id, "run", cfg.model_dump(mode="json"), machine_info(), commit())
         remember_prices(ledger, run_id, price)

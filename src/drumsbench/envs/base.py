@@ -25,11 +25,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from drumsbench.core.errors import StaleGeneration
 from drumsbench.envs.actions import ActionSet
 from drumsbench.substrates.base import Sandbox
+
+if TYPE_CHECKING:
+    from drumsbench.envs.observations import ObservationModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,9 @@ class Environment(ABC, Generic[TaskT]):
     # the kind's actions as typed models (``envs/actions.py``): the wire's check, the endpoint
     # policy's tools and gymnasium's action names are made from them
     actions: ClassVar[ActionSet]
+    # what its observations show a policy, typed (``envs/observations.py``): the wire's fields,
+    # gymnasium's observation space and the endpoint policy's prompt are read through it
+    observations: ClassVar[type[ObservationModel]]
     # what an endpoint model is told before the task (its system prompt)
     instructions: ClassVar[str]
     # capability interfaces (substrates/base.py) its sandboxes must implement; checked up front

@@ -18,6 +18,7 @@ from drumsbench.core.errors import UsageError
 from drumsbench.core.plugins import Registry, load_spec
 from drumsbench.envs.actions import ActionSet
 from drumsbench.envs.base import Environment, Task
+from drumsbench.envs.observations import ObservationModel
 from drumsbench.envs.suite_folders import read_toml, suite_dir, task_folders
 
 
@@ -76,6 +77,7 @@ class Suite:
     tasks: Sequence[Task]
     make_env: Callable[[], Environment[Any]]
     actions: ActionSet  # the kind's typed actions (``Environment.actions``)
+    observations: type[ObservationModel]  # what its observations show (``Environment.observations``)
 
 
 def suite_kind(name_or_path: str) -> str:
@@ -93,7 +95,7 @@ def load(name_or_path: str) -> Suite:
     kind = KINDS.load(suite_kind(name_or_path))
     tasks = kind.tasks(name_or_path)
     env_class = kind.environment_class()
-    return Suite(name_or_path, kind.name, tasks, env_class, env_class.actions)
+    return Suite(name_or_path, kind.name, tasks, env_class, env_class.actions, env_class.observations)
 
 
 def fingerprints(name_or_path: str) -> dict[str, str]:

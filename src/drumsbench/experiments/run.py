@@ -162,6 +162,14 @@ class Progress:
             self.counts[rec.cause.value] += 1
 
 
+def check_policy(cfg: RunConfig, kind: str) -> None:
+    """``UsageError`` unless ``cfg.policy`` names a policy, with a good argument, that can act in
+    environment kind ``kind`` (``Policy.unsupported``)."""
+    problem = make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps).unsupported(kind)
+    if problem:
+        raise UsageError(problem)
+
+
 def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
             on_progress: Callable[[Progress], None] | None = None) -> tuple[str, Progress]:
     """Run (or continue) ``run_id`` until its end; returns (final status, progress counts).
@@ -174,7 +182,7 @@ def execute(ledger: Ledger, run_id: str, cfg: RunConfig, resume: bool,
     """
     suite = suites.load(cfg.tasks)
     faults = FaultPlan.parse(cfg.inject, seed=cfg.seed)
-    make_policy(cfg.policy, cfg.noisy_p, cfg.explorer_steps)  # validate before anything starts
+    check_policy(cfg, suite.kind)  # before anything starts
     substrate = make_substrate(cfg.substrate, run_id, cfg.tasks)
 
     windowed = bool(cfg.window)

@@ -640,14 +640,22 @@ class Adversary(Policy):
         with _counter_lock:
             return next(_counter)
 
-    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
-        own = BY_KIND.get(task.env_kind, ())
+    def unsupported(self, kind: str) -> str | None:
+        """A kind with no red team of its own, or a named strategy that is not the kind's."""
+        own = BY_KIND.get(kind, ())
         if not own:
-            raise UsageError(f"--policy adversary: no strategies for the {task.env_kind} environment yet")
-        pool = self.strategies or list(own)
+            return f"--policy adversary: no strategies for the {kind} environment yet"
+        foreign = [s for s in self.strategies if s not in own]
+        if foreign:
+            return f"--policy adversary:{','.join(foreign)}: not a strategy for the {kind} environment"
+        return None
+
+    def plan(self, task: Task, rng: random.Random) -> list[ActionSpec]:
+        problem = self.unsupported(task.env_kind)
+        if problem:
+            raise UsageError(problem)
+        pool = self.strategies or list(BY_KIND[task.env_kind])
         self.strategy = pool[self._pick() % len(pool)]
-        if self.strategy not in own:
-            raise UsageError(f"--policy adversary:{self.strategy}: not a strategy for the {task.env_kind} environment")
         return strategy_plan(self.strategy, task)
 
     def notes(self) -> dict[str, object]:

@@ -31,6 +31,7 @@ from typing import Any
 from drumsbench.core.errors import PolicyFault, PolicyUnavailable, UsageError
 from drumsbench.envs.actions import ActionSet
 from drumsbench.envs.base import Action, ActionSpec, Observation, Task
+from drumsbench.envs.observations import ObservationModel
 from drumsbench.envs.suites import environment_class
 from drumsbench.policies.registry import PolicyArgs
 from drumsbench.policies.scripted import Policy
@@ -92,6 +93,7 @@ class EndpointPolicy(Policy):
                                     timeout=self.timeout_s, max_retries=self.retries)
         self.messages: list[dict[str, Any]] = []
         self.actions: ActionSet = ActionSet()  # the task's kind's, from ``begin``
+        self.observations: type[ObservationModel] = ObservationModel  # the task's kind's, from ``begin``
         self.tools: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
         self._tool_call_id: str | None = None
@@ -103,6 +105,7 @@ class EndpointPolicy(Policy):
     def begin(self, task: Task, rng: random.Random) -> None:
         env_class = environment_class(task.env_kind)
         self.actions, self.tools = env_class.actions, env_class.actions.tools()
+        self.observations = env_class.observations
         self.messages = [{"role": "system", "content": env_class.instructions},
                          {"role": "user", "content": f"Task: {task.description}"}]
         self.calls = []
@@ -120,9 +123,11 @@ class EndpointPolicy(Policy):
 
     # -- one step ---------------------------------------------------------------------------------
     def _show(self, obs: Observation) -> str:
-        c = obs.content
-        text = (f"exit code {c.get('exit_code')}\nstdout:\n{str(c.get('stdout', ''))[:OBS_CHARS]}\n"
-                f"stderr:\n{str(c.get('stderr', ''))[:OBS_CHARS]}")
+        """The observation as its kind renders it (``ObservationModel.text``), its middle cut past
+        ``2 * OBS_CHARS`` characters; after a malformed answer, what was wrong first."""
+        text = self.observations.of(obs).text() or "[no output]"
+        if len(text) > 2 * OBS_CHARS:
+            text = f"{text[:OBS_CHARS]}\n[... {len(text) - 2 * OBS_CHARS} characters cut ...]\n{text[-OBS_CHARS:]}"
         if self._problem:
             text = f"Your last answer was not a valid action: {self._problem}. Call exactly one tool.\n{text}"
         return text

@@ -41,6 +41,11 @@ class Policy(ABC):
         """What the ledger keeps of the current attempt's plan (``AttemptRecord.extra``)."""
         return {}
 
+    def unsupported(self, kind: str) -> str | None:
+        """Why this policy cannot act in environment kind ``kind`` (a one-line usage error, said
+        before a run starts), or None. Default: every kind (plans come from the task itself)."""
+        return None
+
     def act(self, obs: Observation) -> Action:
         spec = self._plan[self._i] if self._i < len(self._plan) else ActionSpec(SUBMIT)
         self._i += 1

@@ -30,7 +30,7 @@ from starlette.websockets import WebSocketDisconnected
 from drumsbench.serve.hub import AtCapacity, Hub
 from drumsbench.serve.reaper import reap_idle
 from drumsbench.serve.session import BadRequest, ServedEnv
-from drumsbench.serve.wire import DrumsAction, DrumsObservation
+from drumsbench.serve.wire import DrumsObservation, action_class
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -45,7 +45,7 @@ class DrumsHTTPServer(HTTPEnvServer):
     WebSocket is closed by the server (a client that is alive but silent no longer holds a socket)."""
 
     def __init__(self, hub: Hub) -> None:
-        super().__init__(functools.partial(ServedEnv, hub), DrumsAction, DrumsObservation,
+        super().__init__(functools.partial(ServedEnv, hub), action_class(hub.suite.actions), DrumsObservation,
                          concurrency_config=ConcurrencyConfig(max_concurrent_envs=hub.cfg.max_sessions,
                                                               session_timeout=hub.cfg.idle_s))
         self.hub = hub

@@ -217,5 +217,5 @@ class ServedEnv(OEEnvironment[DrumsAction, DrumsObservation, DrumsState]):
         if kind == "final":
             self.final = final_observation(value, description=ep.task.description, error=error)
             return self.final
-        return live_observation(value, env=self.hub.suite.kind, task=ep.task.id, description=ep.task.description,
-                                error=error)
+        return live_observation(value, self.hub.suite.observations, env=self.hub.suite.kind, task=ep.task.id,
+                                description=ep.task.description, error=error)

@@ -15,31 +15,56 @@ from typing import Any, Literal
 from openenv.core.env_server.types import Action as OEAction
 from openenv.core.env_server.types import Observation as OEObservation
 from openenv.core.env_server.types import State as OEState
-from pydantic import Field
+from pydantic import Field, create_model
 
 from drumsbench.core.outcome import Outcome
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs.actions import ActionSet
 from drumsbench.envs.base import Observation
+from drumsbench.envs.observations import ObservationModel
 
 
 class DrumsAction(OEAction):
-    """One action. Coding: ``shell`` {command}, ``write`` {path, content}, ``patch`` {patch},
-    ``submit``. Desktop: ``key``/``type``/``click``/... with their arguments in ``args``."""
+    """One action: its ``kind`` (the name of one of the served kind's typed actions) and its
+    arguments, by name (``action_class`` adds each argument of the kind's actions as a field) or in
+    ``args``."""
 
-    kind: str = Field(..., description="shell, write, patch, submit (coding); key, type, click, ... (desktop)")
-    command: str | None = Field(None, description="shell: the command line")
-    path: str | None = Field(None, description="write: a path inside the work folder")
-    content: str | None = Field(None, description="write: the file's new content")
-    patch: str | None = Field(None, description="patch: a unified diff applied with git apply")
-    args: dict[str, Any] = Field(default_factory=dict, description="other arguments (desktop actions)")
+    kind: str = Field(..., description="the action's name: one of the served kind's actions")
+    args: dict[str, Any] = Field(default_factory=dict, description="arguments not sent by name")
     generation: int | None = Field(
         None, description="generation of the observation this action was computed from; another "
         "generation than the current one makes the attempt invalid (stale_generation); none: the current")
 
     def payload(self) -> dict[str, Any]:
-        fields = {k: getattr(self, k) for k in ("command", "path", "content", "patch") if getattr(self, k) is not None}
+        """The action's arguments: ``args``, then every other field that is set (a named field wins)."""
+        fields = {k: getattr(self, k) for k in type(self).model_fields
+                  if k not in ACTION_OWN and getattr(self, k) is not None}
         return {**self.args, **fields}
+
+
+# the wire action's own fields (not an argument of any kind's action)
+ACTION_OWN = {"kind", "args", "generation", "metadata"}
+
+
+def action_class(actions: ActionSet) -> type[DrumsAction]:
+    """The wire's action for a kind: ``DrumsAction`` plus every argument of the kind's typed actions
+    (``ActionSet``) as an optional field of its own type and description, so a client sends them by
+    name and the schema OpenEnv publishes shows them. An argument two actions type differently is
+    ``Any`` on the wire (``ActionSet.problem`` checks each request against its own action)."""
+    types: dict[str, list[Any]] = {}
+    said: dict[str, str] = {}
+    for model in actions.models:
+        for name, f in model.model_fields.items():
+            if name not in DrumsAction.model_fields:
+                types.setdefault(name, []).append(f.annotation)
+                said.setdefault(name, f"{model.kind}: {f.description or name}")
+    extra: dict[str, Any] = {
+        name: (ts[0] | None if all(t == ts[0] for t in ts) else Any, Field(None, description=said[name]))
+        for name, ts in types.items()}
+    if not extra:
+        return DrumsAction
+    made: type[DrumsAction] = create_model("DrumsAction", __base__=DrumsAction, __doc__=DrumsAction.__doc__, **extra)
+    return made
 
 
 class DrumsObservation(OEObservation):
@@ -50,6 +75,7 @@ class DrumsObservation(OEObservation):
     description: str = Field("", description="the task's goal (what the policy must achieve)")
     generation: int = Field(0, description="echo it in the next action")
     step: int = Field(0, description="actions applied so far in this episode")
+    text: str = Field("", description="what the observation shows, as text (the kind's own rendering)")
     exit_code: int | None = Field(None, description="coding: the command's exit status")
     stdout: str = ""
     stderr: str = ""
@@ -64,6 +90,11 @@ class DrumsObservation(OEObservation):
     attempt: str | None = Field(None, description="RUN_ID/SEQ of the attempt in the ledger")
 
 
+# the wire fields a kind's observation fills by name (``ObservationModel.wire``); the rest are the
+# session's own
+KIND_FIELDS = {"exit_code", "stdout", "stderr", "truncated", "title"}
+
+
 class DrumsState(OEState):
     """``episode_id`` and ``step_count`` (OpenEnv's) plus where the session stands."""
 
@@ -73,17 +104,17 @@ class DrumsState(OEState):
     run_id: str = ""
 
 
-def live_observation(obs: Observation, *, env: str, task: str, description: str = "",
-                     error: str = "") -> DrumsObservation:
-    c = {**obs.content, **(obs.content.get("result") or {})}  # the desktop's shell: its output in "result"
-    png = c.get("png")
+def live_observation(obs: Observation, observations: type[ObservationModel], *, env: str, task: str,
+                     description: str = "", error: str = "") -> DrumsObservation:
+    """An observation of a running episode, read through its kind's model (``observations``): its
+    ``text``, its screen as ``screenshot_png`` and the wire fields it fills by name."""
+    shown = observations.of(obs)
+    png = shown.screen_png()
     return DrumsObservation(
         env=env, task=task, description=description, generation=obs.generation, step=obs.step,
-        exit_code=c.get("exit_code"), stdout=str(c.get("stdout", "")), stderr=str(c.get("stderr", "")),
-        truncated=bool(c.get("truncated", False)),
-        screenshot_png=base64.b64encode(png).decode() if isinstance(png, bytes) and png else None,
-        title=c.get("title") if "title" in c else None,
-        error=error or str(c.get("error", "")), done=False, reward=None)
+        text=shown.text(), screenshot_png=base64.b64encode(png).decode() if png else None,
+        error=error or str(obs.content.get("error", "")), done=False, reward=None,
+        **shown.wire(KIND_FIELDS))
 
 
 def final_observation(rec: AttemptRecord, *, description: str = "", error: str = "") -> DrumsObservation:

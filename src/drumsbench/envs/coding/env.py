@@ -53,6 +53,7 @@ from drumsbench.core.verdict_channel import authentic_verdict, new_secret, runne
 from drumsbench.envs.base import Action, Environment, Observation, VerifierNotes, VerifierResult
 from drumsbench.envs.coding.actions import ACTIONS, INSTRUCTIONS
 from drumsbench.envs.coding.judge_host import run_judge
+from drumsbench.envs.coding.observation import CodingObservation
 from drumsbench.envs.coding.server_zygote import ServerZygote
 from drumsbench.envs.coding.task import CodingTask
 from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Stream, Streaming
@@ -118,6 +119,7 @@ def chosen_verifier(verifier: str | None = None) -> str:
 class CodingEnv(Environment[CodingTask], VerifierNotes):
     kind = "coding"
     actions = ACTIONS
+    observations = CodingObservation
     instructions = INSTRUCTIONS
 
     def __init__(self, verifier: str | None = None) -> None:

@@ -84,6 +84,7 @@ from drumsbench.envs.desktop.instance import (
     Settings,
     screen_problem,
 )
+from drumsbench.envs.desktop.observation import DesktopObservation
 from drumsbench.envs.desktop.running import RunningDesktop
 from drumsbench.envs.desktop.settle import Frame, frames_differ
 from drumsbench.envs.desktop.task import DesktopTask, lock_name, state_digest
@@ -139,6 +140,7 @@ class DesktopEnv(Environment[DesktopTask], BreakableObservation, Resumable[Deskt
     image_flavor = "desktop"  # a container sandbox runs the desktop image (images.DESKTOP_INCLUDE)
     kind = "desktop"
     actions = ACTIONS
+    observations = DesktopObservation
     instructions = INSTRUCTIONS
 
     @classmethod
