@@ -202,7 +202,6 @@ class Chaos:
         self.unexpected: list[str] = []
         self.run_id: str | None = None
         self.events: list[ChaosEventArtifact] = []
-        self.acted_t: float | None = None  # set by _act() at the signal or command that injects an event
         self.mounted = False
         self.done = False  # the run was complete when an event stopped the harness: nothing to resume
         self.resumed_at: float | None = None  # a resumed harness has not yet recorded an attempt
@@ -373,8 +372,8 @@ class Chaos:
         assert self.run_id is not None and self.proc is not None
         run_id, index = self.run_id, len(self.events)
         segment = self.starts - 1
-        self.acted_t = None
         t = time.time()
+        acted: float | None = None  # the kill's own moment, returned by _act() at its signal or command
         hold_s: float | None = None
         exit_code: int | None = None
         integrity: str | None = None
@@ -400,18 +399,18 @@ class Chaos:
                     comm = pids[pid]
                 else:
                     pid, comm = self.rng.choice(sorted(pids.items()))
-                self._act()
+                acted = self._act()
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 target, followed = f"pid {pid} ({comm})", f"killed{busy}; the harness goes on"
         elif kind == "container_kill":
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
-            target, followed = self._kill_container(run_id)
+            target, followed, acted = self._kill_container(run_id)
         elif kind == "daemon_kill":
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
-            target, followed = self._kill_dockerd()
+            target, followed, acted = self._kill_dockerd()
         elif kind == "ledger_reader":
             with contextlib.closing(self._ledger()) as ledger:
                 before = digest(ledger, run_id)
@@ -432,8 +431,8 @@ class Chaos:
                 followed = f"the harness stopped (exit {exit_code}: {tail}); {gc_line}; {self._resume()}"
         else:
             raise UsageError(f"--events: {kind!r} is not one of {', '.join(KINDS)}")
-        if self.acted_t is not None:  # the kill's own moment, after the choosing (busiest samples 0.3 s)
-            t = self.acted_t
+        if acted is not None:  # the kill's own moment, after the choosing (busiest samples 0.3 s)
+            t = acted
         with contextlib.closing(self._ledger()) as ledger:
             after = ledger.count(run_id)
             ev = ChaosEventArtifact(index=index, t=t, kind=kind, target=target, harness_segment=segment,
@@ -444,12 +443,14 @@ class Chaos:
         self.events.append(ev)
         self.say(f"event {index} {kind} -> {target}: {followed}")
 
-    def _act(self) -> None:
-        """Mark now as the event's moment (``ChaosEventArtifact.t``): called just before the signal or
-        the command that injects it. The ``classified`` gate takes the attempts in flight at ``t`` as
-        the event's, so a ``t`` taken before choosing a target (a QEMU's CPU sampled over 0.3 s, an
-        engine asked which container is busy) points at attempts the kill never touched."""
-        self.acted_t = time.time()
+    @staticmethod
+    def _act() -> float:
+        """Now, the event's moment (``ChaosEventArtifact.t``): called just before the signal or the
+        command that injects it, and returned by the kill to ``_inject``. The ``classified`` gate
+        takes the attempts in flight at ``t`` as the event's, so a ``t`` taken before choosing a
+        target (a QEMU's CPU sampled over 0.3 s, an engine asked which container is busy) points at
+        attempts the kill never touched."""
+        return time.time()
 
     def _resume(self) -> str:
         """After the driver stopped the harness: ``run --resume``, unless the run had already ended."""
@@ -473,11 +474,12 @@ class Chaos:
                 return pids
             time.sleep(0.05)
 
-    def _kill_container(self, run_id: str) -> tuple[str, str]:
+    def _kill_container(self, run_id: str) -> tuple[str, str, float | None]:
+        """(target, what followed, the kill's moment from ``_act``: None when nothing was killed)."""
         engine = self.cfg.substrate
         running = containers_of_run(engine, run_id, running_only=True)
         if not running:
-            return "none", "no container of the run was running"
+            return "none", "no container of the run was running", None
         if engine == "docker":
             # a container with an exec running serves an attempt now; an idle one (a pool's spare, one
             # being removed) is killed only when none is busy: a kill that hits no attempt tests nothing
@@ -485,27 +487,29 @@ class Chaos:
                      engine_cli("docker", ["inspect", "--format", "{{.Id}} {{len .ExecIDs}}", *running]).splitlines())
             busy = [full for full, _, n in execs if n.strip() not in ("", "0")]
             cid = self.rng.choice(sorted(c for c in running if any(b.startswith(c) for b in busy)) or sorted(running))
-            self._act()
+            acted = self._act()
             proc = subprocess.run(["docker", "kill", cid], capture_output=True, text=True, timeout=60)
-            return f"container {cid[:12]}", ("docker kill: " + (proc.stderr.strip() or "killed")
-                                             + ("" if busy else " (no container had an exec running)"))[:200]
+            followed = ("docker kill: " + (proc.stderr.strip() or "killed")
+                        + ("" if busy else " (no container had an exec running)"))[:200]
+            return f"container {cid[:12]}", followed, acted
         cid = self.rng.choice(sorted(running))
         conmon = engine_cli("podman", ["inspect", "--format", "{{.State.ConmonPid}}", cid]).strip()
         if not conmon.isdigit() or int(conmon) <= 1:
-            return f"container {cid[:12]}", "no conmon found"
-        self._act()
+            return f"container {cid[:12]}", "no conmon found", None
+        acted = self._act()
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(conmon), signal.SIGKILL)
-        return f"conmon pid {conmon} of container {cid[:12]}", "conmon killed"
+        return f"conmon pid {conmon} of container {cid[:12]}", "conmon killed", acted
 
-    def _kill_dockerd(self) -> tuple[str, str]:
+    def _kill_dockerd(self) -> tuple[str, str, float | None]:
         """SIGKILL of dockerd, then the same command line started again with the same environment and
         working folder (detached, its log appended to ``DOCKERD_LOG``: not the chaos run's, whose
-        temp folders go away) and waited for until ``docker info`` answers."""
+        temp folders go away) and waited for until ``docker info`` answers. (target, what followed,
+        the kill's moment from ``_act``: None when nothing was killed)."""
         pids = [int(p) for p in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True,
                                                timeout=30).stdout.split()]
         if not pids:
-            return "none", "no dockerd was running"
+            return "none", "no dockerd was running", None
         pid = pids[0]
         try:  # its command line, environment and working folder: it is started again exactly so
             argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
@@ -513,8 +517,8 @@ class Chaos:
                            for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in item)
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
-            return f"dockerd pid {pid}", "gone before it could be read"
-        self._act()
+            return f"dockerd pid {pid}", "gone before it could be read", None
+        acted = self._act()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -527,11 +531,11 @@ class Chaos:
         while time.monotonic() - t0 < DOCKERD_WAIT_S:
             if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0:
                 return (f"dockerd pid {pid}", f"killed; `{' '.join(argv)}` answered again after "
-                        f"{time.monotonic() - t0:.1f} s")
+                        f"{time.monotonic() - t0:.1f} s", acted)
             time.sleep(0.5)
         self.unexpected.append(f"dockerd did not answer within {DOCKERD_WAIT_S:g} s of its restart "
                                f"(log: {DOCKERD_LOG})")
-        return f"dockerd pid {pid}", f"killed; restarted but not answering after {DOCKERD_WAIT_S:g} s"
+        return f"dockerd pid {pid}", f"killed; restarted but not answering after {DOCKERD_WAIT_S:g} s", acted
 
     def _hold_reader(self, run_id: str, n_before: int) -> tuple[str, str]:
         hold = self.cfg.hold_s

@@ -148,7 +148,8 @@ def check_freeze(sub: Substrate) -> None:
         finally:
             box.thaw()
         box.thaw()
-        expect(box.probe() is None, f"probe after thaw must find nothing, found: {box.probe()}")
+        after_thaw = box.probe()
+        expect(after_thaw is None, f"probe after thaw must find nothing, found: {after_thaw}")
         res = box.exec("cat kept.txt", timeout=30)
         expect(res.stdout == b"kept", f"after thaw a command must run and see the files: {res!r}")
 

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -468,9 +468,10 @@ _Box = TypeVar("_Box", bound="ContainerSandbox")
 class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming):
     """One container of an engine. What the engines share is here: the exec token, batched file
     writes, reset and end of processes by scripts run inside, the host's entry into the container
-    (``host_entry``: a launched tree and launchers in its cgroups and namespaces); subclasses drive
-    their engine. A stream (``open_stream``) is an exec of the engine with its own token, which
-    ``Stream.close`` kills with ``kill_argv`` as a timed-out command's."""
+    (``host_entry``: a launched tree and launchers in its cgroups and namespaces), the shape of
+    ``destroy`` and ``thaw``; subclasses drive their engine (the ``_engine_*`` methods). A stream
+    (``open_stream``) is an exec of the engine with its own token, which ``Stream.close`` kills
+    with ``kill_argv`` as a timed-out command's."""
 
     def __init__(self, sub: Substrate, cid: str, sid: str) -> None:
         self.substrate = sub.name
@@ -625,6 +626,53 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
             if time.monotonic() >= deadline:
                 return None  # (the record never caught up: not evidence)
             time.sleep(SETTLE_POLL_S)
+
+    # -- destroy and thaw: the shape is here, each engine gives its calls ------------------------
+    def destroy(self) -> None:
+        """Remove the container, the disk bound's tmpfs first. An engine that refuses to remove a
+        paused container has it unpaused, then removed again; a container still there raises
+        (``_not_removed``). Idempotent."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        unbind_disk(self.run_id, self.id)  # the disk bound's tmpfs first
+        first = self._engine_remove()
+        if first is None:
+            return
+        # A frozen container the engine would not remove: unpause it, then remove.
+        last = self._engine_unpause_to_remove()
+        if last is None:
+            last = self._engine_remove()
+        if last is not None:
+            self._not_removed(first, last)
+
+    def thaw(self) -> None:
+        """``Freezable.thaw``: the engine's unpause (idempotent); nothing once destroyed."""
+        if self._destroyed:
+            return
+        self._engine_unpause()
+
+    @abc.abstractmethod
+    def _engine_remove(self) -> BaseException | None:
+        """Remove the container by force: None when it is gone (now or before), else the engine's
+        failure, returned (not raised) for ``destroy`` to unpause and try again."""
+
+    @abc.abstractmethod
+    def _engine_unpause_to_remove(self) -> BaseException | None:
+        """Unpause the container before ``destroy`` removes it again; the engine's refusal is no
+        failure (the removal is tried all the same). A failure that makes that removal pointless
+        (the engine not answering) is returned: ``destroy`` goes on to ``_not_removed``."""
+
+    def _not_removed(self, first: BaseException, last: BaseException) -> NoReturn:
+        """``destroy`` could not remove the container: ``first`` and ``last`` are the failures of the
+        first removal and of the unpause or second removal. Raises ``last`` (an engine may wrap it)."""
+        del first
+        raise last
+
+    @abc.abstractmethod
+    def _engine_unpause(self) -> None:
+        """``thaw``'s unpause: a container that is not paused is fine; a failure is raised
+        (``SubstrateError``)."""
 
 
 class ContainerSubstrate(Substrate, ImageFlavors):

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import (
@@ -261,28 +261,29 @@ class DockerSandbox(C.ContainerSandbox):
         except docker.errors.NotFound:
             return True
 
-    # -- destroy ------------------------------------------------------------------------------
-    def destroy(self) -> None:
-        if self._destroyed:
-            return
-        self._destroyed = True
-        C.unbind_disk(self.run_id, self.id)  # the disk bound's tmpfs first
+    # -- destroy (its shape: ContainerSandbox.destroy) -------------------------------------------
+    def _engine_remove(self) -> BaseException | None:
         try:
             self._api.remove_container(self.container_id, force=True)
         except docker.errors.NotFound:
-            pass
-        except api_errors() as first:
-            # A daemon that refuses to remove a paused container: unpause it, then remove.
-            try:
-                with contextlib.suppress(docker.errors.APIError):
-                    self._api.unpause(self.container_id)
-                self._api.remove_container(self.container_id, force=True)
-            except docker.errors.NotFound:
-                pass
-            except api_errors() as e:
-                # e.g. dockerd down (killed, restarting): the substrate tries again when it closes
-                self._unremoved[self.container_id] = self.id
-                raise self._gone(e, f"cannot remove the container ({first})") from e
+            return None
+        except api_errors() as e:
+            return e
+        return None
+
+    def _engine_unpause_to_remove(self) -> BaseException | None:
+        try:
+            self._api.unpause(self.container_id)
+        except docker.errors.APIError:
+            return None  # refused (not paused, gone): removed again all the same
+        except api_errors() as e:
+            return e
+        return None
+
+    def _not_removed(self, first: BaseException, last: BaseException) -> NoReturn:
+        # e.g. dockerd down (killed, restarting): the substrate tries again when it closes
+        self._unremoved[self.container_id] = self.id
+        raise self._gone(last, f"cannot remove the container ({first})") from last
 
     # -- gate-side evidence ----------------------------------------------------------------------
     def _inspect_state(self, wait: float) -> Mapping[str, Any] | str:
@@ -304,9 +305,7 @@ class DockerSandbox(C.ContainerSandbox):
         except api_errors() as e:
             raise self._gone(e, "cannot pause the container") from e
 
-    def thaw(self) -> None:
-        if self._destroyed:
-            return
+    def _engine_unpause(self) -> None:
         try:
             self._api.unpause(self.container_id)
         except docker.errors.APIError as e:

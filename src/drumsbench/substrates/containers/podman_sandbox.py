@@ -158,21 +158,16 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
             f"podman: sandbox {self.id}: cannot read {path}: {C.decode_tail(res.stderr)}"
         )
 
-    # -- destroy ------------------------------------------------------------------------------
-    def destroy(self) -> None:
-        if self._destroyed:
-            return
-        self._destroyed = True
-        C.unbind_disk(self.run_id, self.id)  # the disk bound's tmpfs first
+    # -- destroy (its shape: ContainerSandbox.destroy) -------------------------------------------
+    def _engine_remove(self) -> BaseException | None:
         proc = podman(["rm", "--force", "--time", "0", self.container_id], check=False)
-        if proc.returncode != 0 and b"no such container" not in proc.stderr.lower():
-            # A frozen container that podman would not remove: unpause it, then remove.
-            podman(["unpause", self.container_id], check=False)
-            proc = podman(["rm", "--force", "--time", "0", self.container_id], check=False)
-        if proc.returncode != 0 and b"no such container" not in proc.stderr.lower():
-            raise SubstrateError(
-                f"podman: cannot remove {self.container_id[:12]}: {C.decode_tail(proc.stderr)}"
-            )
+        if proc.returncode == 0 or b"no such container" in proc.stderr.lower():
+            return None
+        return SubstrateError(f"podman: cannot remove {self.container_id[:12]}: {C.decode_tail(proc.stderr)}")
+
+    def _engine_unpause_to_remove(self) -> BaseException | None:
+        podman(["unpause", self.container_id], check=False)  # its refusal: removed again all the same
+        return None
 
     # -- gate-side evidence ----------------------------------------------------------------------
     def _inspect_state(self, wait: float) -> Mapping[str, Any] | str:
@@ -198,9 +193,7 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         self._check()
         podman(["pause", self.container_id])
 
-    def thaw(self) -> None:
-        if self._destroyed:
-            return
+    def _engine_unpause(self) -> None:
         proc = podman(["unpause", self.container_id], check=False)
         if proc.returncode != 0 and b"not paused" not in proc.stderr.lower() \
                 and b"state improper" not in proc.stderr.lower():
