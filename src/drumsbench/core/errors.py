@@ -12,6 +12,9 @@
 - ``LedgerUnwritable``: the ledger refused a write (a full disk): the run stops handing out work,
   drops what is in flight, and the CLI prints one line (exit 2); every attempt recorded before
   stays, and ``run --resume`` continues once there is room.
+- ``ImageBuildError``: a start state given as a recipe (a task's own Dockerfile) did not build: the
+  task's recipe or what its steps fetch, not the policy (who never runs at build time). The message
+  names the step and the builder's last lines.
 - ``MissingDependency``: a hidden test needs a module the sandbox lacks; the rollout confirms it
   in a fresh sandbox before it calls the attempt invalid (the policy may have deleted it).
 """
@@ -79,3 +82,11 @@ class MissingDependency(DrumsError):
         super().__init__(detail)
         self.module = module
         self.detail = detail
+
+
+class ImageBuildError(SubstrateError):
+    """A task's image recipe did not build (see the module's contract): ``step`` names where."""
+
+    def __init__(self, detail: str, step: str = "") -> None:
+        super().__init__(detail)
+        self.step = step

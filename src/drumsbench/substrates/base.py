@@ -21,6 +21,7 @@ Contracts every substrate keeps (checked by ``drumsbench.substrates.conformance`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 from abc import ABC, abstractmethod
@@ -584,6 +585,48 @@ class GuestLaunching(ABC):
         """Start ``argv`` in a session of its own that outlives the call (stdin /dev/null, stdout
         and stderr to the guest file ``log``); returns its guest pid. It ends with the sandbox's
         ``end_processes``, ``reset_in_place`` and ``destroy``, like every command's processes."""
+
+
+BASE_ARGS = {"debian": "DRUMSBENCH_BASE_DEBIAN", "python": "DRUMSBENCH_BASE_PYTHON"}
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    """A start state given as a Dockerfile (a task's own), built on this machine (``RecipeImages``).
+
+    ``dockerfile``'s stages start from an earlier stage of its own or from ``${DRUMSBENCH_BASE_DEBIAN}``
+    (this machine's Debian rootfs) or ``${DRUMSBENCH_BASE_PYTHON}`` (that plus Debian's Python 3 as
+    ``python``/``python3``, pip and venv, pip free to install as in the python images): build
+    arguments the builder gives (``BASE_ARGS``), declared by ``ARG`` before the first ``FROM``.
+    ``context``: the build context's files as the task has them (relative POSIX path -> bytes; its
+    own Dockerfile among them, unchanged: a ``COPY .`` copies what ``docker build`` would);
+    ``executables``: which of them have the executable bit (every other file is
+    0644); ``timeout_s``: the build's time limit. ``RUN`` steps reach the package registries this
+    machine reaches (the bases trust this machine's certificate authorities); the policy never runs
+    at build time."""
+
+    dockerfile: str
+    context: Mapping[str, bytes]
+    timeout_s: float
+    executables: frozenset[str] = frozenset()
+
+    def digest(self) -> str:
+        """Names the recipe's content: the Dockerfile and every context file (path and bytes)."""
+        h = hashlib.sha256(b"recipe-v1\0" + self.dockerfile.encode() + b"\0")
+        for rel in sorted(self.context):
+            mode = b"x" if rel in self.executables else b"-"
+            h.update(rel.encode() + b"\0" + mode + hashlib.sha256(self.context[rel]).digest())
+        return h.hexdigest()
+
+
+class RecipeImages(ABC):
+    """Capability of a substrate that builds a task's own image from an ``ImageRecipe``."""
+
+    @abstractmethod
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """The image of ``recipe`` (its reference on this substrate), built once per
+        ``recipe.digest()`` and reused after; ``ImageBuildError`` when a step fails or the time
+        limit passes (nothing half-built is kept under the reference)."""
 
 
 class ImageFlavors(ABC):

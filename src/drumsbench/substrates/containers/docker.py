@@ -30,7 +30,7 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Capabilities, Isolation, ResetStrategy
+from drumsbench.substrates.base import Capabilities, ImageRecipe, Isolation, RecipeImages, ResetStrategy
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.containers.docker_sandbox import (
     HAVE_SDK,
@@ -54,6 +54,23 @@ def image_exists(client: Any, tag: str) -> bool:
         return False
 
 
+def ensure_rootfs_image(client: Any, flavor: str = "base") -> str:
+    """The tag of the Debian rootfs of ``flavor`` as a plain image (no sandbox layer), imported from
+    its tarball first when absent. The caller holds ``C.build_lock("docker-image")``."""
+    rootfs = images.rootfs_tag(flavor)
+    if not image_exists(client, rootfs):
+        tar = C.ensure_rootfs_tar_verbose("docker", flavor)
+        C.progress(f"docker: importing {tar.name} as {rootfs} (a few seconds, once)")
+        repo, _, rtag = rootfs.partition(":")
+        try:
+            client.api.import_image_from_file(str(tar), repository=repo, tag=rtag)
+        except api_errors() as e:
+            raise SubstrateError(f"docker: import of {tar} failed: {e}") from e
+        if not image_exists(client, rootfs):
+            raise SubstrateError(f"docker: import of {tar} did not produce {rootfs}")
+    return rootfs
+
+
 def ensure_image(client: Any | None = None, flavor: str = "base") -> str:
     """The sandbox image's tag of rootfs ``flavor``, importing the rootfs and building the layer
     first when absent."""
@@ -70,17 +87,7 @@ def ensure_image(client: Any | None = None, flavor: str = "base") -> str:
         if image_exists(client, tag):
             return tag
         t0 = time.monotonic()
-        rootfs = images.rootfs_tag(flavor)
-        if not image_exists(client, rootfs):
-            tar = C.ensure_rootfs_tar_verbose("docker", flavor)
-            C.progress(f"docker: importing {tar.name} as {rootfs} (a few seconds, once)")
-            repo, _, rtag = rootfs.partition(":")
-            try:
-                client.api.import_image_from_file(str(tar), repository=repo, tag=rtag)
-            except api_errors() as e:
-                raise SubstrateError(f"docker: import of {tar} failed: {e}") from e
-            if not image_exists(client, rootfs):
-                raise SubstrateError(f"docker: import of {tar} did not produce {rootfs}")
+        rootfs = ensure_rootfs_image(client, flavor)
         C.progress(f"docker: building the sandbox image {tag}")
         repo, _, stag = tag.partition(":")
         build = None
@@ -115,7 +122,7 @@ def ensure_image(client: Any | None = None, flavor: str = "base") -> str:
         return tag
 
 
-class DockerSubstrate(C.ContainerSubstrate):
+class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
     name = "docker"
     sandbox_class = DockerSandbox
     capabilities = Capabilities(
@@ -189,6 +196,12 @@ class DockerSubstrate(C.ContainerSubstrate):
 
     def build_image(self) -> str:
         return ensure_image(flavor=self.flavor)
+
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """``RecipeImages``: dockerd builds it (``docker_recipes``)."""
+        from drumsbench.substrates.containers import docker_recipes
+
+        return docker_recipes.build(self.client, recipe)
 
     def _engine_create(self, image: str, sid: str) -> str:
         lim, api = self.limits, self.client.api
