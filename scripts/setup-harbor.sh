@@ -19,8 +19,11 @@ for cand in python3.13 python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /ro
   fi
 done
 if [ -z "$PY" ]; then
-  echo "setup-harbor: no Python >= 3.12 here (Harbor needs it); install python3.12 and run this again" >&2
-  exit 1
+  # not fatal for the rest of the set-up: the Harbor tests then say what is missing (and fail
+  # under DRUMSBENCH_REQUIRE_ALL=1, as CI runs them)
+  echo "setup-harbor: no Python >= 3.12 here (Harbor needs it): Harbor task folders cannot be read;" \
+       "install python3.12 and run scripts/setup-harbor.sh again" >&2
+  exit 0
 fi
 echo "setup-harbor: creating $VENV with $PY, installing $PIN (about a minute)"
 rm -rf "$VENV"

@@ -11,7 +11,7 @@
 #   4. podman's project-private configuration (runc runtime, ulimits, private storage).
 #   5. The container images: the Debian rootfs (debootstrap, cached) imported into docker and
 #      podman, and the sandbox image derived from it.
-#   6. Every scripts/setup-*.sh (CRIU, the desktop, the report's browser, the VM, ...).
+#   6. Every scripts/setup-*.sh (CRIU, the desktop, Harbor, the report's browser, the VM, ...).
 #
 # Environment: DRUMSBENCH_SKIP_IMAGES=1 skips step 5; DRUMSBENCH_DOCKERD_LOG sets dockerd's log.
 set -euo pipefail

@@ -44,7 +44,9 @@ from drumsbench.substrates.base import (
     SANDBOX_FOLDERS,
     Forking,
     ImageFlavors,
+    ImageRecipe,
     PortableSnapshots,
+    RecipeImages,
     Sandbox,
     Substrate,
 )
@@ -423,10 +425,21 @@ class _PortableOfInner(PortableSnapshots):
         return self.inner.import_snapshot(data)
 
 
+class _RecipesOfInner(RecipeImages):
+    """``RecipeImages`` of a pooled substrate: the inner substrate builds (an image touches no sandbox)."""
+
+    inner: Substrate
+
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        assert isinstance(self.inner, RecipeImages)
+        return self.inner.build_recipe(recipe)
+
+
 # Each substrate-level capability (a typed interface of ``substrates/base.py`` a Substrate class may
 # implement) is forwarded by a pooled substrate whose inner one has it, or named here with why not;
 # tests/test_pool.py fails on a capability in neither.
-FORWARDED: dict[type, type] = {Forking: _ForkingOfInner, PortableSnapshots: _PortableOfInner}
+FORWARDED: dict[type, type] = {Forking: _ForkingOfInner, PortableSnapshots: _PortableOfInner,
+                               RecipeImages: _RecipesOfInner}
 NOT_FORWARDED: dict[type, str] = {
     ImageFlavors: "the flavor is chosen before the pool is filled (with_flavor, then pooled): the pool's "
                   "sandboxes are made already",

@@ -198,10 +198,11 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
         return ensure_image(flavor=self.flavor)
 
     def build_recipe(self, recipe: ImageRecipe) -> str:
-        """``RecipeImages``: dockerd builds it (``docker_recipes``)."""
-        from drumsbench.substrates.containers import docker_recipes
+        """``RecipeImages``: dockerd builds it (``recipe_build``, ``docker_recipes``)."""
+        from drumsbench.substrates.containers import recipe_build
+        from drumsbench.substrates.containers.docker_recipes import DockerEngine
 
-        return docker_recipes.build(self.client, recipe)
+        return recipe_build.build(DockerEngine(self.client), recipe)
 
     def _engine_create(self, image: str, sid: str) -> str:
         lim, api = self.limits, self.client.api

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Capabilities, Isolation, ResetStrategy
+from drumsbench.substrates.base import Capabilities, ImageRecipe, Isolation, RecipeImages, ResetStrategy
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.containers.podman_cli import checkpoint_dir, config_dir, configure, podman, with_criu
 from drumsbench.substrates.containers.podman_sandbox import PodmanSandbox
@@ -40,6 +40,17 @@ from drumsbench.substrates.exec_core import SANDBOX_PATH
 
 def image_exists(tag: str) -> bool:
     return podman(["image", "exists", tag], check=False).returncode == 0
+
+
+def ensure_rootfs_image(flavor: str = "base") -> str:
+    """The tag of the Debian rootfs of ``flavor`` as a plain image (no sandbox layer), imported from
+    its tarball first when absent. The caller holds ``C.build_lock("podman-image")``."""
+    rootfs = images.rootfs_tag(flavor)
+    if not image_exists(rootfs):
+        tar = C.ensure_rootfs_tar_verbose("podman", flavor)
+        C.progress(f"podman: importing {tar.name} as {rootfs} (about 10 s, once)")
+        podman(["import", "--quiet", str(tar), rootfs], timeout=900)
+    return rootfs
 
 
 def ensure_image(flavor: str = "base") -> str:
@@ -52,11 +63,7 @@ def ensure_image(flavor: str = "base") -> str:
         if image_exists(tag):
             return tag
         t0 = time.monotonic()
-        rootfs = images.rootfs_tag(flavor)
-        if not image_exists(rootfs):
-            tar = C.ensure_rootfs_tar_verbose("podman", flavor)
-            C.progress(f"podman: importing {tar.name} as {rootfs} (about 10 s, once)")
-            podman(["import", "--quiet", str(tar), rootfs], timeout=900)
+        rootfs = ensure_rootfs_image(flavor)
         C.progress(f"podman: building the sandbox image {tag}")
         name = C.build_name(tag)
         podman(["rm", "--force", "--time", "0", name], check=False)  # left by a crashed build
@@ -94,7 +101,7 @@ def ensure_image(flavor: str = "base") -> str:
         return tag
 
 
-class PodmanSubstrate(C.ContainerSubstrate):
+class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
     name = "podman"
     sandbox_class = PodmanSandbox
     capabilities = Capabilities(
@@ -143,6 +150,13 @@ class PodmanSubstrate(C.ContainerSubstrate):
 
     def build_image(self) -> str:
         return ensure_image(flavor=self.flavor)
+
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """``RecipeImages``: ``podman build`` (``recipe_build``, ``podman_recipes``)."""
+        from drumsbench.substrates.containers import recipe_build
+        from drumsbench.substrates.containers.podman_recipes import PodmanEngine
+
+        return recipe_build.build(PodmanEngine(), recipe)
 
     def _engine_create(self, image: str, sid: str) -> str:
         lim = self.limits
