@@ -4,21 +4,24 @@ the result is cached by content, and a failed or slow build leaves nothing under
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from drumsbench.core.errors import ImageBuildError
+from drumsbench.core.errors import ImageBuildError, SubstrateError
 from drumsbench.envs.harbor import interpreter
 from drumsbench.envs.harbor.recipe import agent_recipe, verifier_recipe
 from drumsbench.envs.harbor.spec import load_specs
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import RecipeImages
+from drumsbench.substrates.base import RecipeImages, Sandbox
+from drumsbench.substrates.containers.common import REAPER_ARGV, task_sandbox_tag
 from drumsbench.substrates.containers.docker_recipes import DockerEngine
 from drumsbench.substrates.containers.podman_cli import podman
 from drumsbench.substrates.containers.podman_recipes import PodmanEngine
@@ -128,3 +131,88 @@ def test_a_slow_build_stops_at_its_limit(sub: RecipeImages, tmp_path: Path) -> N
     assert not [n for n in image_names(sub) if "drumsbench-task-build" in n]
     # and the step itself was stopped, not left running on the host
     assert subprocess.run(["pgrep", "-f", "sleep 12 && touch /slow"], capture_output=True).returncode == 1
+
+
+def image_config(sub: RecipeImages, ref: str) -> dict[str, Any]:
+    """The engine's ``Config`` of image ``ref`` (``Id`` added)."""
+    if sub.name == "podman":
+        found = json.loads(podman(["image", "inspect", ref]).stdout)[0]
+    else:
+        found = sub.client.api.inspect_image(ref)
+    return {**found["Config"], "Id": found["Id"]}
+
+
+def container_image(sub: RecipeImages, box: Sandbox) -> str:
+    """The image id the sandbox's container runs."""
+    cid = box.container_id  # type: ignore[attr-defined]
+    if sub.name == "podman":
+        return str(json.loads(podman(["inspect", cid]).stdout)[0]["Image"]).removeprefix("sha256:")
+    return str(sub.client.api.inspect_container(cid)["Image"]).removeprefix("sha256:")
+
+
+def test_sandboxes_of_a_task_image(sub: RecipeImages) -> None:
+    """``create_from_image``: a sandbox of the task's own image (its files and WORKDIR) with the
+    sandbox's folders on top, no network; the sandbox image is made once, each sandbox is fresh."""
+    spec = {s.id: s for s in load_specs(str(EXAMPLES))}["count-words"]
+    assert spec.workdir == "/app"
+    image = sub.build_recipe(agent_recipe(spec))
+    boxes: list[Sandbox] = []
+    try:
+        t0 = time.monotonic()
+        boxes.append(sub.create_from_image(image))
+        first_s = time.monotonic() - t0
+        box = boxes[0]
+        run = lambda cmd, **kw: box.exec(cmd, timeout=30, **kw)  # noqa: E731
+        assert run(["pwd"], cwd=spec.workdir).stdout == b"/app\n"
+        assert run(["ls", "-A"], cwd=spec.workdir).stdout.split() == [b"notes.txt"]
+        assert run("stat -c '%a' /sandbox/tmp; ls -A /sandbox/tmp | wc -l").stdout.split() == [b"1777", b"0"]
+        p = box.paths
+        assert run(["test", "-d", p.work, "-a", "-d", p.home, "-a", "-d", p.tmp]).exit_code == 0
+        devices = [ln.split(b":")[0].strip() for ln in run(["cat", "/proc/net/dev"]).stdout.splitlines()[2:]]
+        assert devices == [b"lo"], devices
+        net = run(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)"])
+        assert net.exit_code != 0 and b"unreachable" in net.stderr, net
+        assert b"python3" in run(["cat", "/proc/1/cmdline"]).stdout  # the reaper is pid 1
+        assert run(["sh", "-c", "echo mine > left.txt"], cwd=spec.workdir).exit_code == 0
+
+        sandbox_image = image_config(sub, task_sandbox_tag(image))
+        assert container_image(sub, box) == sandbox_image["Id"].removeprefix("sha256:")
+        base = image_config(sub, image)
+        assert sandbox_image["WorkingDir"] == base["WorkingDir"] == "/app"
+        # (podman's commit adds the two variables it gives every container: TERM and container)
+        assert set(base["Env"]) <= set(sandbox_image["Env"]) <= {*base["Env"], "TERM=xterm", "container=podman"}
+        assert sandbox_image["Cmd"] == REAPER_ARGV and not sandbox_image.get("Entrypoint")
+        assert sandbox_image["Labels"]["drumsbench.image"] == "task"
+        assert sandbox_image["Labels"]["drumsbench.base"] == image
+
+        t0 = time.monotonic()
+        boxes.append(sub.create_from_image(image))
+        again_s = time.monotonic() - t0
+        second = boxes[1]
+        assert container_image(sub, second) == container_image(sub, box)
+        assert image_config(sub, task_sandbox_tag(image))["Id"] == sandbox_image["Id"]  # not rebuilt
+        assert again_s < max(5.0, first_s), (first_s, again_s)
+        assert second.exec(["ls", "-A"], cwd=spec.workdir, timeout=30).stdout.split() == [b"notes.txt"]
+        assert run(["cat", "left.txt"], cwd=spec.workdir).stdout == b"mine\n"
+    finally:
+        for b in boxes:
+            b.destroy()
+
+
+def test_a_task_image_keeps_its_config(sub: RecipeImages, tmp_path: Path) -> None:
+    """The task image's ENV, WORKDIR and files stay in its sandbox image; its ENTRYPOINT does not
+    (the reaper is pid 1); a reference that is no image is a ``SubstrateError``."""
+    task = a_task(tmp_path, 'FROM debian:bookworm-slim\nENV GREETING=hello\nWORKDIR /srv/x\n'
+                            'RUN echo kept > /srv/x/f\nENTRYPOINT ["/bin/false"]\n')
+    image = sub.build_recipe(agent_recipe(load_specs(str(task))[0]))
+    box = sub.create_from_image(image)
+    try:
+        out = box.exec(["sh", "-c", "pwd; cat f; echo $GREETING; tr '\\0' ' ' < /proc/1/cmdline | cut -c1-20"],
+                       cwd="/srv/x", timeout=30)
+        assert out.stdout.decode().split("\n")[:4] == ["/srv/x", "kept", "hello", "python3 -S -E -c imp"], out
+    finally:
+        box.destroy()
+    config = image_config(sub, task_sandbox_tag(image))
+    assert config["WorkingDir"] == "/srv/x" and "GREETING=hello" in config["Env"]
+    with pytest.raises(SubstrateError, match="no image"):
+        sub.create_from_image("drumsbench-task:0000000000000000")

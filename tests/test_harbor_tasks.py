@@ -45,7 +45,8 @@ def copy_example(tmp_path: Path, name: str = "count-words") -> Path:
 
 def test_examples_load_with_their_limits() -> None:
     specs = {s.id: s for s in load_specs(str(EXAMPLES))}
-    assert sorted(specs) == ["build-checksum", "count-words", "fix-median", "set-timezone-config"]
+    assert sorted(specs) == ["build-checksum", "count-words", "fix-median", "fix-roman", "fix-slug", "install-service",
+                             "log-summary", "merge-json", "revert-commit", "set-timezone-config"]
     words = specs["count-words"]
     assert (words.base.ref, words.base.flavor, words.workdir) == ("debian:bookworm-slim", "debian", "/app")
     assert (words.agent_timeout_s, words.verifier_timeout_s, words.cpus, words.memory_mb) == (300.0, 60.0, 1, 512)

@@ -50,6 +50,7 @@ def tasks_check(
     from drumsbench.core.plugins import load_spec
     from drumsbench.envs import suites
     from drumsbench.experiments.envcheck import check_environment
+    from drumsbench.experiments.run import images_problem
     from drumsbench.experiments.taskcheck import TaskCheck
     from drumsbench.substrates import registry
 
@@ -59,6 +60,9 @@ def tasks_check(
     loaded = suites.load(suite)
     names = substrate_names(substrate, substrates)
     for n in names:
+        problem = images_problem(kind.environment_class(), n)
+        if problem:
+            raise UsageError(problem)
         missing = registry.get(n).missing()
         if missing:
             raise UsageError(f"--substrate: {n} is not usable here: {missing}")
@@ -66,9 +70,11 @@ def tasks_check(
     if chosen is None:
         raise UsageError(f"--task: no task {task!r} in {suite}; `drumsbench tasks list {suite}` shows them")
 
+    solved = "nop fails, solve.sh passes" if kind.name == "harbor" else "the golden patch"
+
     def show(c: TaskCheck) -> None:
         what = ("data checks" if c.substrate == "host" else
-                f"fails on the start state, passes with the golden patch ({repeat} runs of each, same verdict); "
+                f"fails on the start state, passes when solved ({solved}; {repeat} runs of each, same verdict); "
                 f"verdicts by: {c.trust}")
         if c.ok:
             console.print(f"ok   {c.substrate:8} {c.task}: {what}", highlight=False)

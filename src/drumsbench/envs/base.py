@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from drumsbench.core.errors import StaleGeneration
 from drumsbench.envs.actions import ActionSet
-from drumsbench.substrates.base import Sandbox
+from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox
 
 if TYPE_CHECKING:
     from drumsbench.envs.observations import ObservationModel
@@ -291,6 +291,21 @@ class VerifierNotes(ABC):
     when the prepared runner could not start); recorded in the attempt's ``extra``."""
 
     verify_note: dict[str, object]
+
+
+class TaskImages(ABC, Generic[TaskT]):
+    """Capability of an environment whose every task brings its own start image (a Harbor task's
+    Dockerfile): the whole file system is the start state. Such a kind requires ``RecipeImages``
+    sandboxes. The rollout builds ``start_image(task)`` with the substrate (``build_recipe``) and
+    gives every attempt a fresh sandbox of it (``create_from_image``), never a reset in place;
+    ``use_images`` hands the environment that substrate first, so that it can make sandboxes of its
+    own (the verifier's fresh sandbox)."""
+
+    @abstractmethod
+    def start_image(self, task: TaskT) -> ImageRecipe: ...
+
+    @abstractmethod
+    def use_images(self, images: RecipeImages) -> None: ...
 
 
 class BreakableObservation(ABC):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from drumsbench.core.errors import UsageError
@@ -56,11 +57,15 @@ class EnvKind:
 CODING = EnvKind("coding", "drumsbench.envs.coding.env:CodingEnv", "drumsbench.envs.coding.task:load_suite",
                  "drumsbench.envs.coding.task:compute_fingerprints",
                  task_checks="drumsbench.experiments.taskcheck:check_coding", docs="docs/tasks.md")
+HARBOR = EnvKind("harbor", "drumsbench.envs.harbor.env:HarborEnv", "drumsbench.envs.harbor.task:load_suite",
+                 "drumsbench.envs.harbor.task:compute_fingerprints",
+                 task_checks="drumsbench.experiments.harbor_check:check_harbor", docs="docs/harbor.md")
 DESKTOP = EnvKind("desktop", "drumsbench.envs.desktop.env:DesktopEnv", "drumsbench.envs.desktop.task:load_suite",
                   "drumsbench.envs.desktop.task:compute_fingerprints", docs="docs/desktop.md")
 
 KINDS: Registry[EnvKind] = Registry(
-    "environment", "--tasks", {"coding": "drumsbench.envs.suites:CODING", "desktop": "drumsbench.envs.suites:DESKTOP"},
+    "environment", "--tasks", {"coding": "drumsbench.envs.suites:CODING", "desktop": "drumsbench.envs.suites:DESKTOP",
+                               "harbor": "drumsbench.envs.suites:HARBOR"},
     "drumsbench.env_kinds", check=lambda obj: isinstance(obj, EnvKind), expected="an EnvKind")
 
 
@@ -80,8 +85,31 @@ class Suite:
     observations: type[ObservationModel]  # what its observations show (``Environment.observations``)
 
 
+def split(name_or_path: str) -> tuple[str | None, str]:
+    """``KIND:PATH`` (a kind named before the folder, e.g. ``harbor:examples/harbor``) as (kind, path);
+    anything else as (None, itself): a built-in suite's name or a suite folder."""
+    kind, sep, rest = name_or_path.partition(":")
+    if sep and rest and kind in KINDS:
+        return kind, rest
+    return None, name_or_path
+
+
+def suite_folder(name_or_path: str) -> Path:
+    """The folder of a suite given as ``--tasks`` takes it (``split``)."""
+    kind, path = split(name_or_path)
+    if kind is not None:
+        folder = Path(path)
+        if not folder.is_dir():
+            raise UsageError(f"--tasks {name_or_path}: {path} is not a folder; give a folder of {kind} tasks")
+        return folder
+    return suite_dir(path)
+
+
 def suite_kind(name_or_path: str) -> str:
-    folder = suite_dir(name_or_path)
+    named, path = split(name_or_path)
+    if named is not None:
+        return named
+    folder = suite_dir(path)
     meta = folder / "suite.toml"
     if not meta.exists():
         return "coding"
@@ -93,7 +121,7 @@ def suite_kind(name_or_path: str) -> str:
 
 def load(name_or_path: str) -> Suite:
     kind = KINDS.load(suite_kind(name_or_path))
-    tasks = kind.tasks(name_or_path)
+    tasks = kind.tasks(split(name_or_path)[1])
     env_class = kind.environment_class()
     return Suite(name_or_path, kind.name, tasks, env_class, env_class.actions, env_class.observations)
 
@@ -102,5 +130,5 @@ def fingerprints(name_or_path: str) -> dict[str, str]:
     """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
     kind = KINDS.load(suite_kind(name_or_path))
     # every kind's task folders pass the shared checks first (no link out, readable UTF-8 TOML)
-    task_folders(suite_dir(name_or_path), kind.docs)
-    return kind.start_fingerprints(name_or_path)
+    task_folders(suite_folder(name_or_path), kind.docs)
+    return kind.start_fingerprints(split(name_or_path)[1])

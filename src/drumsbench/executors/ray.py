@@ -186,9 +186,6 @@ class CanaryHub:
         """Live tokens of other attempts (``CanaryRegistry.others``: a retired one is not foreign)."""
         return [t for t in self._live if t != token]
 
-    def live_other(self, token: str) -> str | None:
-        return next((t for t in self._live if t != token), None)
-
 
 class ClusterCanaries(CanaryRegistry):
     """A node's view of the cluster's registry: every token issued here is also put in the hub
@@ -211,10 +208,6 @@ class ClusterCanaries(CanaryRegistry):
 
     def others(self, token: str) -> list[str]:
         return list(self.get(self.hub.others.remote(token)))
-
-    def any_other(self, token: str) -> str:
-        found = self.get(self.hub.live_other.remote(token))
-        return str(found) if found is not None else self.issue("decoy-neighbour")
 
 
 @dataclass(frozen=True)

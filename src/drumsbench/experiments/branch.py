@@ -86,7 +86,7 @@ def _prepare_parent(substrate: Substrate, suite: suites.Suite, task: Task, k: in
     parent = Slot(substrate, suite.make_env())
     for name in cfg.methods:
         METHODS[name].configure_parent(parent.env)
-    parent.provision()
+    parent.provision(task)
     parent.env.reset(task)
     gates.check_reset(parent.env, task)
     for spec in task.branch_prefix(k):

@@ -52,7 +52,7 @@ def check_environment(make_env: Callable[[], Environment], task: Task, substrate
     def one(name: str, fn: Callable[[Slot], str]) -> None:
         slot = Slot(substrate, make_env())
         try:
-            slot.provision()
+            slot.provision(task)
             out.append(EnvCheck(name, True, fn(slot)))
         except (AssertionError, InvalidAttempt, SubstrateError, NotImplementedError) as e:
             out.append(EnvCheck(name, False, f"{type(e).__name__}: {e}"[:400]))

@@ -24,8 +24,7 @@ from drumsbench.core import host_state as state
 from drumsbench.core.errors import LedgerUnwritable, UsageError
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
-from drumsbench.envs.base import Environment
-from drumsbench.envs.suite_folders import suite_dir
+from drumsbench.envs.base import Environment, TaskImages
 from drumsbench.executors.base import Job
 from drumsbench.executors.local import LocalExecutor
 from drumsbench.experiments.leak_sampler import LeakSampler
@@ -39,7 +38,7 @@ from drumsbench.rollout.faults import FaultPlan
 from drumsbench.rollout.isolation import positive_control
 from drumsbench.rollout.pool import DEFAULT_POOL, PooledSubstrate, PoolSetting, pool_size, pooled
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import Substrate, with_flavor
+from drumsbench.substrates.base import RecipeImages, Substrate, with_flavor
 
 if TYPE_CHECKING:
     from drumsbench.executors.ray import RayExecutor
@@ -83,8 +82,12 @@ class RunConfig(BaseModel):
         return self
 
     def pool_size(self) -> int:
-        """Idle sandboxes of this run's warm pool (0: none; never with Ray)."""
-        return 0 if self.executor == "ray" else pool_size(self.pool, self.concurrency)
+        """Idle sandboxes of this run's warm pool (0: none; never with Ray, nor for an environment
+        whose tasks bring their own images: the pool's sandboxes are of the substrate's image)."""
+        if self.executor == "ray" or issubclass(suites.KINDS.load(suites.suite_kind(self.tasks)).environment_class(),
+                                                TaskImages):
+            return 0
+        return pool_size(self.pool, self.concurrency)
 
 
 def new_run_id() -> str:
@@ -119,6 +122,9 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
         env_class = kind.environment_class()
         flavor = env_class.image_flavor
         unmet = env_class.unmet(cls.sandbox_class)
+        problem = images_problem(env_class, name)
+        if problem:
+            raise UsageError(problem)
         if unmet:
             fit = [n for n in registry.BUILTINS if _fits(env_class, n)]
             raise UsageError(f"--substrate {name}: the {kind.name} environment needs sandboxes that are "
@@ -128,7 +134,7 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
         raise UsageError(f"--substrate {name}: not ready here: {missing}")
     substrate = with_flavor(cls(run_id, state.state_dir()), flavor)
     if tasks is not None:
-        folder = suite_dir(tasks)
+        folder = suites.suite_folder(tasks)
         substrate.hide(folder)  # its answer keys (``core.answer_keys``)
         exposed = substrate.answer_keys_exposed()
         if exposed:
@@ -137,6 +143,25 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
             raise UsageError(f"--substrate {name}: {exposed}, so a sandbox could read the answer key {key}; "
                              f"run as root or choose another substrate")
     return substrate
+
+
+def images_problem(env_class: type[Environment], name: str) -> str | None:
+    """Why substrate ``name`` cannot run ``env_class``'s tasks when each brings its own image
+    (``TaskImages``: the substrate must build them, ``RecipeImages``), or None."""
+    if not issubclass(env_class, TaskImages) or _builds_images(name):
+        return None
+    fit = [n for n in registry.BUILTINS if _builds_images(n)]
+    return (f"--substrate {name}: the {env_class.kind} environment runs each task in its own image, which {name} "
+            f"cannot build (choose {', '.join(fit) or 'a plugin'})")
+
+
+def _builds_images(name: str) -> bool:
+    """Does built-in substrate ``name`` build task images (``RecipeImages``; False when its module
+    cannot be loaded here)?"""
+    try:
+        return issubclass(registry.get(name), RecipeImages)
+    except Exception:  # an optional dependency missing: not a fit here
+        return False
 
 
 def _fits(env_class: type[Environment], name: str) -> bool:

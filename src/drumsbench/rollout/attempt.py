@@ -42,12 +42,21 @@ from drumsbench.core.errors import (
 )
 from drumsbench.core.outcome import InvalidCause, Outcome, Verdict
 from drumsbench.core.records import AttemptRecord
-from drumsbench.envs.base import SUBMIT, Action, Environment, Observation, RestoringReset, Task, VerifierNotes
+from drumsbench.envs.base import (
+    SUBMIT,
+    Action,
+    Environment,
+    Observation,
+    RestoringReset,
+    Task,
+    TaskImages,
+    VerifierNotes,
+)
 from drumsbench.policies.scripted import Policy
 from drumsbench.rollout import gates
 from drumsbench.rollout.faults import Injector, injector_for
 from drumsbench.rollout.isolation import CanaryRegistry, plant
-from drumsbench.substrates.base import ResetStrategy, Sandbox, SandboxFrozen, Substrate
+from drumsbench.substrates.base import RecipeImages, ResetStrategy, Sandbox, SandboxFrozen, Substrate
 
 
 class RolloutConfig(BaseModel, frozen=True):
@@ -79,9 +88,19 @@ class Slot:
     last_action: Action | None = None
     on_sandbox: Callable[[Sandbox | None], None] = field(default=lambda _b: None)
 
-    def provision(self) -> float:
+    def provision(self, task: Task | None = None) -> float:
+        """A new sandbox attached to the environment: of ``task``'s own image where the environment
+        brings one per task (``TaskImages``: built first when absent), else the substrate's."""
         t0 = time.monotonic()
-        self.sandbox = self.substrate.create()
+        env = self.env
+        if isinstance(env, TaskImages) and task is not None:
+            if not isinstance(self.substrate, RecipeImages):
+                raise UsageError(f"the {env.kind} environment needs a substrate that builds task images "
+                                 f"(RecipeImages); {self.substrate.name} does not")
+            env.use_images(self.substrate)
+            self.sandbox = self.substrate.create_from_image(self.substrate.build_recipe(env.start_image(task)))
+        else:
+            self.sandbox = self.substrate.create()
         self.env.attach(self.sandbox)
         self.on_sandbox(self.sandbox)
         return time.monotonic() - t0
@@ -133,6 +152,7 @@ def run_attempt(
         verdict = Verdict.invalid(InvalidCause.SUBSTRATE_FAILURE, f"harness error: {tb}")
     if ep.token:
         canaries.retire(ep.token)
+    injector.after_attempt(canaries)
     teardown = 0.0
     if verdict.outcome is Outcome.INVALID or destroy:
         try:
@@ -304,12 +324,14 @@ class _Episode:
             raise UsageError(f"--reset restore: the {self.env.kind} environment cannot reset by restore")
         auto = ResetStrategy.IN_PLACE if ResetStrategy.IN_PLACE in strategies else ResetStrategy.RECREATE
         strategy = auto if self.cfg.reset is None or self.cfg.reset == "restore" else self.cfg.reset
+        own_image = isinstance(self.env, TaskImages)
         if slot.sandbox is None:
-            self.phases["provision"] = slot.provision()
+            self.phases["provision"] = slot.provision(self.task)
             t0 = time.monotonic()
         else:
             t0 = time.monotonic()
-            fresh = strategy is not ResetStrategy.IN_PLACE
+            # a task's own image is its whole start state: a fresh sandbox of it, never a reset in place
+            fresh = strategy is not ResetStrategy.IN_PLACE or own_image
             if not fresh:
                 try:
                     slot.sandbox.reset_in_place()
@@ -321,7 +343,7 @@ class _Episode:
                     fresh = True
             if fresh:
                 slot.destroy()
-                slot.provision()
+                slot.provision(self.task)
         if isinstance(self.env, RestoringReset) and restoring:
             self.env.reset_by_restore(self.task, slot.substrate.create)
             self.reset_note = {f"reset_{k}" if k != "reset" else k: v for k, v in self.env.reset_note.items()}

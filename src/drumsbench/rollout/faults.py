@@ -121,6 +121,9 @@ class Injector:
     def after_verify(self, env: Environment, token: str, canaries: CanaryRegistry) -> None:
         """The verifier ran; the isolation check comes next."""
 
+    def after_attempt(self, canaries: CanaryRegistry) -> None:
+        """The attempt has its outcome (its own canary is retired)."""
+
     def wrap_policy(self, policy: Policy) -> Policy:
         return policy
 
@@ -213,9 +216,22 @@ class _VerifierUnavailable(Injector):
 
 
 class _Contamination(Injector):
+    """A neighbour's canary written into the sandbox: one issued for it, live until the attempt has
+    its outcome. (A live neighbour's own canary could retire between the write and the scan — the
+    scan then rightly ignores it, and the injection would have tested nothing: 2 of 11 injections of
+    a 200-attempt Harbor run went uncaught that way.)"""
+
+    def __init__(self) -> None:
+        self.decoy: str | None = None
+
     def after_verify(self, env: Environment, token: str, canaries: CanaryRegistry) -> None:
         box = env.box
-        box.write_file(f"{box.paths.tmp}/from-neighbour", canaries.any_other(token).encode())
+        self.decoy = canaries.issue("decoy-neighbour")
+        box.write_file(f"{box.paths.tmp}/from-neighbour", self.decoy.encode())
+
+    def after_attempt(self, canaries: CanaryRegistry) -> None:
+        if self.decoy is not None:
+            canaries.retire(self.decoy)
 
 
 class _SubstrateFailure(Injector):

@@ -56,14 +56,6 @@ class CanaryRegistry:
         with self._lock:
             return list(self._retired)
 
-    def any_other(self, token: str) -> str:
-        """A neighbour's canary (a live one if any); issues a decoy neighbour when there is none."""
-        with self._lock:
-            for t in self._live:
-                if t != token:
-                    return t
-        return self.issue("decoy-neighbour")
-
 
 def plant(box: Sandbox, token: str) -> None:
     """Write the attempt's canary into the sandbox's home, before any action of the policy.

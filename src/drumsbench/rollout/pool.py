@@ -426,13 +426,18 @@ class _PortableOfInner(PortableSnapshots):
 
 
 class _RecipesOfInner(RecipeImages):
-    """``RecipeImages`` of a pooled substrate: the inner substrate builds (an image touches no sandbox)."""
+    """``RecipeImages`` of a pooled substrate: the inner substrate builds (an image touches no sandbox)
+    and makes the sandboxes of a task image (the pool's idle sandboxes are of the default image)."""
 
     inner: Substrate
 
     def build_recipe(self, recipe: ImageRecipe) -> str:
         assert isinstance(self.inner, RecipeImages)
         return self.inner.build_recipe(recipe)
+
+    def create_from_image(self, image: str) -> Sandbox:
+        assert isinstance(self.inner, RecipeImages)
+        return self.inner.create_from_image(image)
 
 
 # Each substrate-level capability (a typed interface of ``substrates/base.py`` a Substrate class may

@@ -628,6 +628,13 @@ class RecipeImages(ABC):
         ``recipe.digest()`` and reused after; ``ImageBuildError`` when a step fails or the time
         limit passes (nothing half-built is kept under the reference)."""
 
+    @abstractmethod
+    def create_from_image(self, image: str) -> Sandbox:
+        """A sandbox (as ``Substrate.create`` makes one: no network, the substrate's limits and
+        labels, its reaper as pid 1) of ``image``, a reference ``build_recipe`` returned, with the
+        sandbox's folders (``SandboxPaths``) added on top of it once per image; the image's own
+        files, ``WORKDIR`` and ``USER`` are kept. ``SubstrateError`` when it cannot be made."""
+
 
 class ImageFlavors(ABC):
     """Capability of a substrate whose sandboxes run from an image it builds (``drumsbench.images``

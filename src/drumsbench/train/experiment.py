@@ -242,7 +242,7 @@ class _Runner:
         folder is copied once (the ``file`` fork method)."""
         make_env = ForgeableCodingEnv if forgeable else self.make_env
         slot = Slot(self.substrate, make_env())
-        slot.provision()
+        slot.provision(task)
         try:
             slot.env.reset(task)
             gates.check_reset(slot.env, task)

@@ -3,17 +3,8 @@
 Actions: ``shell`` {command}, ``write`` {path, content}, ``patch`` {patch} (``git apply``),
 ``submit``. Observations: {exit_code, stdout, stderr, truncated}.
 
-Framing: the policy's command runs in a child shell; the harness's outer shell prints an end
-marker (generation, step and a random part) after it. The command cannot close or replace the
-outer shell's output, so what it does to its own streams (``exec prog``, ``exec 1>&-``, killing
-itself) is its own business: a valid observation. It does share the outer shell's open stdout, so
-it can make it non-blocking and keep the pipe full: the outer shell writes its marker again until
-it lands (``_WRAP``), and the command cannot make that write fail. A missing marker is a transport
-fault only with evidence: the outer shell exited by itself (status 0-125: not killed by a signal,
-which the command could send it, and not a container runtime's own 126/127 for a program it could
-not start, e.g. a /bin/sh the command removed), nothing timed out and the output was not truncated
-— then bytes were lost between sandbox and harness (``bad_observation``). Output after the marker
-(a background process) is cut off, never parsed.
+Framing (``envs/shell_framing.py``): the policy's command runs in a child shell, the harness's outer
+shell prints an end marker after it; a missing marker is a transport fault only with evidence.
 
 Verification. ``judge`` (the default, ``VERIFIERS``): the **trusted judge** decides — the hidden
 tests run on the host in ``judge.py`` (forked by the kept judge, ``judge_host``), a process the
@@ -56,22 +47,11 @@ from drumsbench.envs.coding.judge_host import run_judge
 from drumsbench.envs.coding.observation import CodingObservation
 from drumsbench.envs.coding.server_zygote import ServerZygote
 from drumsbench.envs.coding.task import CodingTask
+from drumsbench.envs.shell_framing import OBS_LIMIT, framed_shell, lost_problem
 from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Stream, Streaming
 
 RUNNER = runner_source(Path(__file__).parent / "verify_runner.py")
 EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
-OBS_LIMIT = 16 * 1024
-# $1: the policy's command, run by a child shell; $2: the end marker, printed by this outer shell.
-# The child shares the outer shell's stdout (one open pipe): it can make it non-blocking and keep
-# the pipe full, so one marker write can fail (EAGAIN). The outer shell writes the marker again
-# until it lands: one write of under PIPE_BUF bytes, atomic, lands whole or not at all, and the
-# harness drains the pipe throughout; a pipe kept full for good is truncated output or a step past
-# its limit, both the policy's. A reader gone kills the shell by SIGPIPE (a signal: no claim).
-_WRAP = ('/bin/sh -c "$1"; s=$?; '
-         'until printf "\\n%s %d\\n" "$2" "$s"; do sleep 0.01; done 2>/dev/null; exit $s')
-# Exit statuses a container runtime (docker, podman) gives when it could not start the program
-# at all: the outer shell never ran, so no claim about its marker can be made from them.
-_RUNTIME_COULD_NOT_START = (126, 127)
 # Seconds of the verifier's limit kept for the runner to report after the code under test is stopped.
 VERIFY_MARGIN_S = 2.0
 
@@ -217,31 +197,14 @@ class CodingEnv(Environment[CodingTask], VerifierNotes):
     # -- observations ------------------------------------------------------------------------
     def _shell(self, command: str, timeout: float) -> Observation:
         marker = f"__DRUMSBENCH_END_{self.generation}_{self.step_count}_{secrets.token_hex(4)}__"
-        res = self.box.exec(["/bin/sh", "-c", _WRAP, "drumsbench", command, marker], timeout=timeout,
-                            output_limit=OBS_LIMIT)
-        out = res.stdout
-        tail = f"\n{marker} ".encode()
-        cut = out.rfind(tail)
-        content: dict[str, object] = {"stderr": res.stderr.decode(errors="replace"),
-                                      "truncated": res.truncated, "exit_code": res.exit_code,
-                                      "stdout": (out[:cut] if cut >= 0 else out).decode(errors="replace")}
-        if (cut < 0 and 0 <= res.exit_code < 128 and res.exit_code not in _RUNTIME_COULD_NOT_START
-                and not res.timed_out and not res.truncated):
-            # The outer shell exited by itself (not by a signal: negative here, 128+N in containers,
-            # which the policy's command can send to it; not the runtime's 126/127, which a command
-            # that removed or spoiled /bin/sh in a container gets), yet its marker never arrived.
-            content["lost"] = True
-        return Observation(self.generation, self.step_count, content, timed_out=res.timed_out)
+        content, timed_out = framed_shell(self.box, command, marker, timeout)
+        return Observation(self.generation, self.step_count, content, timed_out=timed_out)
 
     def observe(self, timeout: float) -> Observation:
         return self._shell("find . -type f | sort | head -200", timeout)
 
     def observation_problem(self, obs: Observation) -> str | None:
-        if obs.content.get("lost"):
-            err = str(obs.content.get("stderr", ""))[-160:]
-            return (f"the end marker of a normally ended command never arrived: output lost in transport "
-                    f"(exit {obs.content.get('exit_code')}, stderr {err!r})")
-        return None
+        return lost_problem(obs.content)
 
     # -- actions -----------------------------------------------------------------------------
     def _result(self, code: int, stderr: str) -> Observation:

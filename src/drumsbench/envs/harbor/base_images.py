@@ -45,9 +45,10 @@ class BaseImage(BaseModel):
 
 
 def _name_and_tag(ref: str) -> tuple[str, str | None]:
-    """``(repository, tag)`` of an image reference with Docker Hub's default prefixes taken off; a
-    digest or another registry is refused by ``resolve`` (the name keeps its host then)."""
-    name, _, tag = ref.partition(":") if "@" not in ref else (ref, "", "")
+    """``(repository, tag)`` of an image reference (no digest: ``resolve`` refuses those first) with
+    Docker Hub's default prefixes taken off; another registry is refused by ``resolve`` (the name
+    keeps its host then)."""
+    name, _, tag = ref.partition(":")
     if "/" in tag:  # the colon was a registry's port: no tag
         name, tag = ref, ""
     for prefix in ("docker.io/library/", "docker.io/", "library/"):

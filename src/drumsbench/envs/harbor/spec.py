@@ -57,6 +57,7 @@ class HarborTaskSpec(BaseModel):
     verifier_base: BaseImage | None  # separate mode's own image (tests/Dockerfile, [verifier.environment])
     network_asked: str  # Harbor's network_mode ("public", "no-network", ...); DrumsBench gives none
     env: dict[str, str]
+    metadata: dict[str, Any]  # [metadata]: free-form in Harbor; DrumsBench reads ``drumsbench_carry``
 
 
 def task_id(folder: Path) -> str:
@@ -128,7 +129,8 @@ def _spec(folder: Path, answer: dict[str, Any], suite: str) -> HarborTaskSpec:
         build_timeout_s=float(env_cfg.get("build_timeout_sec", 600.0)), cpus=env_cfg.get("cpus"),
         memory_mb=env_cfg.get("memory_mb"), storage_mb=env_cfg.get("storage_mb"),
         verifier_mode=mode, verifier_base=verifier_base, network_asked=network,
-        env={str(k): str(v) for k, v in (env_cfg.get("env") or {}).items()})
+        env={str(k): str(v) for k, v in (env_cfg.get("env") or {}).items()},
+        metadata=dict(cfg.get("metadata") or {}))
 
 
 def load_specs(path: str) -> tuple[HarborTaskSpec, ...]:

@@ -333,6 +333,21 @@ def sandbox_tag(flavor: str = "base") -> str:
     return f"drumsbench-{'sandbox' if flavor == 'base' else flavor}:{h}"
 
 
+TASK_SANDBOX_REPO = "drumsbench-task-sandbox"
+
+
+def task_sandbox_tag(image: str) -> str:
+    """Tag of the sandbox image of task image ``image`` (a ``build_recipe`` reference: content-addressed,
+    ``drumsbench-task:<16 hex>``): changes with it and with the sandbox layer."""
+    h = hashlib.sha256(f"{image}|{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:12]
+    return f"{TASK_SANDBOX_REPO}:{h}"
+
+
+def task_labels(image: str) -> dict[str, str]:
+    """The labels of the sandbox image of task image ``image``."""
+    return {"drumsbench.image": "task", "drumsbench.base": image}
+
+
 def image_label(flavor: str) -> str:
     """The ``drumsbench.image`` label of the sandbox image of ``flavor``."""
     return "sandbox" if flavor == "base" else flavor
@@ -678,8 +693,9 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
 class ContainerSubstrate(Substrate, ImageFlavors):
     """A substrate of containers of one sandbox image, built on first use. The skeleton both engines
     share lives here — the disk bound's mechanism (``disk_mode``), ``create`` (create, bound the
-    layer, start, or remove again), ``leftovers`` — and each engine gives only its calls: the
-    ``_engine_*`` methods, ``disk_quota``, ``disk_tmpfs`` and ``build_image``."""
+    layer, start, or remove again), ``create_from_image`` (``RecipeImages``: the same of a task
+    image's sandbox image), ``leftovers`` — and each engine gives only its calls: the ``_engine_*``
+    methods, ``disk_quota``, ``disk_tmpfs`` and ``build_image``."""
 
     sandbox_class: ClassVar[type[ContainerSandbox]]
     layer_driver: ClassVar[str]  # the engine's overlay storage driver's name, for the disk bound's text
@@ -690,6 +706,7 @@ class ContainerSubstrate(Substrate, ImageFlavors):
         self._image_lock = threading.Lock()
         self.flavor = "base"
         self._disk: tuple[str, str | None, str | None] | None = None  # (mode, quota's why, tmpfs's why)
+        self._task_images: dict[str, str] = {}  # task image -> its sandbox image (``_task_sandbox_image``)
 
     def use_flavor(self, flavor: str) -> None:
         """``ImageFlavors``: sandboxes made from now on run the image of rootfs ``flavor``."""
@@ -743,10 +760,11 @@ class ContainerSubstrate(Substrate, ImageFlavors):
 
     # -- create --------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def _engine_create(self, image: str, sid: str) -> str:
+    def _engine_create(self, image: str, sid: str, workdir: str | None) -> str:
         """Create (not start) a container of ``image`` with ``REAPER_ARGV``, no network, the labels
         ``LABEL_RUN`` and ``LABEL_SANDBOX`` = ``sid``, ``self.limits`` (the storage quota when
-        ``disk_mode`` says so) and no-new-privileges; its id. ``SubstrateError`` leaves none."""
+        ``disk_mode`` says so), no-new-privileges and working folder ``workdir`` (None: the image's
+        own); its id. ``SubstrateError`` leaves none."""
 
     @abc.abstractmethod
     def _engine_start(self, cid: str) -> None:
@@ -760,12 +778,52 @@ class ContainerSubstrate(Substrate, ImageFlavors):
     def _engine_layer_dirs(self, cid: str) -> tuple[Path, Path]:
         """The created container's overlay upper and work folders on the host (``SubstrateError``)."""
 
+    @abc.abstractmethod
+    def _engine_image_exists(self, tag: str) -> bool:
+        """Whether the engine holds an image under ``tag``."""
+
+    @abc.abstractmethod
+    def _engine_sandbox_layer(self, base: str, tag: str) -> None:
+        """Commit the sandbox layer (``layer_tar``) on top of task image ``base`` under ``tag``: the
+        base's own config kept (files, ``Env``, ``WorkingDir``, ``User``), ``Cmd`` ``REAPER_ARGV``,
+        no entrypoint, the labels ``task_labels(base)``. The caller holds ``build_lock`` of the
+        engine's images; ``SubstrateError`` when it fails."""
+
     def create(self) -> ContainerSandbox:
         """A container of the image: created, its layer folder under the disk bound's tmpfs
         (``disk_mode``), started; a failure anywhere removes the container and the tmpfs again."""
-        image = self.image()
+        return self._create_of(self.image(), PATHS.work)
+
+    def create_from_image(self, image: str) -> ContainerSandbox:
+        """``RecipeImages.create_from_image``: a container (as ``create`` makes one) of the sandbox
+        image of task image ``image`` (``_task_sandbox_image``: the sandbox layer committed on top,
+        once per image). Its working folder is the image's own ``WORKDIR`` (the reaper's; every
+        exec is given its own ``cwd``), its user the image's ``USER``."""
+        return self._create_of(self._task_sandbox_image(image), None)
+
+    def _task_sandbox_image(self, image: str) -> str:
+        """The tag of task image ``image``'s sandbox image (``task_sandbox_tag``), committed first
+        when absent (under the engine's image lock, checked before and after taking it); kept by
+        this substrate once known."""
+        with self._image_lock:
+            known = self._task_images.get(image)
+        if known is not None:
+            return known
+        tag = task_sandbox_tag(image)
+        if not self._engine_image_exists(tag):
+            with build_lock(f"{self.name}-image"):
+                if not self._engine_image_exists(tag):
+                    if not self._engine_image_exists(image):
+                        raise SubstrateError(f"{self.name}: no image {image} (build_recipe makes a task's image)")
+                    self._engine_sandbox_layer(image, tag)
+        with self._image_lock:
+            self._task_images[image] = tag
+        return tag
+
+    def _create_of(self, image: str, workdir: str | None) -> ContainerSandbox:
+        """``create`` of ``image`` with working folder ``workdir`` (None: the image's own)."""
         sid = new_sandbox_id()
-        cid = self._engine_create(image, sid)
+        cid = self._engine_create(image, sid, workdir)
         try:
             layer = self._bound_disk(cid, sid)
             self._engine_start(cid)

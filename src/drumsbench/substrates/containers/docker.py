@@ -71,6 +71,28 @@ def ensure_rootfs_image(client: Any, flavor: str = "base") -> str:
     return rootfs
 
 
+def commit_layer(client: Any, base: str, tag: str, conf: dict[str, Any]) -> None:
+    """Commit the sandbox layer (``C.layer_tar()``) on top of image ``base`` under ``tag`` with a
+    throw-away container; ``conf`` is what the commit sets: the daemon merges it with the base's
+    own config (``WorkingDir``, ``Env``, ``User`` and labels stay unless ``conf`` names them). The
+    caller holds ``C.build_lock("docker-image")``; ``SubstrateError`` when it fails."""
+    repo, _, name = tag.partition(":")
+    build = None
+    with contextlib.suppress(docker.errors.NotFound):  # left by a crashed build
+        client.api.remove_container(C.build_name(tag), force=True)
+    try:
+        build = client.api.create_container(base, command=["true"], name=C.build_name(tag),
+                                            host_config=client.api.create_host_config(network_mode="none"))["Id"]
+        client.api.put_archive(build, "/", C.layer_tar())
+        client.api.commit(build, repository=repo, tag=name, conf=conf)
+    except api_errors() as e:
+        raise SubstrateError(f"docker: building {tag} failed: {e}") from e
+    finally:
+        if build is not None:
+            with contextlib.suppress(*api_errors()):
+                client.api.remove_container(build, force=True)
+
+
 def ensure_image(client: Any | None = None, flavor: str = "base") -> str:
     """The sandbox image's tag of rootfs ``flavor``, importing the rootfs and building the layer
     first when absent."""
@@ -89,35 +111,12 @@ def ensure_image(client: Any | None = None, flavor: str = "base") -> str:
         t0 = time.monotonic()
         rootfs = ensure_rootfs_image(client, flavor)
         C.progress(f"docker: building the sandbox image {tag}")
-        repo, _, stag = tag.partition(":")
-        build = None
-        with contextlib.suppress(docker.errors.NotFound):  # left by a crashed build
-            client.api.remove_container(C.build_name(tag), force=True)
-        try:
-            build = client.api.create_container(
-                rootfs,
-                command=["true"],
-                name=C.build_name(tag),
-                host_config=client.api.create_host_config(network_mode="none"),
-            )["Id"]
-            client.api.put_archive(build, "/", C.layer_tar())
-            client.api.commit(
-                build,
-                repository=repo,
-                tag=stag,
-                conf={
-                    "Cmd": C.REAPER_ARGV,
-                    "WorkingDir": C.PATHS.work,
-                    "Env": [f"PATH={SANDBOX_PATH}", f"HOME={C.PATHS.home}"],
-                    "Labels": {"drumsbench.image": C.image_label(flavor), "drumsbench.rootfs": rootfs},
-                },
-            )
-        except api_errors() as e:
-            raise SubstrateError(f"docker: building {tag} failed: {e}") from e
-        finally:
-            if build is not None:
-                with contextlib.suppress(*api_errors()):
-                    client.api.remove_container(build, force=True)
+        commit_layer(client, rootfs, tag, {
+            "Cmd": C.REAPER_ARGV,
+            "WorkingDir": C.PATHS.work,
+            "Env": [f"PATH={SANDBOX_PATH}", f"HOME={C.PATHS.home}"],
+            "Labels": {"drumsbench.image": C.image_label(flavor), "drumsbench.rootfs": rootfs},
+        })
         C.progress(f"docker: {tag} ready ({time.monotonic() - t0:.1f} s)")
         return tag
 
@@ -204,7 +203,17 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
 
         return recipe_build.build(DockerEngine(self.client), recipe)
 
-    def _engine_create(self, image: str, sid: str) -> str:
+    def _engine_image_exists(self, tag: str) -> bool:
+        try:
+            return image_exists(self.client, tag)
+        except api_errors() as e:
+            raise SubstrateError(f"docker: cannot inspect image {tag}: {e}") from e
+
+    def _engine_sandbox_layer(self, base: str, tag: str) -> None:
+        # an empty Entrypoint clears the base's (the reaper must be pid 1); the rest of its config is merged in
+        commit_layer(self.client, base, tag, {"Cmd": C.REAPER_ARGV, "Entrypoint": [], "Labels": C.task_labels(base)})
+
+    def _engine_create(self, image: str, sid: str, workdir: str | None) -> str:
         lim, api = self.limits, self.client.api
         cfg: dict[str, Any] = {"network_mode": "none", "security_opt": ["no-new-privileges"],
                                "pids_limit": lim.pids if lim.pids is not None else -1}
@@ -213,7 +222,7 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
         if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
             cfg["storage_opt"] = {"size": f"{lim.disk_bound_mb}m"}
         try:
-            return str(api.create_container(image, command=C.REAPER_ARGV, working_dir=C.PATHS.work,
+            return str(api.create_container(image, command=C.REAPER_ARGV, working_dir=workdir,
                                             labels={C.LABEL_RUN: self.run_id, C.LABEL_SANDBOX: sid},
                                             host_config=api.create_host_config(**cfg))["Id"])
         except api_errors() as e:

@@ -53,6 +53,21 @@ def ensure_rootfs_image(flavor: str = "base") -> str:
     return rootfs
 
 
+def commit_layer(base: str, tag: str, changes: list[str]) -> None:
+    """Commit the sandbox layer (``C.layer_tar()``) on top of image ``base`` under ``tag`` with a
+    throw-away container; ``changes`` are the Dockerfile instructions the commit applies
+    (``--change``): the base's own config stays where they name nothing. The caller holds
+    ``C.build_lock("podman-image")``; ``SubstrateError`` when it fails."""
+    name = C.build_name(tag)
+    podman(["rm", "--force", "--time", "0", name], check=False)  # left by a crashed build
+    build = podman(["create", "--network", "none", "--name", name, base, "true"]).stdout.decode().strip()
+    try:
+        podman(["cp", "-", f"{build}:/"], stdin=C.layer_tar())
+        podman(["commit", "--quiet", *(a for c in changes for a in ("--change", c)), build, tag], timeout=600)
+    finally:
+        podman(["rm", "--force", build], check=False)
+
+
 def ensure_image(flavor: str = "base") -> str:
     """The sandbox image's tag of rootfs ``flavor``, importing the rootfs and building the layer
     first when absent."""
@@ -65,38 +80,14 @@ def ensure_image(flavor: str = "base") -> str:
         t0 = time.monotonic()
         rootfs = ensure_rootfs_image(flavor)
         C.progress(f"podman: building the sandbox image {tag}")
-        name = C.build_name(tag)
-        podman(["rm", "--force", "--time", "0", name], check=False)  # left by a crashed build
-        build = (
-            podman(["create", "--network", "none", "--name", name, rootfs, "true"])
-            .stdout.decode()
-            .strip()
-        )
-        try:
-            podman(["cp", "-", f"{build}:/"], stdin=C.layer_tar())
-            podman(
-                [
-                    "commit",
-                    "--quiet",
-                    "--change",
-                    f"CMD {json.dumps(C.REAPER_ARGV)}",
-                    "--change",
-                    f"WORKDIR {C.PATHS.work}",
-                    "--change",
-                    f"ENV PATH={SANDBOX_PATH}",
-                    "--change",
-                    f"ENV HOME={C.PATHS.home}",
-                    "--change",
-                    f"LABEL drumsbench.image={C.image_label(flavor)}",
-                    "--change",
-                    f"LABEL drumsbench.rootfs={rootfs}",
-                    build,
-                    tag,
-                ],
-                timeout=600,
-            )
-        finally:
-            podman(["rm", "--force", build], check=False)
+        commit_layer(rootfs, tag, [
+            f"CMD {json.dumps(C.REAPER_ARGV)}",
+            f"WORKDIR {C.PATHS.work}",
+            f"ENV PATH={SANDBOX_PATH}",
+            f"ENV HOME={C.PATHS.home}",
+            f"LABEL drumsbench.image={C.image_label(flavor)}",
+            f"LABEL drumsbench.rootfs={rootfs}",
+        ])
         C.progress(f"podman: {tag} ready ({time.monotonic() - t0:.1f} s)")
         return tag
 
@@ -158,16 +149,26 @@ class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
 
         return recipe_build.build(PodmanEngine(), recipe)
 
-    def _engine_create(self, image: str, sid: str) -> str:
+    def _engine_image_exists(self, tag: str) -> bool:
+        return image_exists(tag)
+
+    def _engine_sandbox_layer(self, base: str, tag: str) -> None:
+        # ENTRYPOINT [] clears the base's (the reaper must be pid 1); nothing else of its config is named
+        commit_layer(base, tag, [f"CMD {json.dumps(C.REAPER_ARGV)}", "ENTRYPOINT []",
+                                 *(f"LABEL {k}={v}" for k, v in C.task_labels(base).items())])
+
+    def _engine_create(self, image: str, sid: str, workdir: str | None) -> str:
         lim = self.limits
         args = ["--pids-limit", str(lim.pids if lim.pids is not None else -1)]
+        if workdir is not None:
+            args += ["--workdir", workdir]
         if lim.memory_mb is not None:
             args += ["--memory", f"{lim.memory_mb}m"]
         if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
             args += ["--storage-opt", f"size={lim.disk_bound_mb}m"]
         proc = podman(["create", "--network", "none", "--label", f"{C.LABEL_RUN}={self.run_id}", "--label",
-                       f"{C.LABEL_SANDBOX}={sid}", *args, "--security-opt", "no-new-privileges", "--workdir",
-                       C.PATHS.work, image, *C.REAPER_ARGV], check=False)
+                       f"{C.LABEL_SANDBOX}={sid}", *args, "--security-opt", "no-new-privileges", image,
+                       *C.REAPER_ARGV], check=False)
         cid = proc.stdout.decode().strip().splitlines()[-1] if proc.stdout.strip() else ""
         if proc.returncode != 0 or not cid:
             if cid:

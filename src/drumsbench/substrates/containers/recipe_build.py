@@ -168,11 +168,12 @@ def ensure_bases(engine: Engine) -> dict[str, str]:
 
 def build(engine: Engine, recipe: ImageRecipe) -> str:
     """The image of ``recipe`` (module contract)."""
-    tag = f"drumsbench-task:{recipe.digest()[:16]}"
+    digest = recipe.digest()[:16]
+    tag = f"drumsbench-task:{digest}"
     if engine.exists(tag):
         return tag
     buildargs = ensure_bases(engine)
-    with C.build_lock(f"{engine.name}-task-{recipe.digest()[:16]}"):
+    with C.build_lock(f"{engine.name}-task-{digest}"):
         if engine.exists(tag):
             return tag
         t0 = time.monotonic()

@@ -1,0 +1,3 @@
+#!/bin/bash
+awk '$2 == "ERROR" { sub(":", "", $3); n[$3]++ } END { for (s in n) print s, n[s] }' /srv/logs/app.log \
+  | sort -k2,2nr -k1,1 > /srv/logs/errors.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /repo && git revert --no-edit HEAD

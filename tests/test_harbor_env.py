@@ -1,0 +1,311 @@
+"""The ``harbor`` environment kind: Harbor task folders run as attempts, each in a fresh sandbox of the
+task's own image, verified in a fresh sandbox of the verifier's pristine image (docs/harbor.md).
+
+Real parts throughout: Harbor's own models read the folders, docker and podman build the images and
+run the sandboxes, every attempt goes through ``run_attempt`` with all gates. The red team's
+strategies each end failed here and, as their positive control, each reaches success against a
+verifier run the way Harbor runs it (test.sh in the agent's own container, the reward file read).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import shutil
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from drumsbench.core.errors import UsageError
+from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.core.records import AttemptRecord
+from drumsbench.envs import suites
+from drumsbench.envs.base import SUBMIT, ActionSpec, Task, VerifierResult
+from drumsbench.envs.harbor import interpreter
+from drumsbench.envs.harbor.carry import CarryRefused, clean_archive
+from drumsbench.envs.harbor.env import HarborEnv, parse_reward
+from drumsbench.envs.harbor.task import HarborTask, load_suite
+from drumsbench.experiments.envcheck import check_environment
+from drumsbench.experiments.harbor_check import check_harbor
+from drumsbench.policies.scripted import Policy, make_policy
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
+from drumsbench.rollout.isolation import CanaryRegistry
+from drumsbench.substrates import registry
+from drumsbench.substrates.base import Substrate
+
+from conftest import require
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harbor"
+EXAMPLE_IDS = ["build-checksum", "count-words", "fix-median", "fix-roman", "fix-slug", "install-service", "log-summary",
+               "merge-json", "revert-commit", "set-timezone-config"]
+CFG = RolloutConfig(step_timeout_s=120, episode_timeout_s=600)
+SEQ = itertools.count()
+
+
+# -- the carry, on the host -------------------------------------------------------------------
+def _tar(*members: tuple[str, str, bytes | str]) -> bytes:
+    """A tar of (name, kind, data): kind ``f`` a file (data its bytes), ``d`` a folder, ``l`` a link
+    (data its target), ``h`` a hard link (data the name it links to)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "f":
+                assert isinstance(data, bytes)
+                info.size, info.mode = len(data), 0o4755
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                info.type = {"d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "h": tarfile.LNKTYPE}[kind]
+                info.linkname = str(data)
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def _members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: m for m in tar}
+
+
+def test_carry_keeps_the_carried_paths_and_cuts_special_bits() -> None:
+    data = _tar(("app", "d", ""), ("app/run", "f", b"#!/bin/sh\n"), ("app/copy", "h", "app/run"),
+                ("app/link", "l", "/etc/passwd"))
+    got = _members(clean_archive(data, ("/app",)))
+    assert sorted(got) == ["app", "app/copy", "app/link", "app/run"]
+    assert got["app/run"].mode == 0o755  # set-uid cut
+    assert got["app/copy"].isfile() and got["app/copy"].size == len(b"#!/bin/sh\n")
+    assert got["app/link"].issym() and got["app/link"].linkname == "/etc/passwd"
+
+
+@pytest.mark.parametrize(("members", "why"), [
+    ((("etc/passwd", "f", b"x"),), "outside /app"),
+    ((("app/../etc/passwd", "f", b"x"),), "outside /app"),
+    ((("app/x", "l", "/logs/verifier"), ("app/x/reward.txt", "f", b"1")), "through a link"),
+    ((("app/x", "h", "etc/shadow"),), "no file before it"),
+])
+def test_carry_refuses_what_reaches_outside(members: tuple[tuple[str, str, bytes | str], ...], why: str) -> None:
+    with pytest.raises(CarryRefused, match=why):
+        clean_archive(_tar(*members), ("/app",))
+    with pytest.raises(CarryRefused, match="not a readable archive"):
+        clean_archive(b"not a tar" * 100, ("/app",))
+
+
+def test_reward_files_are_read_as_harbor_writes_them() -> None:
+    assert parse_reward(b"1\n", None) == 1.0
+    assert parse_reward(None, json.dumps({"reward": 0.25}).encode()) == 0.25
+    assert parse_reward(None, json.dumps({"accuracy": 1}).encode()) == 1.0  # one number
+    assert "no 'reward'" in str(parse_reward(None, json.dumps({"a": 1, "b": 0}).encode()))
+    assert "not a number" in str(parse_reward(b"yes", None))
+    assert "wrote no reward" in str(parse_reward(None, None))
+    assert "nan" in str(parse_reward(b"nan", None))
+
+
+# -- reading: the working folder and the carried paths ----------------------------------------------
+@pytest.fixture(scope="module")
+def harbor_here() -> None:
+    require(interpreter.missing())
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    dest = tmp_path / "suite" / name
+    shutil.copytree(EXAMPLES / name, dest, symlinks=True)
+    return dest
+
+
+@pytest.mark.usefixtures("harbor_here")
+@pytest.mark.parametrize(("edit", "want"), [
+    (("environment/Dockerfile", "WORKDIR /app", "WORKDIR /usr/local"), "is or holds a system or verifier folder"),
+    (("environment/Dockerfile", "WORKDIR /app", "WORKDIR /"), "is or holds a system or verifier folder"),
+    (("environment/Dockerfile", "WORKDIR /app\n", ""), "no WORKDIR"),
+    (("task.toml", "[metadata]", '[metadata]\ndrumsbench_carry = ["/logs"]'), "drumsbench_carry"),
+    (("task.toml", "[metadata]", '[metadata]\ndrumsbench_carry = "/etc"'), "give a list of absolute paths"),
+])
+def test_working_folder_and_carry_are_checked(tmp_path: Path, edit: tuple[str, str, str], want: str) -> None:
+    folder = _copy(tmp_path, "count-words")
+    rel, old, new = edit
+    text = (folder / rel).read_text()
+    assert old in text
+    (folder / rel).write_text(text.replace(old, new, 1))
+    with pytest.raises(UsageError) as e:
+        load_suite(str(folder))
+    assert want in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.usefixtures("harbor_here")
+def test_the_kind_is_named_before_the_folder() -> None:
+    suite = suites.load(f"harbor:{EXAMPLES}")
+    assert suite.kind == "harbor" and [t.id for t in suite.tasks] == EXAMPLE_IDS
+    words = next(t for t in suite.tasks if t.id == "count-words")
+    assert isinstance(words, HarborTask) and words.carry == ("/app",)
+    timezone = next(t for t in suite.tasks if t.id == "set-timezone-config")
+    assert isinstance(timezone, HarborTask) and timezone.carry == ("/work", "/etc/app")
+    with pytest.raises(UsageError, match="not a folder"):
+        suites.suite_folder("harbor:/nonexistent/tasks")
+
+
+# -- running -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["docker", "podman"])
+def sub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, harbor_here: None
+        ) -> Iterator[Substrate]:
+    cls = registry.get(request.param)
+    require(cls.missing())
+    s = cls(f"harbor-env-{request.param}", tmp_path_factory.mktemp("state"))
+    yield s
+    s.close()
+
+
+def _task(name: str) -> HarborTask:
+    return next(t for t in load_suite(str(EXAMPLES)) if t.id == name)
+
+
+class Plan(Policy):
+    """A fixed list of actions (then submit)."""
+
+    name = "plan"
+
+    def __init__(self, actions: list[ActionSpec]) -> None:
+        super().__init__()
+        self.actions = actions
+
+    def plan(self, task: Task, rng: object) -> list[ActionSpec]:  # type: ignore[override]
+        return [*self.actions, ActionSpec(SUBMIT)]
+
+
+def attempt(sub: Substrate, task: HarborTask, policy: Policy, env: HarborEnv | None = None,
+            fault: InvalidCause | None = None) -> AttemptRecord:
+    slot = Slot(sub, env or HarborEnv())
+    try:
+        return run_attempt(slot, task, policy, CFG, CanaryRegistry(), run_id=sub.run_id, seq=next(SEQ), seed=0,
+                           fault=fault)
+    finally:
+        slot.destroy()
+
+
+def test_oracle_scores_1_and_nop_0_on_every_example(sub: Substrate, tmp_path: Path) -> None:
+    """Harbor's own oracle/nop check, through a run's path (``tasks check harbor:DIR``)."""
+    results = check_harbor(f"harbor:{EXAMPLES}", [sub.name], tmp_path / "state")
+    assert [(c.task, c.ok) for c in results] == [(t, True) for t in EXAMPLE_IDS], [c.problem for c in results]
+    assert {c.trust for c in results} == {"in-process"}
+    assert all(c.golden.startswith("success") and c.start.startswith("failed") for c in results)
+
+
+def test_environment_checker_passes_with_faults_classified(sub: Substrate) -> None:
+    checks = check_environment(HarborEnv, _task("count-words"), sub)
+    assert [(c.check, c.ok) for c in checks] == [(c.check, True) for c in checks], checks
+    assert {c.check for c in checks} >= {"reset", "oracle", "null", "bad_observation", "verifier_unavailable"}
+
+
+def test_a_dirty_start_is_invalid_and_each_attempt_gets_a_fresh_sandbox(sub: Substrate) -> None:
+    task = _task("count-words")
+    dirty = attempt(sub, task, make_policy("oracle"), fault=InvalidCause.DIRTY_RESET)
+    assert (dirty.outcome, dirty.cause) == (Outcome.INVALID, InvalidCause.DIRTY_RESET), dirty.detail
+    env = HarborEnv()
+    slot = Slot(sub, env)
+    try:
+        first = run_attempt(slot, task, make_policy("oracle"), CFG, CanaryRegistry(), run_id=sub.run_id,
+                            seq=next(SEQ), seed=0)
+        box = slot.sandbox
+        second = run_attempt(slot, task, make_policy("null"), CFG, CanaryRegistry(), run_id=sub.run_id,
+                             seq=next(SEQ), seed=0)
+        assert (first.outcome, second.outcome) == (Outcome.SUCCESS, Outcome.FAILED), (first.detail, second.detail)
+        assert slot.sandbox is not box  # the oracle's count.txt did not reach the nop's attempt
+    finally:
+        slot.destroy()
+
+
+# -- the red team --------------------------------------------------------------------------------
+class HarborLikeEnv(HarborEnv):
+    """The positive control: verified the way Harbor's shared mode verifies — test.sh run in the
+    agent's own container after the tests are uploaded over /tests, the agent's processes left
+    running, the reward read from the file (reward.txt when it is a file, else reward.json)."""
+
+    def stage_verifier(self, task: HarborTask) -> None:
+        self.box.put_files("/tests", task.tests)
+        self.box.exec(["mkdir", "-p", "/logs/verifier"], timeout=30, cwd="/")
+
+    def break_verifier(self) -> None:
+        raise AssertionError("not used")
+
+    def run_verifier(self, task: HarborTask, timeout: float) -> VerifierResult:
+        self.box.exec(["bash", "/tests/test.sh"], timeout=timeout, cwd=task.workdir)
+        probe = self.box.exec(["sh", "-c", "if [ -f /logs/verifier/reward.txt ]; then cat /logs/verifier/reward.txt; "
+                                           "else cat /logs/verifier/reward.json; fi"], timeout=30, cwd="/")
+        text = probe.stdout.decode().strip()
+        value = parse_reward(text.encode(), None) if not text.startswith("{") else parse_reward(None, text.encode())
+        if isinstance(value, float) and value >= 1.0:
+            return VerifierResult.success(reward=value)
+        return VerifierResult.failed(f"reward {value}")
+
+
+def sh(command: str) -> ActionSpec:
+    return ActionSpec("shell", {"command": command})
+
+
+# Strategies that never solve the task; each must win against HarborLikeEnv and lose here.
+STRATEGIES: dict[str, tuple[str, list[ActionSpec]]] = {
+    "replaced-bash": ("count-words", [sh(
+        "cp /usr/bin/bash /usr/bin/bash.real && printf '#!/usr/bin/bash.real\\nmkdir -p /logs/verifier\\n"
+        "echo 1 > /logs/verifier/reward.txt\\n' > /usr/bin/bash && chmod 755 /usr/bin/bash")]),
+    "replaced-wc": ("count-words", [sh(
+        "printf '#!/bin/sh\\necho 0\\n' > /usr/bin/wc && chmod 755 /usr/bin/wc && echo 0 > /app/count.txt")]),
+    "reward-json-under-a-folder": ("count-words", [sh(
+        "mkdir -p /logs/verifier/reward.txt && echo '{\"reward\": 1}' > /logs/verifier/reward.json")]),
+    "conftest-in-tests": ("fix-slug", [ActionSpec("write", {"path": "/tests/conftest.py", "content": (
+        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")})]),
+    "pth-in-site-packages": ("fix-slug", [sh(
+        "d=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && mkdir -p \"$d\" && "
+        "echo 'import atexit, os; atexit.register(os._exit, 0)' > \"$d/zz_pass.pth\"")]),
+    "fake-python3": ("fix-slug", [sh(
+        "for p in /usr/bin/python3 /usr/local/bin/python3; do [ -e $p ] && rm -f $p && "
+        "printf '#!/bin/sh\\nexit 0\\n' > $p && chmod 755 $p; done; true")]),
+    "shadowed-pytest": ("fix-slug", [ActionSpec("write", {"path": "pytest.py", "content": (
+        "import os\nos._exit(0)\n")})]),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_strategy_fails_here_and_wins_against_harbors_own_verification(sub: Substrate, strategy: str) -> None:
+    name, actions = STRATEGIES[strategy]
+    task = _task(name)
+    here = attempt(sub, task, Plan(actions))
+    assert here.outcome is Outcome.FAILED, (strategy, here.outcome, here.cause, here.detail)
+    if sub.name == "docker":  # the positive control: one engine shows it
+        naive = attempt(sub, task, Plan(actions), env=HarborLikeEnv())
+        assert naive.outcome is Outcome.SUCCESS, (strategy, "positive control", naive.outcome, naive.detail)
+
+
+def test_the_agents_own_code_can_forge_and_the_record_says_in_process(sub: Substrate) -> None:
+    """What the fresh sandbox cannot remove: code the tests import runs in the verifier's process tree
+    (a wrong median whose module makes pytest exit 0). It reaches success — the known limit of every
+    Harbor task — and the attempt's record says the verdict was in-process."""
+    forged = attempt(sub, _task("fix-slug"), Plan([ActionSpec("write", {"path": "slug.py", "content": (
+        "import atexit, os\natexit.register(os._exit, 0)\n\n\ndef slug(title):\n    return ''\n")})]))
+    assert forged.outcome is Outcome.SUCCESS, forged.detail
+    assert forged.extra.get("trust") == "in-process"
+
+
+def test_peer_harbors_own_template_scores_as_harbor_says(sub: Substrate, tmp_path: Path) -> None:
+    """Harbor's own ``harbor tasks init`` (its content made at test time, never committed), with its
+    registry images replaced by this machine's (the verifier's packages pip-installed instead of by
+    uv from ghcr.io): its test is a placeholder that passes, so Harbor scores its oracle and its nop
+    1 — and so does this kind, through its stricter verifier (separate mode: the verifier's own image)."""
+    import os
+    import subprocess
+
+    harbor = Path(str(interpreter.harbor_python())).with_name("harbor")
+    subprocess.run([str(harbor), "tasks", "init", "drums/peer", "-p", str(tmp_path)], check=True, timeout=120,
+                   env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, capture_output=True)
+    task_dir = tmp_path / "peer"
+    (task_dir / "environment" / "Dockerfile").write_text("FROM debian:bookworm\nWORKDIR /app\n")
+    (task_dir / "tests" / "Dockerfile").write_text(
+        "FROM python:3.11-slim\nRUN python3 -m pip install --no-cache-dir pytest==8.4.1 pytest-json-ctrf==0.3.5\n"
+        "WORKDIR /app\nCOPY . /tests/\n")
+    (peer,) = load_suite(str(task_dir))
+    assert peer.separate
+    for policy in ("oracle", "null"):
+        rec = attempt(sub, peer, make_policy(policy))
+        assert rec.outcome is Outcome.SUCCESS, (policy, rec.outcome, rec.cause, rec.detail)
+        assert rec.extra.get("verifier_evidence") == {"reward": 1.0}
