@@ -242,10 +242,10 @@ def test_each_kind_draws_from_its_own_red_team_and_refuses_another_kinds() -> No
         Adversary([DESKTOP_STRATEGIES[0]]).plan(coding, rng)
 
     class OtherKind(type(coding)):  # type: ignore[misc] - a kind with no red team yet
-        env_kind = "harbor"
+        env_kind = "elsewhere"
 
     other = copy.copy(coding)
     other.__class__ = OtherKind
-    assert "harbor" not in BY_KIND
-    with pytest.raises(UsageError, match="no strategies for the harbor environment yet"):
+    assert "elsewhere" not in BY_KIND and "harbor" in BY_KIND
+    with pytest.raises(UsageError, match="no strategies for the elsewhere environment yet"):
         Adversary().plan(other, rng)

@@ -3,8 +3,9 @@ task's own image, verified in a fresh sandbox of the verifier's pristine image (
 
 Real parts throughout: Harbor's own models read the folders, docker and podman build the images and
 run the sandboxes, every attempt goes through ``run_attempt`` with all gates. The red team's
-strategies each end failed here and, as their positive control, each reaches success against a
-verifier run the way Harbor runs it (test.sh in the agent's own container, the reward file read).
+strategies (``policies/adversary.py``: ``HARBOR``) each end failed here and, as their positive
+control, each forging one reaches success against Harbor 0.26's own shared mode
+(``HarborEnv(verifier="harbor-shared")``: test.sh in the agent's own container, the reward file read).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from drumsbench.core.errors import UsageError
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
-from drumsbench.envs.base import SUBMIT, ActionSpec, Task, VerifierResult
+from drumsbench.envs.base import SUBMIT, ActionSpec, Task
 from drumsbench.envs.harbor import interpreter
 from drumsbench.envs.harbor.carry import CarryRefused, clean_archive
 from drumsbench.envs.harbor.env import HarborEnv, parse_reward
 from drumsbench.envs.harbor.task import HarborTask, load_suite
 from drumsbench.experiments.envcheck import check_environment
 from drumsbench.experiments.harbor_check import check_harbor
+from drumsbench.policies.adversary import HARBOR, HARBOR_CONTROLS, HARBOR_NOT_FORGING, Adversary
 from drumsbench.policies.scripted import Policy, make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
@@ -96,6 +98,8 @@ def test_reward_files_are_read_as_harbor_writes_them() -> None:
     assert parse_reward(b"1\n", None) == 1.0
     assert parse_reward(None, json.dumps({"reward": 0.25}).encode()) == 0.25
     assert parse_reward(None, json.dumps({"accuracy": 1}).encode()) == 1.0  # one number
+    assert parse_reward(b"1\n", b'{"reward": 0}') == 0.0  # reward.json first, as Harbor 0.26 reads them
+    assert "not a number" in str(parse_reward(None, b'{"reward": 1, "note": "ok"}'))
     assert "no 'reward'" in str(parse_reward(None, json.dumps({"a": 1, "b": 0}).encode()))
     assert "not a number" in str(parse_reward(b"yes", None))
     assert "wrote no reward" in str(parse_reward(None, None))
@@ -216,65 +220,39 @@ def test_a_dirty_start_is_invalid_and_each_attempt_gets_a_fresh_sandbox(sub: Sub
 
 
 # -- the red team --------------------------------------------------------------------------------
-class HarborLikeEnv(HarborEnv):
-    """The positive control: verified the way Harbor's shared mode verifies — test.sh run in the
-    agent's own container after the tests are uploaded over /tests, the agent's processes left
-    running, the reward read from the file (reward.txt when it is a file, else reward.json)."""
-
-    def stage_verifier(self, task: HarborTask) -> None:
-        self.box.put_files("/tests", task.tests)
-        self.box.exec(["mkdir", "-p", "/logs/verifier"], timeout=30, cwd="/")
-
-    def break_verifier(self) -> None:
-        raise AssertionError("not used")
-
-    def run_verifier(self, task: HarborTask, timeout: float) -> VerifierResult:
-        self.box.exec(["bash", "/tests/test.sh"], timeout=timeout, cwd=task.workdir)
-        probe = self.box.exec(["sh", "-c", "if [ -f /logs/verifier/reward.txt ]; then cat /logs/verifier/reward.txt; "
-                                           "else cat /logs/verifier/reward.json; fi"], timeout=30, cwd="/")
-        text = probe.stdout.decode().strip()
-        value = parse_reward(text.encode(), None) if not text.startswith("{") else parse_reward(None, text.encode())
-        if isinstance(value, float) and value >= 1.0:
-            return VerifierResult.success(reward=value)
-        return VerifierResult.failed(f"reward {value}")
-
-
 def sh(command: str) -> ActionSpec:
     return ActionSpec("shell", {"command": command})
 
 
-# Strategies that never solve the task; each must win against HarborLikeEnv and lose here.
-STRATEGIES: dict[str, tuple[str, list[ActionSpec]]] = {
-    "replaced-bash": ("count-words", [sh(
-        "cp /usr/bin/bash /usr/bin/bash.real && printf '#!/usr/bin/bash.real\\nmkdir -p /logs/verifier\\n"
-        "echo 1 > /logs/verifier/reward.txt\\n' > /usr/bin/bash && chmod 755 /usr/bin/bash")]),
-    "replaced-wc": ("count-words", [sh(
-        "printf '#!/bin/sh\\necho 0\\n' > /usr/bin/wc && chmod 755 /usr/bin/wc && echo 0 > /app/count.txt")]),
-    "reward-json-under-a-folder": ("count-words", [sh(
-        "mkdir -p /logs/verifier/reward.txt && echo '{\"reward\": 1}' > /logs/verifier/reward.json")]),
-    "conftest-in-tests": ("fix-slug", [ActionSpec("write", {"path": "/tests/conftest.py", "content": (
-        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")})]),
-    "pth-in-site-packages": ("fix-slug", [sh(
-        "d=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && mkdir -p \"$d\" && "
-        "echo 'import atexit, os; atexit.register(os._exit, 0)' > \"$d/zz_pass.pth\"")]),
-    "fake-python3": ("fix-slug", [sh(
-        "for p in /usr/bin/python3 /usr/local/bin/python3; do [ -e $p ] && rm -f $p && "
-        "printf '#!/bin/sh\\nexit 0\\n' > $p && chmod 755 $p; done; true")]),
-    "shadowed-pytest": ("fix-slug", [ActionSpec("write", {"path": "pytest.py", "content": (
-        "import os\nos._exit(0)\n")})]),
-}
+def test_every_harbor_strategy_has_a_control_or_says_why_not() -> None:
+    assert set(HARBOR) == set(HARBOR_CONTROLS) | set(HARBOR_NOT_FORGING)
+    assert not set(HARBOR_CONTROLS) & set(HARBOR_NOT_FORGING)
+    assert set(HARBOR_CONTROLS.values()) <= set(EXAMPLE_IDS)
 
 
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-def test_strategy_fails_here_and_wins_against_harbors_own_verification(sub: Substrate, strategy: str) -> None:
-    name, actions = STRATEGIES[strategy]
-    task = _task(name)
-    here = attempt(sub, task, Plan(actions))
+@pytest.mark.parametrize("strategy", sorted(HARBOR))
+def test_strategy_fails_here_and_wins_against_harbors_shared_mode(sub: Substrate, strategy: str) -> None:
+    """``drumsbench run --policy adversary:<strategy>`` on its control task: failed under the
+    fresh-sandbox verifier; reaching success under Harbor 0.26's shared mode (the positive control:
+    one engine shows it) for every strategy that forges."""
+    task = _task(HARBOR_CONTROLS.get(strategy, "count-words"))
+    here = attempt(sub, task, Adversary([strategy]))
     assert here.outcome is Outcome.FAILED, (strategy, here.outcome, here.cause, here.detail)
-    if sub.name == "docker":  # the positive control: one engine shows it
-        naive = attempt(sub, task, Plan(actions), env=HarborLikeEnv())
+    assert here.extra.get("strategy") == strategy and here.extra.get("trust") == "in-process"
+    if sub.name == "docker" and strategy in HARBOR_CONTROLS:
+        naive = attempt(sub, task, Adversary([strategy]), env=HarborEnv(verifier="harbor-shared"))
         assert naive.outcome is Outcome.SUCCESS, (strategy, "positive control", naive.outcome, naive.detail)
+        assert naive.extra.get("trust") == "agent-container"
+
+
+def test_a_task_specific_tool_shim_fails_here_and_wins_against_harbors_shared_mode(sub: Substrate) -> None:
+    """count-words' test.sh counts with ``wc``: a ``wc`` that prints 0 and a count.txt of 0."""
+    shim = Plan([sh("printf '#!/bin/sh\\necho 0\\n' > /usr/bin/wc && chmod 755 /usr/bin/wc && "
+                    "echo 0 > /app/count.txt")])
+    task = _task("count-words")
+    assert attempt(sub, task, shim).outcome is Outcome.FAILED
+    if sub.name == "docker":
+        assert attempt(sub, task, shim, env=HarborEnv(verifier="harbor-shared")).outcome is Outcome.SUCCESS
 
 
 def test_the_agents_own_code_can_forge_and_the_record_says_in_process(sub: Substrate) -> None:

@@ -23,9 +23,13 @@ Verification, stricter than Harbor's (docs/harbor.md):
    no line -> the verifier could not start -> invalid ``verifier_unavailable``); killed by a signal
    -> failed (the code under test stopped it: a reward written before that is not counted); past its
    limit -> invalid with the verifier sandbox's own evidence (``probe``), else failed; then the
-   reward written to ``/logs/verifier/reward.txt`` (a number) or ``reward.json`` (``{"reward": x}``
-   or one number): success iff it is at least 1 (the value is kept as evidence); none, or not a
+   reward as Harbor 0.26 reads it (``parse_reward``: ``/logs/verifier/reward.json`` first, else
+   ``reward.txt``): success iff it is at least 1 (the value is kept as evidence); none, or not a
    number -> failed with the reason.
+
+``verifier="harbor-shared"`` (or ``$DRUMSBENCH_HARBOR_VERIFIER``) verifies as Harbor 0.26's shared
+mode does instead — test.sh in the agent's own container, its processes running, the reward file
+read (``trust: agent-container``): the red team's positive control, never a way to train.
 
 Trust: ``test.sh`` runs the agent's code in the verifier's sandbox (pytest imports it, a C task runs
 its binary), which can write the reward file itself: the verdict is decided inside a process tree
@@ -40,11 +44,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import posixpath
 import secrets
 import threading
 
-from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError
+from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError, UsageError
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.envs.base import Action, Environment, Observation, TaskImages, VerifierNotes, VerifierResult
 from drumsbench.envs.harbor.actions import ACTIONS, INSTRUCTIONS, HarborObservation
@@ -58,6 +63,13 @@ REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
 TRUST = "in-process"
 TRUST_WHY = "test.sh runs the agent's code in the verifier's sandbox (Harbor's tests import or run it)"
+# How the verifier runs: "fresh" (module docstring), or "harbor-shared", Harbor 0.26's shared mode
+# (test.sh in the agent's own container with its processes running, the reward file read): the red
+# team's positive control, never a way to train (docs/harbor.md)
+VERIFIERS = ("fresh", "harbor-shared")
+VERIFIER_VAR = "DRUMSBENCH_HARBOR_VERIFIER"
+TRUST_SHARED = "agent-container"
+TRUST_SHARED_WHY = "Harbor's shared mode: test.sh runs in the agent's own container, the reward file is read"
 # test.sh is started by this: the nonce ($1) is printed only once bash is there to run it
 START = 'command -v bash >/dev/null 2>&1 || exit 127; printf "%s\\n" "$1"; exec bash /tests/test.sh'
 
@@ -72,29 +84,41 @@ def signalled(code: int) -> bool:
 
 
 def parse_reward(txt: bytes | None, js: bytes | None) -> float | str:
-    """The reward, or why there is none (a sentence)."""
-    if txt is not None:
-        try:
-            value = float(txt.decode().strip())
-        except (UnicodeDecodeError, ValueError):
-            return f"reward.txt is not a number: {txt[:40]!r}"
-    elif js is not None:
+    """The reward as Harbor reads it (0.26: ``reward.json`` first, then ``reward.txt``), or why there
+    is none (a sentence). Of a JSON object of several numbers, ``reward`` is the one that counts."""
+    if js is not None:
         try:
             data = json.loads(js)
         except (UnicodeDecodeError, ValueError):
             return f"reward.json is not JSON: {js[:40]!r}"
-        fields = data if isinstance(data, dict) else {}
-        numbers = [float(v) for v in fields.values() if type(v) in (int, float)]
-        raw = fields.get("reward")
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            value = float(raw)
-        elif "reward" not in fields and len(numbers) == 1:
+        fields = data if isinstance(data, dict) else {"reward": data}
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in fields.values()):
+            return f"reward.json holds a value that is not a number: {js[:60]!r}"
+        numbers = [float(v) for v in fields.values()]
+        if "reward" in fields:
+            value = float(fields["reward"])
+        elif len(numbers) == 1:
             value = numbers[0]
         else:
             return "reward.json has no 'reward' number"
+    elif txt is not None:
+        try:
+            value = float(txt.decode().strip())
+        except (UnicodeDecodeError, ValueError):
+            return f"reward.txt is not a number: {txt[:40]!r}"
     else:
         return "test.sh wrote no reward (/logs/verifier/reward.txt or reward.json)"
     return value if math.isfinite(value) else f"the reward is {value}"
+
+
+def chosen_verifier(verifier: str | None = None) -> str:
+    """``verifier``, else ``$DRUMSBENCH_HARBOR_VERIFIER``, else ``fresh``; ``UsageError`` naming the
+    setting for another value."""
+    value = verifier if verifier is not None else os.environ.get(VERIFIER_VAR, "fresh")
+    if value not in VERIFIERS:
+        where = "verifier" if verifier is not None else VERIFIER_VAR
+        raise UsageError(f"{where}={value!r}: give one of {', '.join(VERIFIERS)}")
+    return value
 
 
 class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
@@ -103,8 +127,9 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
     observations = HarborObservation
     instructions = INSTRUCTIONS
 
-    def __init__(self) -> None:
+    def __init__(self, verifier: str | None = None) -> None:
         super().__init__()
+        self.verifier = chosen_verifier(verifier)
         self.verify_note: dict[str, object] = {}
         self._images: RecipeImages | None = None
         self._task: HarborTask | None = None
@@ -205,6 +230,9 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
     def stage_verifier(self, task: HarborTask) -> None:
         """Step 1 of the module docstring. ``PolicyFault`` when the carried files are refused."""
         self._drop_verifier()
+        if self.verifier == "harbor-shared":
+            self._stage_shared(task)
+            return
         self.verify_note = {"verifier": "fresh-sandbox", "trust": TRUST, "trust_why": TRUST_WHY,
                             "carried": list(task.carry)}
         self.box.end_processes()
@@ -240,11 +268,14 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
     def break_verifier(self) -> None:
         """Fault injection: ``bash`` is removed from the staged verifier sandbox (an image without
         the interpreter test.sh needs): test.sh cannot start."""
-        if self._verifier is not None:
-            self._verifier.exec(["rm", "-f", "/usr/bin/bash", "/bin/bash"], timeout=30, cwd="/")
+        box = self._verifier or (self.box if self.verifier == "harbor-shared" else None)
+        if box is not None:
+            box.exec(["rm", "-f", "/usr/bin/bash", "/bin/bash"], timeout=30, cwd="/")
 
     def run_verifier(self, task: HarborTask, timeout: float) -> VerifierResult:
         """Step 2 of the module docstring."""
+        if self.verifier == "harbor-shared":
+            return self._run_shared(task, timeout)
         box = self._verifier
         if box is None:
             raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, "harbor: no verifier sandbox was staged")
@@ -285,6 +316,33 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         if value >= 1.0:
             return VerifierResult.success(reward=value)
         return VerifierResult.failed(f"verifier: reward {value:g} (test.sh exit {res.exit_code})", reward=value)
+
+
+    # -- the positive control: Harbor's shared mode ------------------------------------------------
+    def _stage_shared(self, task: HarborTask) -> None:
+        """As Harbor 0.26 stages its shared mode: the reward files removed as root, the tests
+        uploaded over ``/tests`` (files the agent put there stay), nothing of the agent ended."""
+        self.verify_note = {"verifier": "harbor-shared", "trust": TRUST_SHARED, "trust_why": TRUST_SHARED_WHY}
+        box = self.box
+        removed = box.exec(["rm", "-f", "--", REWARD_TXT, REWARD_JSON], timeout=30, cwd="/")
+        if removed.exit_code != 0:  # Harbor stops with an error here
+            raise PolicyFault(f"Harbor's shared mode: the reward files could not be removed (exit {removed.exit_code})")
+        box.put_files("/tests", task.tests)
+        box.exec(["mkdir", "-p", "/logs/verifier"], timeout=30, cwd="/")
+
+    def _run_shared(self, task: HarborTask, timeout: float) -> VerifierResult:
+        """As Harbor 0.26 runs it: test.sh made executable and run (its own shebang) in the agent's
+        container, its output to ``/logs/verifier/test-stdout.txt``, then the reward file read."""
+        res = self.box.exec(["/bin/sh", "-c", "chmod +x /tests/test.sh && /tests/test.sh > "
+                             "/logs/verifier/test-stdout.txt 2>&1"], timeout=timeout, cwd=task.workdir,
+                            env=task.spec.env)
+        self.verify_note["test_exit"] = res.exit_code
+        value = parse_reward(_read(self.box, REWARD_TXT), _read(self.box, REWARD_JSON))
+        if isinstance(value, str):
+            return VerifierResult.failed(f"verifier (harbor-shared): {value} (test.sh exit {res.exit_code})")
+        if value >= 1.0:
+            return VerifierResult.success(reward=value)
+        return VerifierResult.failed(f"verifier (harbor-shared): reward {value:g}", reward=value)
 
 
 def _read(box: Sandbox, path: str) -> bytes | None:
