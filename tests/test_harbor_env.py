@@ -195,6 +195,27 @@ def test_oracle_scores_1_and_nop_0_on_every_example(sub: Substrate, tmp_path: Pa
     assert all(c.golden.startswith("success") and c.start.startswith("failed") for c in results)
 
 
+def test_a_separate_verifier_image_does_not_make_the_start_images_own_files_new(sub: Substrate,
+                                                                               tmp_path: Path) -> None:
+    """A start image whose working folder holds a ``pyproject.toml`` and a ``conftest.py`` (a Python
+    project, as most are), verified in a separate image whose working folder is empty: the steering
+    files are compared with the start image's own, so the oracle still scores 1 — and a changed one
+    still fails."""
+    folder = _copy(tmp_path, "fix-median")
+    env_dir = folder / "environment"
+    (env_dir / "pyproject.toml").write_text('[project]\nname = "stats"\nversion = "0"\n')
+    (env_dir / "conftest.py").write_text("")
+    text = (env_dir / "Dockerfile").read_text()
+    (env_dir / "Dockerfile").write_text(text.replace("COPY stats.py /app/stats.py",
+                                                     "COPY stats.py pyproject.toml conftest.py /app/"))
+    (task,) = load_suite(str(folder))
+    assert task.separate
+    assert attempt(sub, task, make_policy("oracle")).outcome is Outcome.SUCCESS
+    changed = attempt(sub, task, Plan([*task.oracle_plan()[:-1], ActionSpec("write", {
+        "path": "conftest.py", "content": "import os\n"})]))
+    assert changed.outcome is Outcome.FAILED and "/app/conftest.py" in changed.detail, changed.detail
+
+
 def test_environment_checker_passes_with_faults_classified(sub: Substrate) -> None:
     checks = check_environment(HarborEnv, _task("count-words"), sub)
     assert [(c.check, c.ok) for c in checks] == [(c.check, True) for c in checks], checks

@@ -10,9 +10,10 @@ ones or with ``..``, or writes through a link it made itself (``a`` a link, then
 by the verifier sandbox's own ``tar``, the result cannot reach outside the carried paths. Devices,
 fifos and sockets are left out.
 
-``steering_files`` is the list of names that steer a test runner (``STEERING``); ``steering_script``
-prints, as JSON, the sha256 of every such file under the folders given, run by the verifier
-sandbox's pristine ``python3`` before and after the carry.
+``STEERING`` names the files that steer a test runner; ``steering_argv(folders)`` is the command
+that prints, as JSON, the sha256 of every such file under ``folders``, run by a pristine
+``python3`` without ``site``: the start image's reference sandbox's, and the verifier sandbox's
+after the carry.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class CarryRefused(Exception):
 
 
 def steering_argv(folders: tuple[str, ...]) -> list[str]:
-    return ["python3", "-I", "-c", STEERING_SCRIPT, ",".join(folders), ",".join(STEERING)]
+    return ["python3", "-I", "-S", "-c", STEERING_SCRIPT, ",".join(folders), ",".join(STEERING)]
 
 
 def _inside(name: str, tops: tuple[str, ...]) -> bool:

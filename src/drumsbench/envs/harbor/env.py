@@ -12,13 +12,15 @@ Verification, stricter than Harbor's (docs/harbor.md):
 1. ``stage_verifier``: every process of the agent ends; the carried paths (the working folder and
    what the task declares) are archived by the agent's sandbox and checked on the host
    (``carry.clean_archive``: the agent's ``tar`` is not trusted); a **fresh sandbox of the verifier's
-   pristine image** (separate mode's own, else the start image) is made; its pristine ``python3``
-   digests the files that steer a test runner (``carry.STEERING``) in the carried paths, the
-   pristine carried paths are removed and the agent's extracted by the fresh sandbox's own ``tar``,
-   the steering files digested again; the tests are copied to ``/tests`` after that, ``/logs/verifier``
+   pristine image** (separate mode's own, else the start image) is made; its pristine carried
+   paths are removed and the agent's extracted by its own ``tar``; the tests are copied to
+   ``/tests`` after that, ``/logs/verifier``
    made empty. Nothing else of the agent's sandbox travels: no system file, interpreter, ``/logs``,
    ``/tests``, background process or environment.
-2. ``run_verifier``: a new or changed steering file -> failed with its name (before any test runs);
+2. ``run_verifier``: the files that steer a test runner (``carry.STEERING``) in the carried paths,
+   digested by the fresh sandbox's pristine ``python3`` (``-I -S``), are compared with those of the
+   start image's reference sandbox (no policy ran there; separate mode's verifier image may hold none
+   of them): a new or changed one -> failed with its name (before any test runs);
    ``/tests/test.sh`` started by ``bash`` (a start line with a nonce printed only once bash is there:
    no line -> the verifier could not start -> invalid ``verifier_unavailable``); killed by a signal
    -> failed (the code under test stopped it: a reward written before that is not counted); past its
@@ -73,8 +75,9 @@ TRUST_SHARED_WHY = "Harbor's shared mode: test.sh runs in the agent's own contai
 # test.sh is started by this: the nonce ($1) is printed only once bash is there to run it
 START = 'command -v bash >/dev/null 2>&1 || exit 127; printf "%s\\n" "$1"; exec bash /tests/test.sh'
 
-# The working folder's digest in a reference sandbox of each start image: (substrate, image) -> digest
-_REFERENCE: dict[tuple[str, str], str] = {}
+# What a reference sandbox of each start image holds, no policy having run in it: (substrate, image) ->
+# (the working folder's digest, the steering files' digests in the carried paths)
+_REFERENCE: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
 _REFERENCE_LOCK = threading.Lock()
 
 
@@ -134,7 +137,6 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         self._images: RecipeImages | None = None
         self._task: HarborTask | None = None
         self._verifier: Sandbox | None = None  # the staged verifier sandbox
-        self._steering: dict[str, str] = {}  # the pristine steering files' digests, in the staged sandbox
 
     # -- images ----------------------------------------------------------------------------
     def start_image(self, task: HarborTask) -> ImageRecipe:
@@ -152,15 +154,16 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
     def _fresh(self, recipe: ImageRecipe) -> Sandbox:
         return self.images.create_from_image(self.images.build_recipe(recipe))
 
-    def _reference(self, task: HarborTask) -> str:
-        """The working folder's digest in a sandbox of the start image that no policy ever ran in."""
+    def _reference(self, task: HarborTask) -> tuple[str, dict[str, str]]:
+        """The working folder's digest and the steering files' digests in the carried paths, in a
+        sandbox of the start image that no policy ever ran in (made once per image and process)."""
         image = self.images.build_recipe(task.start_recipe)
         key = (self.box.substrate, image)
         with _REFERENCE_LOCK:
             if key not in _REFERENCE:
                 ref = self.images.create_from_image(image)
                 try:
-                    _REFERENCE[key] = ref.tree_digest(task.workdir)
+                    _REFERENCE[key] = (ref.tree_digest(task.workdir), self._steering_digests(ref, task))
                 finally:
                     ref.destroy()
             return _REFERENCE[key]
@@ -192,7 +195,7 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
                 return f"not empty: {folder}"
         task = self.task
         got = self.box.tree_digest(task.workdir)
-        return task.start_fingerprint if got == self._reference(task) else f"{task.workdir} differs: {got}"
+        return task.start_fingerprint if got == self._reference(task)[0] else f"{task.workdir} differs: {got}"
 
     def canary_folders(self) -> list[str]:
         p = self.box.paths
@@ -246,7 +249,6 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         except CarryRefused as e:
             raise PolicyFault(f"{e} (tar exit {res.exit_code}: {res.stderr.decode(errors='replace')[-160:]})") from None
         box = self._verifier = self._fresh(task.verifier_recipe)
-        self._steering = self._steering_digests(box, task)
         box.exec(["rm", "-rf", "--one-file-system", *task.carry], timeout=60, cwd="/")
         done = box.exec(["tar", "-C", "/", "-xpf", "-"], timeout=120, cwd="/", stdin=archive)
         if done.exit_code != 0:
@@ -285,8 +287,9 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
             self._drop_verifier()
 
     def _verdict(self, box: Sandbox, task: HarborTask, timeout: float) -> VerifierResult:
-        now = self._steering_digests(box, task)
-        changed = sorted(p for p in set(now) | set(self._steering) if now.get(p) != self._steering.get(p))
+        # compared with the start image's own (separate mode's verifier image may hold none of them)
+        now, start = self._steering_digests(box, task), self._reference(task)[1]
+        changed = sorted(p for p in set(now) | set(start) if now.get(p) != start.get(p))
         if changed:
             more = f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""
             return VerifierResult.failed(f"verifier: files that steer the test runner are new or changed: "
