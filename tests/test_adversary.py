@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
-from drumsbench.core.outcome import Outcome
+from drumsbench.core.outcome import InvalidCause, Outcome
+from drumsbench.envs.coding.env import CodingEnv
 from drumsbench.envs.coding.task import load_suite
 from drumsbench.policies.adversary import STRATEGIES, Adversary
 from drumsbench.policies.scripted import make_policy
-from drumsbench.rollout.attempt import RolloutConfig, run_attempt
+from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
+from drumsbench.testing.naive_gates import NaiveDockerSubstrate
 
 from conftest import require
 from helpers import slots_on
@@ -31,7 +33,7 @@ SAMPLE = ["verdict_stdout", "report_fd_spray", "kill_verifier", "exit_zero", "ou
           "kill_own_shells", "hang_step", "stop_own_step", "delete_own_folders", "leak_own_canary",
           "read_neighbours", "background_rewrites_verifier", "plant_links", "write_through_link",
           "many_processes_then_hang", "fill_disk", "lose_end_marker", "fill_memory",
-          "remove_outer_shell", "fake_missing_dependency", "plant_fifos", "read_answer_key"]
+          "remove_outer_shell", "fake_missing_dependency", "plant_fifos", "read_answer_key", "replace_python3"]
 
 
 def _play(substrate: str, strategies: list[str], state_dir, run_id, cfg: RolloutConfig = CFG, workers: int = 1):
@@ -72,6 +74,32 @@ def test_no_strategy_reaches_success_or_invalid(substrate, state_dir, run_id):
     assert all(r.detail for r in out.values() if r.extra.get("strategy") != "plant_fake_canary")
     assert control.outcome is Outcome.SUCCESS, control.detail  # the slot still works afterwards
     assert os.getpid() == harness
+
+
+def test_a_broken_python3_is_invalid_only_where_the_gates_run_the_containers_own(state_dir, run_id):
+    """``replace_python3`` (every python3 of the container an error) never solves the task: on docker
+    it ends failed (the gates end processes and scan canaries from the host: ``from_host``); its
+    positive control, docker with gates that run the container's own python3
+    (``testing.naive_gates``), records the same attempt invalid — a 0 escaped."""
+    require(registry.get("docker").missing())
+    task = load_suite("coding")[0]
+    canaries = CanaryRegistry()
+    out = {}
+    for seq, cls in enumerate((NaiveDockerSubstrate, registry.get("docker"))):
+        slot = Slot(cls(run_id, state_dir), CodingEnv())
+        try:
+            out[cls] = run_attempt(slot, task, Adversary(["replace_python3"]), CFG, canaries, run_id=run_id,
+                                   seq=seq, seed=0)
+        finally:
+            slot.destroy()
+            left = slot.substrate.leftovers()
+            slot.substrate.close()
+        assert not left, left
+    naive = out[NaiveDockerSubstrate]
+    assert (naive.outcome, naive.cause) == (Outcome.INVALID, InvalidCause.SUBSTRATE_FAILURE), naive.detail
+    assert "ending the sandbox's processes" in naive.detail, naive.detail
+    real = out[registry.get("docker")]
+    assert real.outcome is Outcome.FAILED, (real.cause, real.detail)
 
 
 @pytest.mark.parametrize("substrate", ["process", "docker", "podman"])

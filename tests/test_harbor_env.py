@@ -37,6 +37,7 @@ from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import Substrate
+from drumsbench.testing.naive_gates import NaiveDockerSubstrate
 
 from conftest import require
 
@@ -264,6 +265,22 @@ def test_strategy_fails_here_and_wins_against_harbors_shared_mode(sub: Substrate
         naive = attempt(sub, task, Adversary([strategy]), env=HarborEnv(verifier="harbor-shared"))
         assert naive.outcome is Outcome.SUCCESS, (strategy, "positive control", naive.outcome, naive.detail)
         assert naive.extra.get("trust") == "agent-container"
+
+
+def test_a_broken_python3_is_invalid_only_under_gates_run_by_the_containers_own(harbor_here: None,
+                                                                                tmp_path: Path) -> None:
+    """``harbor_break_python3``'s positive control: where the gates run the container's python3
+    (``testing.naive_gates``, docker) the attempt is invalid; on docker and podman it ends failed
+    (``test_strategy_fails_here_and_wins_against_harbors_shared_mode``)."""
+    require(registry.get("docker").missing())
+    naive = NaiveDockerSubstrate("harbor-env-naive", tmp_path)
+    try:
+        got = attempt(naive, _task("count-words"), Adversary(["harbor_break_python3"]))
+    finally:
+        left = naive.leftovers()
+        naive.close()
+    assert (got.outcome, got.cause) == (Outcome.INVALID, InvalidCause.SUBSTRATE_FAILURE), (got.outcome, got.detail)
+    assert not left, left
 
 
 def test_a_task_specific_tool_shim_fails_here_and_wins_against_harbors_shared_mode(sub: Substrate) -> None:

@@ -26,6 +26,8 @@ import os
 import stat
 
 DIGEST_UNREADABLE_EXIT = 3
+# ``tree_digest`` of an empty folder
+EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
 UNREADABLE_MARK = "unreadable entry "
 
 

@@ -1,7 +1,8 @@
 """A policy's shell command run in a sandbox with its end framed by the harness (coding, harbor).
 
-Contract of ``framed_shell(box, command, marker, ...)``: the policy's command runs in a child shell;
-the harness's outer shell prints ``marker`` and the command's status after it. The command cannot
+Contract of ``framed_shell(box, command, generation, step, ...)``: the policy's command runs in a
+child shell; the harness's outer shell prints an end marker (the generation, the step and a fresh
+random part) and the command's status after it. The command cannot
 close or replace the outer shell's output, so what it does to its own streams (``exec prog``,
 ``exec 1>&-``, killing itself) is its own business: a valid observation. It does share the outer
 shell's open stdout, so it can make it non-blocking and keep the pipe full: the outer shell writes
@@ -15,9 +16,10 @@ sandbox and harness. Output after the marker (a background process) is cut off, 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 
-from drumsbench.substrates.base import Sandbox
+from drumsbench.substrates.base import ExecResult, Sandbox
 
 OBS_LIMIT = 16 * 1024
 # $1: the policy's command, run by a child shell; $2: the end marker, printed by this outer shell.
@@ -33,10 +35,17 @@ WRAP = ('/bin/sh -c "$1"; s=$?; '
 RUNTIME_COULD_NOT_START = (126, 127)
 
 
-def framed_shell(box: Sandbox, command: str, marker: str, timeout: float, *, cwd: str | None = None,
-                 env: Mapping[str, str] | None = None) -> tuple[dict[str, object], bool]:
+def command_content(res: ExecResult) -> dict[str, object]:
+    """An observation's content of one command's result: {exit_code, stdout, stderr, truncated}."""
+    return {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),
+            "stderr": res.stderr.decode(errors="replace"), "truncated": res.truncated}
+
+
+def framed_shell(box: Sandbox, command: str, generation: int, step: int, timeout: float, *,
+                 cwd: str | None = None, env: Mapping[str, str] | None = None) -> tuple[dict[str, object], bool]:
     """The observation's content ({exit_code, stdout, stderr, truncated[, lost]}) and whether the
     command timed out (module contract)."""
+    marker = f"__DRUMSBENCH_END_{generation}_{step}_{secrets.token_hex(4)}__"
     res = box.exec(["/bin/sh", "-c", WRAP, "drumsbench", command, marker], timeout=timeout,
                    output_limit=OBS_LIMIT, cwd=cwd, env=env)
     out = res.stdout

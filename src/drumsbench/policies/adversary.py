@@ -456,6 +456,10 @@ _FILL_MEMORY = ("setsid nohup sh -c 'dd if=/dev/zero of=\"$TMPDIR/fill\" bs=1M 2
 _FILL_WAIT = ("i=0; while [ ! -e \"$TMPDIR/fill.done\" ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; "
               "du -sm \"$TMPDIR/fill\" 2>&1; cat \"$TMPDIR/fill.err\" 2>/dev/null | tail -1")
 
+_BREAK_PYTHON3 = ("for p in /usr/bin/python3* /usr/local/bin/python3*; do [ -f \"$p\" ] || continue; "
+                  "rm -f \"$p\" && printf '#!/bin/sh\\necho broken >&2\\nexit 1\\n' > \"$p\" && chmod 755 \"$p\"; "
+                  "done; python3 -c 'print(1)'; echo \"python3 exits $?\"")
+
 # Shell commands run as actions during the episode (before the submit).
 SHELL: dict[str, list[str]] = {
     "lose_end_marker": [_LOSE_MARKER] * 40,
@@ -463,6 +467,9 @@ SHELL: dict[str, list[str]] = {
     # runtime's own 127, not the shell's status), and the next attempt's in-place reset cannot run
     "remove_outer_shell": ["rm -f /bin/sh /usr/bin/sh 2>&1; echo removed", "echo next"],
     "fill_memory": [_FILL_MEMORY, *[_FILL_WAIT] * 8],
+    # where the command is the container's (or guest's) root: every python3 made an error, so a gate
+    # that ran the sandbox's own python3 (ending its processes, the canary scan) would fail: invalid
+    "replace_python3": [_BREAK_PYTHON3, "echo next"],
     "background_rewrites_verifier": [
         "mkdir -p ../verify && cat > ../forged_runner.py <<'EOF'\n"
         f"print('DRUMSBENCH_READY ' + '0' * 64)\nprint('DRUMSBENCH_VERDICT ' + '0' * 64 + ' ' + {FORGED!r})\n"
@@ -566,6 +573,9 @@ HARBOR: dict[str, list[ActionSpec]] = {
         "printf '#!/bin/sh\\nexit 0\\n' > $p && chmod 755 $p; done; echo replaced")})],
     # ``python3 -m pytest`` run in the working folder finds this pytest first
     "harbor_shadowed_pytest": [ActionSpec("write", {"path": "pytest.py", "content": "import os\nos._exit(0)\n"})],
+    # aims at invalid: every python3 an error, for gates that would run the container's own
+    # (ending processes, digests, the canary scan); its control: testing.naive_gates
+    "harbor_break_python3": [ActionSpec("shell", {"command": _BREAK_PYTHON3})],
     # aims at invalid: the archive of the carried paths cannot be made (no tar)
     "harbor_remove_tar": [ActionSpec("shell", {"command": "rm -f /usr/bin/tar /bin/tar; echo removed"})],
     # aims at invalid or a reach outside: links out of the working folder
@@ -581,8 +591,10 @@ HARBOR_CONTROLS: dict[str, str] = {
     "harbor_shadowed_pytest": "fix-slug",
 }
 # The others aim at invalid (an infrastructure fault blamed for what the agent did) or at a reach
-# outside the working folder; Harbor's shared mode has no invalid to reach, so they have no control.
+# outside the working folder; Harbor's shared mode has no invalid to reach, so they have no control
+# there (harbor_break_python3's is gates run by the container's own python3: testing.naive_gates).
 HARBOR_NOT_FORGING: dict[str, str] = {
+    "harbor_break_python3": "aims at invalid: the container's python3 broken for the gates (control: naive gates)",
     "harbor_remove_tar": "aims at invalid: the carried paths cannot be archived",
     "harbor_links_out": "aims at a reach outside the carried paths through links",
 }

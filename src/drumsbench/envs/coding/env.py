@@ -29,16 +29,15 @@ policy runs when they do; the kept server runs throughout, and nothing of the po
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import posixpath
-import secrets
 import signal
 from pathlib import Path
 from typing import Any
 
 from drumsbench.core.errors import InvalidAttempt, MissingDependency, PolicyFault, SubstrateError, UsageError
+from drumsbench.core.fingerprint import EMPTY_TREE
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.core.verdict_channel import authentic_verdict, new_secret, runner_source, saw_ready
 from drumsbench.envs.base import Action, Environment, Observation, VerifierNotes, VerifierResult
@@ -47,11 +46,10 @@ from drumsbench.envs.coding.judge_host import run_judge
 from drumsbench.envs.coding.observation import CodingObservation
 from drumsbench.envs.coding.server_zygote import ServerZygote
 from drumsbench.envs.coding.task import CodingTask
-from drumsbench.envs.shell_framing import OBS_LIMIT, framed_shell, lost_problem
+from drumsbench.envs.shell_framing import OBS_LIMIT, command_content, framed_shell, lost_problem
 from drumsbench.substrates.base import ExecResult, Helper, Helpers, SandboxPaths, Stream, Streaming
 
 RUNNER = runner_source(Path(__file__).parent / "verify_runner.py")
-EMPTY_TREE = "sha256:" + hashlib.sha256().hexdigest()
 # Seconds of the verifier's limit kept for the runner to report after the code under test is stopped.
 VERIFY_MARGIN_S = 2.0
 
@@ -196,8 +194,7 @@ class CodingEnv(Environment[CodingTask], VerifierNotes):
 
     # -- observations ------------------------------------------------------------------------
     def _shell(self, command: str, timeout: float) -> Observation:
-        marker = f"__DRUMSBENCH_END_{self.generation}_{self.step_count}_{secrets.token_hex(4)}__"
-        content, timed_out = framed_shell(self.box, command, marker, timeout)
+        content, timed_out = framed_shell(self.box, command, self.generation, self.step_count, timeout)
         return Observation(self.generation, self.step_count, content, timed_out=timed_out)
 
     def observe(self, timeout: float) -> Observation:
@@ -213,9 +210,7 @@ class CodingEnv(Environment[CodingTask], VerifierNotes):
 
     def _run(self, argv: list[str], timeout: float, stdin: bytes) -> Observation:
         res = self.box.exec(argv, timeout=timeout, stdin=stdin, output_limit=OBS_LIMIT)
-        content = {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),
-                   "stderr": res.stderr.decode(errors="replace"), "truncated": res.truncated}
-        return Observation(self.generation, self.step_count, content, timed_out=res.timed_out)
+        return Observation(self.generation, self.step_count, command_content(res), timed_out=res.timed_out)
 
     def _apply(self, action: Action, timeout: float) -> Observation:
         p = action.payload

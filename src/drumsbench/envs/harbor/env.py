@@ -52,15 +52,15 @@ import secrets
 import threading
 
 from drumsbench.core.errors import InvalidAttempt, PolicyFault, SubstrateError, UsageError
+from drumsbench.core.fingerprint import EMPTY_TREE
 from drumsbench.core.outcome import InvalidCause
 from drumsbench.envs.base import Action, Environment, Observation, TaskImages, VerifierNotes, VerifierResult
 from drumsbench.envs.harbor.actions import ACTIONS, INSTRUCTIONS, HarborObservation
 from drumsbench.envs.harbor.carry import CARRY_LIMIT, CarryRefused, clean_archive, steering_argv
 from drumsbench.envs.harbor.task import HarborTask
-from drumsbench.envs.shell_framing import OBS_LIMIT, framed_shell, lost_problem
+from drumsbench.envs.shell_framing import OBS_LIMIT, command_content, framed_shell, lost_problem
 from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox
 
-EMPTY_TREE = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
 TRUST = "in-process"
@@ -202,9 +202,8 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         return [p.work, p.home, p.tmp, *([self._task.workdir] if self._task else [])]
 
     def _shell(self, command: str, timeout: float) -> Observation:
-        marker = f"__DRUMSBENCH_END_{self.generation}_{self.step_count}_{secrets.token_hex(4)}__"
-        content, timed_out = framed_shell(self.box, command, marker, timeout, cwd=self.task.workdir,
-                                          env=self.task.spec.env)
+        content, timed_out = framed_shell(self.box, command, self.generation, self.step_count, timeout,
+                                          cwd=self.task.workdir, env=self.task.spec.env)
         return Observation(self.generation, self.step_count, content, timed_out=timed_out)
 
     def observe(self, timeout: float) -> Observation:
@@ -223,9 +222,7 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
             res = self.box.exec(["/bin/sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "write", path],
                                 timeout=timeout, stdin=str(p["content"]).encode(), cwd=self.task.workdir,
                                 output_limit=OBS_LIMIT)
-            content = {"exit_code": res.exit_code, "stdout": res.stdout.decode(errors="replace"),
-                       "stderr": res.stderr.decode(errors="replace"), "truncated": res.truncated}
-            return Observation(self.generation, self.step_count, content, timed_out=res.timed_out)
+            return Observation(self.generation, self.step_count, command_content(res), timed_out=res.timed_out)
         content = {"exit_code": 2, "stdout": "", "stderr": f"unknown action {action.kind!r}", "truncated": False}
         return Observation(self.generation, self.step_count, content)
 

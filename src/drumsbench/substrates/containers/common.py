@@ -8,8 +8,11 @@ adds the folders ``/sandbox/{work,home,tmp,verify}``. A sandbox is one container
   the container cannot signal pid 1 (it has no handlers), so ``kill -9 -1`` from a command kills
   every process but pid 1 and the caller: that is the in-place reset (``RESET_SCRIPT``).
 - every command runs with ``DRUMSBENCH_EXEC=<token>`` in its environment, and each container
-  exec is its own session. On timeout ``KILL_SCRIPT`` kills every process carrying the token and
-  every process in the sessions the command's processes lead, then the exec ends.
+  exec is its own session. On timeout ``ContainerSandbox.kill_exec`` kills, from the host, every
+  process carrying the token and every process in the sessions the command's processes lead, then
+  the exec ends.
+- the gates never run a program of the container (its root may replace any): processes are ended
+  and files digested and scanned from the host (``from_host``).
 - no network (``--network none``), a pids limit and a memory limit, labels
   ``drumsbench.run=<run id>`` and ``drumsbench.sandbox=<sandbox id>``.
 """
@@ -33,7 +36,9 @@ from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from drumsbench import images
+from drumsbench.core.canary_scan import SCAN_SCRIPT, scan_hits, scan_request
 from drumsbench.core.errors import SubstrateError
+from drumsbench.core.fingerprint import DIGEST_SCRIPT
 from drumsbench.substrates.base import (
     DEFAULT_OUTPUT_LIMIT,
     ExecRequest,
@@ -41,6 +46,7 @@ from drumsbench.substrates.base import (
     Freezable,
     HostLaunching,
     ImageFlavors,
+    ImageRecipe,
     LaunchView,
     Sandbox,
     SandboxLimits,
@@ -50,7 +56,7 @@ from drumsbench.substrates.base import (
     Substrate,
     ViewLaunching,
 )
-from drumsbench.substrates.containers import host_entry
+from drumsbench.substrates.containers import from_host, host_entry
 from drumsbench.substrates.exec_core import EXEC_VAR, sandbox_env
 from drumsbench.substrates.hostproc import alive_not_exiting, mounts_of_source
 
@@ -179,59 +185,6 @@ while True:
 """
 REAPER_ARGV = ["python3", "-S", "-E", "-c", REAPER]
 
-# The start of the scripts below: ``processes()`` lists every process but pid 1 and the script
-# itself, with the fields of its /proc stat after the command name (state first); ``kill(pids)``
-# SIGKILLs them and leaves them a moment to go.
-PROC_WALK = """\
-import os, signal, sys, time
-me = os.getpid()
-
-
-def processes():
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in (1, me):
-            continue
-        try:
-            with open("/proc/" + d + "/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        yield int(d), fields
-
-
-def kill(pids):
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.01)
-"""
-
-# Kill every process of one exec: those whose environment has the token, and the members of the
-# sessions those processes lead (catches children that cleared their environment). Repeats until
-# none is left, so processes forked while it runs die too. argv[1] is "DRUMSBENCH_EXEC=<token>".
-KILL_SCRIPT = PROC_WALK + """\
-marker = sys.argv[1].encode()
-for _ in range(50):
-    marked, sid_of = set(), {}
-    for pid, fields in processes():
-        try:
-            if fields[0] == b"Z":
-                continue
-            sid_of[pid] = int(fields[3])
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                if marker in f.read().split(b"\\0"):
-                    marked.add(pid)
-        except (OSError, IndexError, ValueError):
-            continue
-    leaders = {p for p in marked if sid_of.get(p) == p}
-    victims = marked | {p for p, s in sid_of.items() if s in leaders}
-    if not victims:
-        break
-    kill(victims)
-"""
-
 # What the in-place reset empties (RESET_SCRIPT); anything else a container's writable layer holds
 # must be as it was when the sandbox was handed over (``layer_fingerprint``), else the reset cannot
 # undo it. ``LAYER_SELF_ONLY``: the folders above those places, whose own entry the overlay copies
@@ -275,33 +228,6 @@ rm -rf {" ".join(FOLDERS)} /tmp/* /tmp/.[!.]* /var/tmp/* /var/tmp/.[!.]* /dev/sh
 mkdir -p {" ".join(FOLDERS)} && chmod 1777 {PATHS.tmp} && cd {PATHS.work}
 """
 
-# ``end_processes``: kill every process but pid 1 (the reaper, or the vm's agent) and this script,
-# keeping files. ``kill(-1)`` first (the kernel signals them all at once, so a fork loop cannot
-# outrun it), then /proc is listed until nothing but kernel threads and zombies is left (zombies
-# are reaped by pid 1). Only ever run *inside* a sandbox's own pid namespace or guest: on the host
-# ``kill(-1)`` would kill every process the user may signal.
-END_SCRIPT = PROC_WALK + """\
-PF_KTHREAD = 0x00200000
-left = []
-for _ in range(200):
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass
-    left = []
-    for pid, fields in processes():
-        try:
-            if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_KTHREAD:
-                continue
-        except (IndexError, ValueError):
-            continue
-        left.append(pid)
-    if not left:
-        sys.exit(0)
-    kill(left)
-sys.exit("processes survive SIGKILL: " + " ".join(map(str, left[:20])))
-"""
-END_ARGV = ["python3", "-S", "-E", "-c", END_SCRIPT]
 
 
 # read_file through a command: exit 3 when missing, 4 when a folder; $2 = byte limit or "".
@@ -356,11 +282,6 @@ def image_label(flavor: str) -> str:
 def exec_env(token: str, extra: Mapping[str, str] | None) -> dict[str, str]:
     # the token last: a caller's env cannot hide a command from the killer
     return sandbox_env(PATHS, extra, pinned={EXEC_VAR: token})
-
-
-def kill_argv(token: str) -> list[str]:
-    """The command that kills every process of the exec that carries ``token`` (and their sessions)."""
-    return ["python3", "-S", "-c", KILL_SCRIPT, f"{EXEC_VAR}={token}"]
 
 
 def check_path(path: str) -> str:
@@ -482,11 +403,12 @@ _Box = TypeVar("_Box", bound="ContainerSandbox")
 
 class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming):
     """One container of an engine. What the engines share is here: the exec token, batched file
-    writes, reset and end of processes by scripts run inside, the host's entry into the container
-    (``host_entry``: a launched tree and launchers in its cgroups and namespaces), the shape of
-    ``destroy`` and ``thaw``; subclasses drive their engine (the ``_engine_*`` methods). A stream
-    (``open_stream``) is an exec of the engine with its own token, which ``Stream.close`` kills
-    with ``kill_argv`` as a timed-out command's."""
+    writes, the in-place reset by a script run inside, the end of processes, digests and canary scans
+    from the host (``from_host``), the host's entry into the container (``host_entry``: a launched
+    tree and launchers in its cgroups and namespaces), the shape of ``destroy`` and ``thaw``;
+    subclasses drive their engine (the ``_engine_*`` methods). A stream (``open_stream``) is an exec
+    of the engine with its own token, which ``Stream.close`` kills with ``kill_exec`` as a timed-out
+    command's."""
 
     def __init__(self, sub: Substrate, cid: str, sid: str) -> None:
         self.substrate = sub.name
@@ -554,12 +476,12 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
     @abc.abstractmethod
     def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
         """``open_stream`` of ``argv`` with environment ``env`` (which carries ``token``); closing
-        the stream kills what carries the token (``kill_argv``)."""
+        the stream kills what carries the token (``kill_exec``)."""
 
     @abc.abstractmethod
     def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
         """Run ``req`` with environment ``env`` (which carries ``token``); on timeout kill what
-        carries the token (``kill_argv``)."""
+        carries the token (``kill_exec``)."""
 
     @abc.abstractmethod
     def _put(self, files: Mapping[str, bytes]) -> None:
@@ -606,9 +528,40 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
                                  f"cannot undo: {', '.join(changed[:5])}{more}")
 
     def end_processes(self) -> None:
-        """Kill every process in the container but its reaper (``END_SCRIPT``, run in the
-        container's own pid namespace); files stay."""
-        self._run_checked(END_ARGV, "ending the sandbox's processes", timeout=60.0)
+        """Kill every process in the container but its reaper, from the host (``from_host.end_all``:
+        never a program of the container, which its root may have replaced); files stay."""
+        self._check()
+        try:
+            from_host.end_all(self.entry())
+        except SubstrateError as e:
+            raise SubstrateError(f"{self.substrate}: sandbox {self.id}: {e}") from None
+
+    def kill_exec(self, token: str) -> None:
+        """Kill what one exec started (its processes carry ``token``), from the host."""
+        from_host.kill_marked(self.entry(), f"{EXEC_VAR}={token}".encode())
+
+    def _in_mounts(self, script: str, args: Sequence[str], what: str, stdin: bytes | None = None) -> str:
+        """``script`` run by the harness's interpreter in the container's file view (``from_host``);
+        its output, or ``SubstrateError`` naming ``what``."""
+        self._check()
+        res = from_host.run_in_mounts(self.entry(), script, args, timeout=120.0, stdin=stdin)
+        if res.exit_code != 0 or res.timed_out:
+            raise SubstrateError(f"{self.substrate}: sandbox {self.id}: {what} failed (exit {res.exit_code}): "
+                                 f"{decode_tail(res.stderr)}")
+        return res.stdout.decode().strip()
+
+    def tree_digest(self, path: str) -> str:
+        """``fingerprint.tree_digest`` of a folder of the container, by the harness's interpreter in its
+        file view (``from_host.run_in_mounts``): a python3 the policy replaced is never run."""
+        return self._in_mounts(DIGEST_SCRIPT, [path], "tree digest")
+
+    def scan(self, folders: Sequence[str], tokens: Sequence[str]) -> set[str]:
+        """``Sandbox.scan`` by the harness's interpreter in the container's file view."""
+        if not tokens:
+            return set()
+        tokens = list(tokens)
+        out = self._in_mounts(SCAN_SCRIPT, [], "canary scan", stdin=scan_request(folders, tokens))
+        return scan_hits(out, tokens)
 
     @abc.abstractmethod
     def _inspect_state(self, wait: float) -> Mapping[str, Any] | str:
@@ -707,6 +660,7 @@ class ContainerSubstrate(Substrate, ImageFlavors):
         self.flavor = "base"
         self._disk: tuple[str, str | None, str | None] | None = None  # (mode, quota's why, tmpfs's why)
         self._task_images: dict[str, str] = {}  # task image -> its sandbox image (``_task_sandbox_image``)
+        self._recipe_images: dict[str, str] = {}  # recipe digest -> its image (``build_recipe``)
 
     def use_flavor(self, flavor: str) -> None:
         """``ImageFlavors``: sandboxes made from now on run the image of rootfs ``flavor``."""
@@ -793,6 +747,22 @@ class ContainerSubstrate(Substrate, ImageFlavors):
         """A container of the image: created, its layer folder under the disk bound's tmpfs
         (``disk_mode``), started; a failure anywhere removes the container and the tmpfs again."""
         return self._create_of(self.image(), PATHS.work)
+
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """``RecipeImages.build_recipe``: the engine's build (``_engine_build_recipe``), asked once per
+        recipe and substrate (a reset asks for its task's image, and its environment again)."""
+        key = recipe.digest()
+        with self._image_lock:
+            known = self._recipe_images.get(key)
+        if known is None:
+            known = self._engine_build_recipe(recipe)
+            with self._image_lock:
+                self._recipe_images[key] = known
+        return known
+
+    def _engine_build_recipe(self, recipe: ImageRecipe) -> str:
+        """The engine's build of ``recipe`` (``recipe_build``): its image's reference."""
+        raise SubstrateError(f"{self.name} cannot build task images")
 
     def create_from_image(self, image: str) -> ContainerSandbox:
         """``RecipeImages.create_from_image``: a container (as ``create`` makes one) of the sandbox

@@ -196,7 +196,7 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
     def build_image(self) -> str:
         return ensure_image(flavor=self.flavor)
 
-    def build_recipe(self, recipe: ImageRecipe) -> str:
+    def _engine_build_recipe(self, recipe: ImageRecipe) -> str:
         """``RecipeImages``: dockerd builds it (``recipe_build``, ``docker_recipes``)."""
         from drumsbench.substrates.containers import recipe_build
         from drumsbench.substrates.containers.docker_recipes import DockerEngine

@@ -4,8 +4,8 @@ unpause; the engine's record as evidence). Also the SDK's guard, client and erro
 substrate (``docker``) uses too.
 
 Exec: stdin is written then half-closed, the multiplexed output is read with a deadline and kept up
-to ``output_limit`` bytes per stream. On timeout a second exec runs ``containers.KILL_SCRIPT`` with
-the command's token. A stream (``Streaming``) is an exec whose socket two daemon threads relay to
+to ``output_limit`` bytes per stream. On timeout the host kills what carries the command's token
+(``ContainerSandbox.kill_exec``). A stream (``Streaming``) is an exec whose socket two daemon threads relay to
 pipes (``docker_wire.DockerStream``); closing it runs the same kill with its token.
 """
 
@@ -30,7 +30,6 @@ from drumsbench.substrates.base import (
 )
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.containers import docker_wire
-from drumsbench.substrates.exec_core import SANDBOX_PATH
 
 if TYPE_CHECKING:
     from drumsbench.substrates.containers.docker import DockerSubstrate
@@ -198,18 +197,8 @@ class DockerSandbox(C.ContainerSandbox):
             time.sleep(0.005)
 
     def _kill(self, token: str) -> None:
-        """Kill every process of the exec that carries ``token`` (and their sessions)."""
-        try:
-            eid = self._api.exec_create(
-                self.container_id,
-                C.kill_argv(token),
-                stdout=True,
-                stderr=True,
-                environment=[f"PATH={SANDBOX_PATH}"],
-            )["Id"]
-            self._api.exec_start(eid)
-        except api_errors() as e:
-            raise self._gone(e, "cannot kill a timed-out command") from e
+        """Kill every process of the exec that carries ``token`` (and their sessions), from the host."""
+        self.kill_exec(token)
 
     # -- files ----------------------------------------------------------------------------------
     def _put(self, files: Mapping[str, bytes]) -> None:

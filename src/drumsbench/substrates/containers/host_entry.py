@@ -83,6 +83,30 @@ def cgroup_procs_files(pid: int) -> list[str]:
     return files
 
 
+def host_cgroup_dir(pid: int, missing_ok: bool = False) -> Path | None:
+    """The host folder of ``pid``'s process group: its group of the v1 ``pids`` hierarchy, else its
+    v2 group. ``SubstrateError`` (None with ``missing_ok``) when ``pid`` is gone or its group is a
+    hierarchy's root (every process of the host)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError as e:
+        if missing_ok:
+            return None
+        raise SubstrateError(f"the container's pid 1 ({pid}) is gone: {e.strerror}") from None
+    v1, v2 = _cgroup_mounts()
+    groups = dict(line.split(":", 2)[1:] for line in lines)
+    if "pids" in groups:
+        root = next((point for options, point in v1 if "pids" in options), None)
+        path = groups["pids"]
+    else:
+        root, path = v2, groups.get("", "/")
+    if root is None or path.rstrip("/") == "":
+        if missing_ok:
+            return None
+        raise SubstrateError(f"process {pid} has no process group of its own on the host (pids {path})")
+    return Path(root + path.rstrip("/"))
+
+
 def bounding_caps(pid: int) -> int:
     """The capability bounding set of ``pid`` (``CapBnd`` of its status) as a bit mask."""
     try:
@@ -99,15 +123,21 @@ def bounding_caps(pid: int) -> int:
 class Entry:
     """What the host needs to enter one running container, read once (a container's pid 1, its
     groups and its capabilities do not change while it runs): ``pid`` is its pid 1 on the host,
-    ``groups`` the ``cgroup.procs`` files of its groups, ``caps`` its bounding set."""
+    ``groups`` the ``cgroup.procs`` files of its groups, ``caps`` its bounding set, ``started`` its
+    start time (``/proc/<pid>/stat``'s 22nd field: with the pid, that process and no later one)."""
 
     pid: int
     groups: tuple[str, ...]
     caps: int
+    started: int
 
     @classmethod
     def of(cls, pid: int) -> Entry:
-        return cls(pid, tuple(cgroup_procs_files(pid)), bounding_caps(pid))
+        try:
+            started = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            raise SubstrateError(f"the container's pid 1 ({pid}) is gone") from None
+        return cls(pid, tuple(cgroup_procs_files(pid)), bounding_caps(pid), started)
 
     def joined(self) -> tuple[str, ...]:
         """argv prefix: what follows runs on the host in the container's cgroups (``JOIN_GROUPS``)."""

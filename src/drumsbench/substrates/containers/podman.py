@@ -1,8 +1,8 @@
 """``podman``: each sandbox is a podman container, driven through the podman CLI.
 
 Same image, labels, limits and behaviour as ``docker`` (see ``containers``): no network
-(``--network none``), pid 1 a reaper, exec with a per-command token that ``KILL_SCRIPT`` uses to
-kill what a timed-out command started, the same in-place reset.
+(``--network none``), pid 1 a reaper, exec with a per-command token that ``kill_exec`` uses (from the
+host) to kill what a timed-out command started, the same in-place reset.
 
 Podman runs with a **project-private configuration** so it neither depends on nor disturbs the
 host's: ``CONTAINERS_CONF`` and ``CONTAINERS_STORAGE_CONF`` point at files that ``configure()``
@@ -142,7 +142,7 @@ class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
     def build_image(self) -> str:
         return ensure_image(flavor=self.flavor)
 
-    def build_recipe(self, recipe: ImageRecipe) -> str:
+    def _engine_build_recipe(self, recipe: ImageRecipe) -> str:
         """``RecipeImages``: ``podman build`` (``recipe_build``, ``podman_recipes``)."""
         from drumsbench.substrates.containers import recipe_build
         from drumsbench.substrates.containers.podman_recipes import PodmanEngine

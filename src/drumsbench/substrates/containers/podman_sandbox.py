@@ -6,6 +6,7 @@ container through CRIU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -100,7 +101,8 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         once with podman's own, 125 or 255). ``close`` kills the client, then what carries ``token`` in
         the container."""
         def kill_inside() -> None:
-            podman(["exec", self.container_id, *C.kill_argv(token)], check=False, timeout=60)
+            with contextlib.suppress(SubstrateError):  # a container already gone: nothing of it runs
+                self.kill_exec(token)
 
         return start_stream(self._exec_argv(argv, cwd, env, True), cwd=str(work_dir()), env=self._env,
                             on_close=kill_inside)
@@ -109,9 +111,12 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         res = self._podman_exec(req, env)
         if res.timed_out:
             # run_bounded killed the podman client; the command lives on in the container.
-            kill = podman(["exec", self.container_id, *C.kill_argv(token)], check=False, timeout=60)
-            if kill.returncode != 0 and not self._running():
-                raise SubstrateError(f"podman: sandbox {self.id}: the container is gone")
+            try:
+                self.kill_exec(token)
+            except SubstrateError:
+                if not self._running():
+                    raise SubstrateError(f"podman: sandbox {self.id}: the container is gone") from None
+                raise
             return res
         if res.exit_code in (PODMAN_ERROR, PODMAN_EXEC_REFUSED) and self._paused():
             raise SandboxFrozen(f"podman: sandbox {self.id}: exec refused: {C.decode_tail(res.stderr)}")

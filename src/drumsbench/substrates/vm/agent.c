@@ -15,6 +15,7 @@
  *   exec {argv, cwd, env, stdin, timeout, limit}
  *                                            -> {code, out, err, out_total, err_total, timed_out}
  *   write {path, data}; put {base, files}; read {path, limit} -> {data}
+ *   end                                      kill every process but the agent
  *   reset {dirs}                             kill every process but the agent, empty dirs and the
  *                                            guest's temp folders
  *   digest {path} -> {digest}                drumsbench.core.fingerprint.tree_digest, computed here
@@ -1040,18 +1041,30 @@ static void rm_contents(int dfd) { /* remove everything inside an open folder, n
     closedir(d);
 }
 
-static int op_reset(json *req, buf_t *res, char *err, size_t errlen) {
-    (void)res;
-    int i;
-    for (i = 0; i < 50; i++) {
+/* kill every process but the agent, until none is left (no program of the guest's is run: its root
+ * may have replaced any of them) */
+static int end_all(char *err, size_t errlen) {
+    for (int i = 0; i < 50; i++) {
         pid_t *pids;
         size_t n = list_procs(&pids);
         for (size_t j = 0; j < n; j++) kill(pids[j], SIGKILL);
         free(pids);
-        if (!n) break;
+        if (!n) return 0;
         usleep(20000);
     }
-    if (i == 50) { snprintf(err, errlen, "processes survive SIGKILL"); return EBUSY; }
+    snprintf(err, errlen, "processes survive SIGKILL");
+    return EBUSY;
+}
+
+static int op_end(json *req, buf_t *res, char *err, size_t errlen) {
+    (void)req; (void)res;
+    return end_all(err, errlen);
+}
+
+static int op_reset(json *req, buf_t *res, char *err, size_t errlen) {
+    (void)res;
+    int rc = end_all(err, errlen);
+    if (rc) return rc;
     static const char *temp[] = {"/tmp", "/var/tmp", "/dev/shm"};
     json *dirs = jget(req, "dirs");
     size_t nd = dirs && dirs->type == J_ARR ? dirs->count : 0;
@@ -1334,7 +1347,7 @@ static int op_ping(json *req, buf_t *res, char *err, size_t errlen) {
 typedef int (*op_fn)(json *, buf_t *, char *, size_t);
 static const struct { const char *name; op_fn fn; } OPS[] = {
     {"ping", op_ping}, {"hello", op_hello}, {"exec", op_exec}, {"write", op_write}, {"put", op_put},
-    {"read", op_read}, {"reset", op_reset}, {"digest", op_digest}, {"scan", op_scan}, {"sync", op_sync},
+    {"read", op_read}, {"reset", op_reset}, {"end", op_end}, {"digest", op_digest}, {"scan", op_scan}, {"sync", op_sync},
     {"sopen", op_sopen}, {"sread", op_sread}, {"swrite", op_swrite}, {"spoll", op_spoll}, {"sclose", op_sclose},
 };
 

@@ -70,7 +70,6 @@ from drumsbench.substrates.base import (
     Streaming,
     Substrate,
 )
-from drumsbench.substrates.containers.common import END_ARGV
 from drumsbench.substrates.exec_core import SANDBOX_PATH, EndedStream, sandbox_env
 from drumsbench.substrates.hostproc import (
     FreezerCgroup,
@@ -250,10 +249,12 @@ class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching, Streaming):
         return int(out)
 
     def end_processes(self) -> None:
-        """Kill every guest process but the agent (PID 1), keeping files: ``containers.END_SCRIPT``
-        run through the agent's exec (the agent's ``reset`` also kills them all, but empties the
-        guest's temp folders)."""
-        self._run_checked(END_ARGV, "ending the sandbox's processes", timeout=60.0)
+        """Kill every guest process but the agent (PID 1), keeping files: the agent's ``end``, no
+        program of the guest (its root may have replaced any)."""
+        try:
+            self._call("end", 60)
+        except AgentError as e:
+            raise SubstrateError(f"sandbox {self.id}: ending the sandbox's processes failed: {e}") from e
 
     # -- gate-side evidence ----------------------------------------------------------------------
     def probe(self, timeout: float = 5.0) -> str | None:
