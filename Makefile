@@ -36,4 +36,5 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy src
 	$(BIN)/mypy --strict src/drumsbench/substrates/base.py src/drumsbench/envs src/drumsbench/executors \
-		src/drumsbench/rollout/attempt.py src/drumsbench/ledger.py src/drumsbench/measure src/drumsbench/core
+		src/drumsbench/rollout/attempt.py src/drumsbench/ledger.py src/drumsbench/measure src/drumsbench/core \
+		src/drumsbench/taskgen

@@ -37,7 +37,8 @@ def _options(cmd: Any) -> dict[str, Any]:
 
 def test_every_command_is_registered():
     assert set(COMMANDS) >= {"run", "report", "gc", "doctor", "conformance", "sweep", "project", "branch", "serve",
-                             "coldstart", "isolation", "train", "tasks list", "tasks fingerprint", "tasks check"}
+                             "coldstart", "isolation", "train", "tasks list", "tasks fingerprint", "tasks check",
+                             "tasks make"}
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -22,7 +22,10 @@ UPWARD = {
     "substrates": {"envs", "rollout", "policies", "branching", "experiments", "executors", "measure", "report",
                    "train", "serve"},
     "envs": {"branching", "experiments", "executors", "rollout", "report", "measure", "train", "serve", "cli",
-             "policies"},
+             "policies", "taskgen"},
+    # task making (``tasks make``): reads projects, writes task folders, runs suites in a sandbox
+    "taskgen": {"rollout", "experiments", "executors", "report", "branching", "train", "serve", "cli", "policies",
+                "measure", "ledger"},
     "policies": {"rollout", "experiments", "executors", "report", "branching", "train", "serve", "substrates"},
     "rollout": {"experiments", "executors", "report", "branching", "train", "serve", "cli"},
     "branching": {"experiments", "executors", "report", "train", "serve", "cli"},

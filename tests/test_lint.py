@@ -11,7 +11,7 @@ from helpers import ROOT
 
 STRICT = ["src/drumsbench/substrates/base.py", "src/drumsbench/envs", "src/drumsbench/executors",
           "src/drumsbench/rollout/attempt.py", "src/drumsbench/ledger.py", "src/drumsbench/measure",
-          "src/drumsbench/core"]
+          "src/drumsbench/core", "src/drumsbench/taskgen"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

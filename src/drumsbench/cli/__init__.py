@@ -46,7 +46,7 @@ app.add_typer(cluster_app, name="cluster")
 cluster_app.command("up")(cluster.cluster_up)
 cluster_app.command("down")(cluster.cluster_down)
 for name, command in (("list", tasks.tasks_list), ("fingerprint", tasks.tasks_fingerprint),
-                      ("check", tasks.tasks_check)):
+                      ("check", tasks.tasks_check), ("make", tasks.tasks_make)):
     tasks_app.command(name)(command)
 
 

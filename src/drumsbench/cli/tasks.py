@@ -1,4 +1,4 @@
-"""``drumsbench tasks list|fingerprint|check``: task suites."""
+"""``drumsbench tasks list|fingerprint|check|make``: task suites."""
 
 from __future__ import annotations
 
@@ -102,3 +102,54 @@ def tasks_check(
     console.print(f"{total - failures} of {total} checks passed ({kind.name} environment, {', '.join(names)})")
     if failures:
         raise typer.Exit(1)
+
+
+def tasks_make(
+    from_: Annotated[list[str] | None, typer.Option(
+        "--from", metavar="NAME==VERSION",
+        help="A project pinned in taskgen/projects.toml (repeatable); default: every pinned project.")] = None,
+    out: Annotated[Path, typer.Option("--to", help="Folder of the made Harbor task folders (and yield.json); "
+                                                   "run them with --tasks harbor:FOLDER.")] = Path("made-tasks"),
+    substrate: o.Substrate = "docker",
+    max_tasks: Annotated[int, typer.Option("--max-tasks", help="Tasks kept per project at most.")] = 40,
+    max_tries: Annotated[int | None, typer.Option(
+        "--max-tries", help="Mutations tried per project at most (default: until --max-tasks are kept).")] = None,
+    progress: o.Progress = True,
+) -> None:
+    """Make tasks from real projects' own test suites: each pinned sdist (downloaded once, its digest
+    checked), its suite run in a sandbox, then procedural bugs (a flipped comparison, an off-by-one, a
+    removed guard, a removed implementation, ...) kept when some of the project's own tests fail on
+    them and the rest still pass (FAIL_TO_PASS / PASS_TO_PASS). Writes Harbor task folders and the
+    yield table (tried, kept, why dropped); the same pins give byte-identical folders."""
+    from drumsbench.cli.common import progress_lines
+    from drumsbench.substrates import registry
+    from drumsbench.substrates.base import RecipeImages
+    from drumsbench.taskgen import make, projects
+
+    if max_tasks < 1:
+        raise UsageError(f"--max-tasks: {max_tasks} keeps nothing; give 1 or more")
+    if max_tries is not None and max_tries < 1:
+        raise UsageError(f"--max-tries: {max_tries} tries nothing; give 1 or more")
+    chosen = [projects.find(p) for p in from_] if from_ else projects.load()
+    if not issubclass(registry.get(substrate), RecipeImages):
+        raise UsageError(f"--substrate: {substrate} cannot build task images (choose docker or podman)")
+    missing = registry.get(substrate).missing()
+    if missing:
+        raise UsageError(f"--substrate: {substrate} is not usable here: {missing}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--to: {out} is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    sub = registry.get(substrate)("taskgen", out / ".state")
+    try:
+        with progress_lines(progress) as say:
+            yields = make.make(chosen, out, sub, max_tasks, max_tries, say)
+    finally:
+        sub.close()
+        import shutil
+        shutil.rmtree(out / ".state", ignore_errors=True)
+    console.print(f"{'project':24} {'mutations':>9} {'tried':>6} {'kept':>5}  dropped", highlight=False)
+    for y in yields:
+        dropped = ", ".join(f"{n} {why}" for why, n in sorted(y.dropped.items())) or "-"
+        console.print(f"{y.pin:24} {y.candidates:9} {y.tried:6} {y.kept:5}  {dropped}", highlight=False)
+    console.print(f"{sum(y.kept for y in yields)} tasks in {out} (yield table: {out / 'yield.json'}); "
+                  f"run them with --tasks harbor:{out}", highlight=False)

@@ -1,6 +1,7 @@
 """The policy registry: ``--policy NAME[:ARG]`` -> a policy, through one factory per name.
 
-Built-ins: ``oracle``, ``null``, ``noisy``, ``explorer`` (scripted), ``adversary[:STRATEGY,...]`` (the
+Built-ins: ``oracle``, ``null``, ``noisy``, ``explorer`` (scripted), ``realistic`` (a coding agent on made
+tasks), ``adversary[:STRATEGY,...]`` (the
 red team) and ``endpoint:MODEL@URL`` (a model behind an OpenAI-compatible endpoint). Plugins add
 factories through the ``drumsbench.policies`` entry-point group (the pattern of every registry:
 ``drumsbench.core.plugins``). A factory takes ``PolicyArgs`` and returns a fresh ``Policy``; a bad
@@ -37,6 +38,7 @@ POLICIES: Registry[Factory] = Registry(
         "explorer": "drumsbench.policies.scripted:explorer",
         "adversary": "drumsbench.policies.adversary:factory",
         "endpoint": "drumsbench.policies.endpoint:factory",
+        "realistic": "drumsbench.policies.realistic:factory",
     }, "drumsbench.policies", check=callable, expected="a policy factory (PolicyArgs -> Policy)")
 
 
