@@ -41,7 +41,7 @@ def sh(command: str) -> ActionSpec:
 
 
 def _pytest(ids: list[str]) -> ActionSpec:
-    return sh("python3 -m pytest -p no:cacheprovider -q -x " + " ".join(shlex.quote(i) for i in ids)
+    return sh("python3 -m pytest -p no:cacheprovider -o addopts= -q -x " + " ".join(shlex.quote(i) for i in ids)
               + " 2>&1 | tail -30")
 
 
@@ -100,8 +100,8 @@ class Realistic(Policy):
         fix = ActionSpec("write", {"path": rel, "content": (original if solve else _wrong(rel, buggy, original, rng))
                                    .decode(errors="replace")})
         suite = " ".join(map(shlex.quote, tests))
-        end = [fix, _pytest(failing[:5]), sh(f"python3 -m pytest -p no:cacheprovider -q {suite} 2>&1 | tail -5"),
-               ActionSpec(SUBMIT)]
+        end = [fix, _pytest(failing[:5]),
+               sh(f"python3 -m pytest -p no:cacheprovider -o addopts= -q {suite} 2>&1 | tail -5"), ActionSpec(SUBMIT)]
         explore: list[ActionSpec] = []
         while len(start) + len(explore) + len(end) < budget:
             kind = rng.randrange(4)

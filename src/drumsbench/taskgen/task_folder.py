@@ -96,7 +96,8 @@ def _instruction(made: MadeTask) -> str:
     shown = "\n".join(f"- `{t}`" for t in made.fail_to_pass[:SHOWN])
     more = len(made.fail_to_pass) - SHOWN
     return (f"The folder `/app` holds the Python project {name} {version}; its own test suite runs with\n"
-            f"`python3 -m pytest {' '.join(made.tests)}` from `/app`. These tests of the suite fail:\n\n"
+            f"`python3 -m pytest -o addopts= {' '.join(made.tests)}` from `/app`. These tests of the suite\n"
+            "fail:\n\n"
             f"{shown}\n" + (f"- and {more} more\n" if more > 0 else "") +
             "\nFind the fault in the project's code and fix it so that they pass, without making any other\n"
             "test of the suite fail. Do not change the tests: the project's own tests are put back before\n"
