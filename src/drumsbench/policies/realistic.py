@@ -89,7 +89,7 @@ class Realistic(Policy):
             self._notes = {"solve": solve, "steps": len(look) + len(tail), "made_task": False}
             return [*look, *tail]
         buggy = (project / rel).read_bytes()
-        failing = _FAILING.findall(task.description) or []
+        failing = _FAILING.findall(task.description)
         tests = sorted({i.split("::")[0] for i in failing}) or ["."]
         files = sorted(str(p.relative_to(project)) for p in project.rglob("*.py"))
         names = sorted({n.decode() for n in _NAME.findall(buggy)}) or ["def"]

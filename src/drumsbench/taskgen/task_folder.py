@@ -146,6 +146,5 @@ def write(folder: Path, made: MadeTask) -> None:
          json.dumps({"fail_to_pass": list(made.fail_to_pass), "pass_to_pass": list(made.pass_to_pass)}, indent=1)
          + "\n")
     for rel in sorted(made.files):
-        if any(_under(rel, t) for t in made.tests):
-            original = made.original if rel == made.rel else made.files[rel]
-            _put(folder / "tests" / "project" / rel, original)
+        if any(_under(rel, t) for t in made.tests):  # the tests are never the changed file
+            _put(folder / "tests" / "project" / rel, made.files[rel])

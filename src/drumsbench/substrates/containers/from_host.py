@@ -33,7 +33,7 @@ from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import DEFAULT_OUTPUT_LIMIT, ExecResult, SandboxFrozen
-from drumsbench.substrates.containers.host_entry import Entry, host_cgroup_dir
+from drumsbench.substrates.containers.host_entry import Entry, host_cgroup_dir, start_time
 from drumsbench.substrates.exec_core import run_bounded
 
 ROUNDS = 200  # kill rounds before "processes survive SIGKILL" (a fork bomb is bounded by the pids group)
@@ -52,12 +52,7 @@ def container_group(entry: Entry) -> Path:
     """The host folder of the container's process group, once its pid 1 is known to be the one
     ``entry`` was read of (its start time; a pid reused after the container ended is not)."""
     top = host_cgroup_dir(entry.pid, missing_ok=True)  # read first: the same start time after means it was
-    fields = _stat(entry.pid)                           # that process's group
-    try:
-        same = fields is not None and int(fields[19]) == entry.started
-    except (IndexError, ValueError):
-        same = False
-    if top is None or not same:
+    if top is None or start_time(entry.pid) != entry.started:  # that process's group
         raise SubstrateError(f"the container's pid 1 ({entry.pid}) is gone")
     return top
 

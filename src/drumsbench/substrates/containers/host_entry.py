@@ -107,6 +107,15 @@ def host_cgroup_dir(pid: int, missing_ok: bool = False) -> Path | None:
     return Path(root + path.rstrip("/"))
 
 
+def start_time(pid: int) -> int | None:
+    """The start time of ``pid`` (``/proc/<pid>/stat``'s 22nd field, clock ticks after boot): with the
+    pid, one process and no later one. None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def bounding_caps(pid: int) -> int:
     """The capability bounding set of ``pid`` (``CapBnd`` of its status) as a bit mask."""
     try:
@@ -133,10 +142,9 @@ class Entry:
 
     @classmethod
     def of(cls, pid: int) -> Entry:
-        try:
-            started = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[19])
-        except (OSError, IndexError, ValueError):
-            raise SubstrateError(f"the container's pid 1 ({pid}) is gone") from None
+        started = start_time(pid)
+        if started is None:
+            raise SubstrateError(f"the container's pid 1 ({pid}) is gone")
         return cls(pid, tuple(cgroup_procs_files(pid)), bounding_caps(pid), started)
 
     def joined(self) -> tuple[str, ...]:
