@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import Freezable, Sandbox, Substrate
 from drumsbench.substrates.bwrap import BwrapSubstrate
 from drumsbench.substrates.hostproc import FreezerCgroup, UidLease
-from drumsbench.substrates.overlay.sandbox import OverlaySubstrate
+from drumsbench.substrates.overlay.sandbox import OverlaySandbox, OverlaySubstrate
 from drumsbench.substrates.process import ProcessSandbox, ProcessSubstrate
 
 from conftest import require
@@ -351,3 +352,56 @@ def test_a_sandbox_below_the_shared_base_whose_state_folder_vanished_is_swept(tm
     assert any(str(lease) in r for r in removed) and any(str(box.host_root) in r for r in removed), removed
     assert not lease.is_symlink() and not box.host_root.exists() and not mounts_below(box.host_root)
     sub.close()
+
+
+# What a command plants for the next command's entry into its sandbox: every program of the sandbox
+# that a privileged entry could run before it drops to the sandbox's privileges (the shell's `env`
+# and util-linux's `setpriv`), each replaced by a script that records the capabilities it ran with
+# and a tmpfs it could mount, then runs the real program.
+PLANT_ENTRY = r"""
+for p in /usr/bin/env /usr/bin/setpriv; do
+  [ -e "$p.real" ] || mv "$p" "$p.real" 2>/dev/null || continue
+  { echo '#!/bin/sh'
+    echo 'grep CapEff /proc/self/status > /tmp/entry-ran-privileged'
+    echo 'mkdir -p /tmp/m && mount -t tmpfs t /tmp/m && echo mounted >> /tmp/entry-ran-privileged && umount /tmp/m'
+    echo "exec $p.real \"\$@\""; } > "$p"
+  chmod 755 "$p"
+done
+echo planted
+"""
+
+
+def _cap_eff(out: bytes) -> int:
+    line = next(x for x in out.decode().splitlines() if x.startswith("CapEff:"))
+    return int(line.split()[1], 16)
+
+
+@needs_root
+def test_a_command_cannot_plant_a_program_the_next_entry_runs_privileged(sub: Substrate) -> None:
+    """The strategy: replace the sandbox's own `env`/`setpriv` so that the next command's entry runs
+    them as host root with every capability (then mknod and mount the host's disk). The next command
+    keeps the sandbox's capabilities, and nothing planted ran privileged. Positive control (overlay,
+    where the sandbox's system is writable): the entry it had, `nsenter -r ... env ... setpriv ...`,
+    runs the planted `env` with every capability and mounts."""
+    from drumsbench.substrates.overlay import entry
+
+    box: Sandbox = sub.create()
+    try:
+        box.exec(PLANT_ENTRY, timeout=20)
+        res = box.exec("grep CapEff /proc/self/status; mkdir -p /tmp/m2; mount -t tmpfs t /tmp/m2 && echo MOUNTED",
+                       timeout=20)
+        assert res.exit_code != 0 and b"MOUNTED" not in res.stdout, res
+        assert _cap_eff(res.stdout) & ~entry.KEEP_MASK == 0, res.stdout
+        assert box.exec("cat /tmp/entry-ran-privileged", timeout=20).exit_code != 0, "a planted program ran"
+        if isinstance(box, OverlaySandbox):
+            assert box.exec("test -x /usr/bin/env.real", timeout=20).exit_code == 0, "the strategy did not plant"
+            pid = box.holder_pid
+            naive = ["nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "--", "/usr/bin/env",
+                     "--chdir=/sandbox/work", "/usr/bin/setpriv", "--bounding-set=-all,+chown", "--inh-caps=-all",
+                     "--no-new-privs", "--", "/bin/true"]
+            assert subprocess.run(naive, capture_output=True, timeout=20).returncode == 0
+            ran = box.exec("cat /tmp/entry-ran-privileged", timeout=20)
+            assert ran.exit_code == 0 and b"mounted" in ran.stdout, ran
+            assert _cap_eff(ran.stdout) & ~entry.KEEP_MASK, "the control ran without extra capabilities"
+    finally:
+        box.destroy()

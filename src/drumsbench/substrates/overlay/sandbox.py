@@ -10,9 +10,11 @@ where the skeleton holds the empty ``/sandbox/{work,home,tmp,verify}`` and the r
 reachable from the sandbox's mount namespace. Holders are forked by one warm fork server per run
 (``namespace_init.py``), which makes a sandbox cost a fork rather than an interpreter start.
 
-Commands enter the holder's namespaces with ``nsenter`` and run as uid 0 with docker's default
-capabilities less ``mknod``, ``sys_chroot`` and ``setfcap`` (``setpriv``), so they can own the
-sandbox's files but cannot mount, make device nodes or regain capabilities. Processes of a sandbox
+Commands enter the holder's namespaces with the entry helper (``entry.py``, ``enter.c``) and run as
+uid 0 with docker's default capabilities less ``mknod``, ``sys_chroot`` and ``setfcap``, so they can
+own the sandbox's files but cannot mount, make device nodes or regain capabilities; the helper runs
+no program of the sandbox before it has dropped the rest (the sandbox's ``env`` or ``setpriv``,
+replaced by an earlier command, would otherwise run as host root with every capability). Processes of a sandbox
 live on between commands (a server started by one command is reachable on ``127.0.0.1`` by the
 next) until reset, snapshot or destroy.
 
@@ -40,7 +42,7 @@ process is started, and links inside the sandbox resolve as they do inside it.
 Commands run as uid 0 (no user namespace) but in the holder's pid namespace, so the harness and
 other sandboxes' processes have no pid they could name; no uid of its own is needed. Where the v1
 freezer hierarchy is mounted, each sandbox gets a freezer cgroup holding its holder and every
-command (``nsenter`` is placed by the same root-run wrapper as ``process``'s commands), and is
+command (the entry helper is placed by the same root-run wrapper as ``process``'s commands), and is
 ``Freezable`` (``FreezableOverlaySandbox``). ``end_processes`` kills every process of the holder's
 pid namespace but the holder.
 """
@@ -104,12 +106,12 @@ from drumsbench.substrates.hostproc import (
     pids_with_env,
     unmount_below,
 )
+from drumsbench.substrates.overlay import entry
 from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
 from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
 IN_ROOT = "/sandbox"
 SKELETON = "layers/_skeleton"
-_SETPRIV = list(SETPRIV_CONFINE)
 ENTER_VIEW = Path(__file__).with_name("enter_view.py")
 _UNSHARE = ("unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
             "--propagation", "private", "--")
@@ -204,9 +206,9 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
                 raise SubstrateError(f"overlay: cannot place sandbox {self.id} in {self.cgroup.path}: {e}") from e
 
     def _stop(self, sweep: bool = False) -> None:
-        """Kill the holder (the kernel kills its pid namespace) and the running ``nsenter``s.
+        """Kill the holder (the kernel kills its pid namespace) and the running entry helpers.
 
-        Every process inside dies with the holder; outside it there are only the ``nsenter``
+        Every process inside dies with the holder; outside it there are only the entry helpers,
         parents of running commands, killed by group. ``sweep`` also kills any process still
         carrying the sandbox's label (a scan of /proc: for destroy, not for the hot reset path).
         A frozen sandbox is thawed first (frozen tasks cannot die).
@@ -250,17 +252,9 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
 
     # -- interface -------------------------------------------------------------------------------
     def _enter_argv(self, argv: Sequence[str], workdir: str) -> list[str]:
-        """The host command that runs ``argv`` inside the sandbox (its namespaces, cgroups and privileges)."""
-        host_argv = [
-            self._sub.nsenter,
-            "-t", str(self._pid),
-            "-m", "-u", "-i", "-n", "-p", "-r",
-            "--",
-            # The working folder is entered inside (nsenter --wd would resolve it on the host).
-            "/usr/bin/env", f"--chdir={workdir}",
-            *_SETPRIV,
-            *argv,
-        ]  # fmt: skip
+        """The host command that runs ``argv`` inside the sandbox (its namespaces, cgroups and
+        privileges): ``entry.argv``, which runs no program of the sandbox before it drops them."""
+        host_argv = entry.argv(self._pid, workdir, argv)
         return host_argv if self.cgroup is None else self.cgroup.wrap(host_argv)
 
     def _run(self, req: ExecRequest) -> ExecResult:
@@ -274,7 +268,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
 
     def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> Stream:
-        """``Streaming``: entered as ``exec`` enters a command; its ``nsenter`` in a session of its own,
+        """``Streaming``: entered as ``exec`` enters a command; its entry helper in a session of its own,
         counted in the sandbox's process groups, the command marked with a token that ``close`` kills."""
         workdir = os.path.normpath(cwd or self.paths.work)
         if not self._rooted().is_dir(self._rel(workdir)):
@@ -285,7 +279,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
         return start_stream(self._enter_argv(argv, workdir), cwd=None, env=full, groups=self.groups, token=token)
 
     def end_processes(self) -> None:
-        """Kill every process of the holder's pid namespace but the holder, and running ``nsenter``s."""
+        """Kill every process of the holder's pid namespace but the holder, and running entry helpers."""
         with self._lock:
             if self._destroyed or not self._alive():
                 return
@@ -299,11 +293,11 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
             kill_pids(list(pids_with_env(SANDBOX_VAR, self.id)))
         for _ in range(3):  # what forked while a pass ran
             victims = []
-            for entry in os.listdir("/proc"):
-                if entry.isdigit() and int(entry) != holder:
+            for name in os.listdir("/proc"):
+                if name.isdigit() and int(name) != holder:
                     try:
-                        if os.readlink(f"/proc/{entry}/ns/pid") == ns:
-                            victims.append(int(entry))
+                        if os.readlink(f"/proc/{name}/ns/pid") == ns:
+                            victims.append(int(name))
                     except OSError:
                         continue
             if not victims:
@@ -418,7 +412,6 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
     def __init__(self, run_id: str, state_dir: Path) -> None:
         super().__init__(run_id, state_dir)
         self.folder = run_folder(state_dir, run_id)
-        self.nsenter = shutil.which("nsenter") or "nsenter"
         self._server: ForkServer | None = None
         self._rootfs: str | None = None
         self._lock = threading.Lock()
@@ -456,6 +449,8 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
             return "cannot read /proc/filesystems"
         if shutil.which("nsenter") is None:
             return "nsenter is missing: apt-get install util-linux"
+        if (why := entry.missing()) is not None:
+            return why
         if not rootedfs.available():
             return "openat2(2) is unavailable: the overlay substrate needs Linux >= 5.6"
         if os.uname().machine not in ("x86_64", "aarch64"):
@@ -463,8 +458,6 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
         root = cached_rootfs()
         if root is None and shutil.which("debootstrap") is None:
             return "no Debian rootfs and no debootstrap to build it: apt-get install debootstrap"
-        if root is not None and not (root / "usr/bin/setpriv").exists():
-            return f"the rootfs {root} has no /usr/bin/setpriv (util-linux)"
         return None
 
     # -- run-level state -------------------------------------------------------------------------
