@@ -31,7 +31,14 @@ from drumsbench.envs.harbor.env import HarborEnv, parse_reward
 from drumsbench.envs.harbor.task import HarborTask, load_suite
 from drumsbench.experiments.envcheck import check_environment
 from drumsbench.experiments.harbor_check import check_harbor
-from drumsbench.policies.adversary import HARBOR, HARBOR_CONTROLS, HARBOR_NOT_FORGING, Adversary
+from drumsbench.policies.adversary import (
+    HARBOR,
+    HARBOR_CONTROLS,
+    HARBOR_NOT_FORGING,
+    PYTEST_SCORED,
+    PYTEST_SCORED_CONTROL,
+    Adversary,
+)
 from drumsbench.policies.scripted import Policy, make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
@@ -301,6 +308,19 @@ def test_the_agents_own_code_can_forge_and_the_record_says_in_process(sub: Subst
         "import atexit, os\natexit.register(os._exit, 0)\n\n\ndef slug(title):\n    return ''\n")})]))
     assert forged.outcome is Outcome.SUCCESS, forged.detail
     assert forged.extra.get("trust") == "in-process"
+
+
+@pytest.mark.parametrize("strategy", sorted(PYTEST_SCORED))
+def test_code_under_test_that_xfails_or_skips_wins_where_the_exit_status_scores(sub: Substrate, strategy: str
+                                                                              ) -> None:
+    """The positive control of ``PYTEST_SCORED``: every function of the code under test made an xfail
+    (or a skip) makes fix-slug's ``pytest`` exit 0, so its test.sh writes 1 — through this kind's
+    fresh-sandbox verifier too: the agent's code runs in the verifier's process, and the record says
+    so. On the made tasks, where each expected id must be PASSED, the same strategies end failed
+    (tests/test_tasks_make.py)."""
+    got = attempt(sub, _task(PYTEST_SCORED_CONTROL), Adversary([strategy]))
+    assert got.outcome is Outcome.SUCCESS, (strategy, got.outcome, got.detail)
+    assert got.extra.get("trust") == "in-process" and got.extra.get("strategy") == strategy
 
 
 def test_peer_harbors_own_template_scores_as_harbor_says(sub: Substrate, tmp_path: Path) -> None:
