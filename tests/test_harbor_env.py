@@ -158,7 +158,7 @@ def test_the_kind_is_named_before_the_folder() -> None:
 
 
 # -- running -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["docker", "podman"])
+@pytest.fixture(scope="module", params=["docker", "podman", "overlay"])
 def sub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, harbor_here: None
         ) -> Iterator[Substrate]:
     cls = registry.get(request.param)

@@ -104,25 +104,40 @@ def test_the_same_pins_make_byte_identical_folders(made: tuple[Path, list[make.Y
     assert _tree(again) == _tree(out)
 
 
-def test_every_made_task_scores_oracle_1_and_nop_0(made: tuple[Path, list[make.Yield]], tmp_path: Path) -> None:
+@pytest.mark.parametrize("substrate", ["docker", "overlay"])
+def test_every_made_task_scores_oracle_1_and_nop_0(made: tuple[Path, list[make.Yield]], tmp_path: Path,
+                                                   substrate: str) -> None:
+    """``tasks check`` on a container engine and on a namespace substrate (overlay runs the image
+    docker built from its own layer folders)."""
     out, _ = made
-    results = check_harbor(f"harbor:{out}", ["docker"], tmp_path / "state")
+    results = check_harbor(f"harbor:{out}", [substrate], tmp_path / "state")
     assert len(results) == KEEP and all(c.ok for c in results), [c.problem for c in results]
     assert all(c.golden.startswith("success") and c.start.startswith("failed") for c in results)
 
 
-def test_the_harbor_red_team_fails_on_a_made_task(made: tuple[Path, list[make.Yield]], docker: Substrate) -> None:
+@pytest.fixture(scope="module")
+def overlay(docker: Substrate, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Substrate]:
+    require(registry.get("overlay").missing())
+    sub = registry.get("overlay")("taskgen-test-overlay", tmp_path_factory.mktemp("state"))
+    yield sub
+    sub.close()
+
+
+@pytest.mark.parametrize("substrate", ["docker", "overlay"])
+def test_the_harbor_red_team_fails_on_a_made_task(made: tuple[Path, list[make.Yield]], substrate: str,
+                                                  request: pytest.FixtureRequest) -> None:
     """Every Harbor strategy (a conftest, a shadowing pytest, a .pth, a plugin's entry point, replaced
     bash or python3, a background forger, links out, no tar) and every pytest-scored one (the code
     under test makes each test that calls it an xfail or a skip: pytest exits 0, which wins on
     fix-slug, tests/test_harbor_env.py) on a made task: never success, never invalid."""
     out, _ = made
+    sub: Substrate = request.getfixturevalue(substrate)
     task = load_suite(str(out))[0]
     outcomes = {}
     for name in (*HARBOR, *PYTEST_SCORED):
-        slot = Slot(docker, HarborEnv())
+        slot = Slot(sub, HarborEnv())
         try:
-            r = run_attempt(slot, task, Adversary([name]), CFG, CanaryRegistry(), run_id=docker.run_id,
+            r = run_attempt(slot, task, Adversary([name]), CFG, CanaryRegistry(), run_id=sub.run_id,
                             seq=next(SEQ), seed=0)
         finally:
             slot.destroy()

@@ -99,7 +99,7 @@ def make_project(project: Project, out: Path, substrate: Substrate, max_tasks: i
                  progress: Callable[[str], None]) -> Yield:
     """The tasks of one project (module contract)."""
     if not isinstance(substrate, RecipeImages):
-        raise UsageError(f"--substrate: {substrate.name} cannot build task images (choose docker or podman)")
+        raise UsageError(f"--substrate: {substrate.name} cannot build task images (choose docker, podman or overlay)")
     files = project.files()
     missing = [p for p in (*project.source, *project.tests)
                if not any(rel == p or rel.startswith(p.rstrip("/") + "/") for rel in files)]

@@ -57,6 +57,7 @@ from drumsbench.substrates.base import (
     ViewLaunching,
 )
 from drumsbench.substrates.containers import from_host, host_entry
+from drumsbench.substrates.containers.image_layout import ImageLayout, image_layout
 from drumsbench.substrates.exec_core import EXEC_VAR, sandbox_env
 from drumsbench.substrates.hostproc import alive_not_exiting, mounts_of_source
 
@@ -763,6 +764,15 @@ class ContainerSubstrate(Substrate, ImageFlavors):
     def _engine_build_recipe(self, recipe: ImageRecipe) -> str:
         """The engine's build of ``recipe`` (``recipe_build``): its image's reference."""
         raise SubstrateError(f"{self.name} cannot build task images")
+
+    def image_layout(self, image: str) -> ImageLayout:
+        """The layer folders and config of built image ``image`` (``image_layout``): what the
+        ``overlay`` substrate mounts to run a task's image built here."""
+        return image_layout(self.name, image, self._engine_inspect_image(image))
+
+    def _engine_inspect_image(self, image: str) -> Mapping[str, Any]:
+        """The engine's ``image inspect`` record of ``image``."""
+        raise SubstrateError(f"{self.name} cannot inspect images")
 
     def create_from_image(self, image: str) -> ContainerSandbox:
         """``RecipeImages.create_from_image``: a container (as ``create`` makes one) of the sandbox

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,12 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
         from drumsbench.substrates.containers.docker_recipes import DockerEngine
 
         return recipe_build.build(DockerEngine(self.client), recipe)
+
+    def _engine_inspect_image(self, image: str) -> Mapping[str, Any]:
+        try:
+            return dict(self.client.api.inspect_image(image))
+        except api_errors() as e:
+            raise SubstrateError(f"docker: cannot inspect image {image}: {e}") from e
 
     def _engine_image_exists(self, tag: str) -> bool:
         try:

@@ -27,7 +27,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -148,6 +150,15 @@ class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
         from drumsbench.substrates.containers.podman_recipes import PodmanEngine
 
         return recipe_build.build(PodmanEngine(), recipe)
+
+    def _engine_inspect_image(self, image: str) -> Mapping[str, Any]:
+        try:
+            found = json.loads(podman(["image", "inspect", image]).stdout)
+        except ValueError as e:
+            raise SubstrateError(f"podman: image inspect {image}: not JSON ({e})") from e
+        if not isinstance(found, list) or not found or not isinstance(found[0], dict):
+            raise SubstrateError(f"podman: image inspect {image}: no record")
+        return found[0]
 
     def _engine_image_exists(self, tag: str) -> bool:
         return image_exists(tag)

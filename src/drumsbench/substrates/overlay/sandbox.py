@@ -62,7 +62,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -74,9 +74,11 @@ from drumsbench.substrates.base import (
     ExecResult,
     Forking,
     HostLaunching,
+    ImageRecipe,
     Isolation,
     LaunchView,
     PortableSnapshots,
+    RecipeImages,
     ResetStrategy,
     SandboxPaths,
     Snapshotting,
@@ -110,6 +112,10 @@ from drumsbench.substrates.overlay import entry
 from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
 from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
+if TYPE_CHECKING:  # the container stack is imported when a task image is first built
+    from drumsbench.substrates.containers.common import ContainerSubstrate
+    from drumsbench.substrates.containers.image_layout import ImageLayout
+
 IN_ROOT = "/sandbox"
 SKELETON = "layers/_skeleton"
 ENTER_VIEW = Path(__file__).with_name("enter_view.py")
@@ -142,6 +148,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
         self._sub = sub
         self._dir = sub.folder / "sb" / sid
         self._base = base  # lower layers of the start state, top first (relative to the run folder)
+        self.image_env: Mapping[str, str] = {}  # a task image's ENV (create_from_image), under every command's
         self._extra: list[str] = []  # layers frozen by snapshot() since the start, top first
         self._gen = 0
         self._pid = 0
@@ -261,7 +268,8 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
         workdir = os.path.normpath(req.cwd)
         if not self._rooted().is_dir(self._rel(workdir)):
             return missing_workdir(workdir)
-        env = sandbox_env(self.paths, req.env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
+        env = sandbox_env(self.paths, {**self.image_env, **(req.env or {})},
+                          labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id})
         # Afterwards the group's leader is reaped: its id is forgotten before the kernel can reuse
         # it. What the command left running lives in the pid namespace and dies with the holder.
         return self.groups.run(self._enter_argv(req.argv, workdir), req, cwd=None, env=env, forget_all=True)
@@ -274,8 +282,8 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
         if not self._rooted().is_dir(self._rel(workdir)):
             return EndedStream(126)
         token = uuid.uuid4().hex
-        full = sandbox_env(self.paths, env, labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id},
-                           pinned={EXEC_VAR: token})
+        full = sandbox_env(self.paths, {**self.image_env, **(env or {})},
+                           labels={RUN_VAR: self.run_id, SANDBOX_VAR: self.id}, pinned={EXEC_VAR: token})
         return start_stream(self._enter_argv(argv, workdir), cwd=None, env=full, groups=self.groups, token=token)
 
     def end_processes(self) -> None:
@@ -366,7 +374,7 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
             except OSError as e:
                 raise SubstrateError(f"overlay: cannot freeze the upper of {self.id}: {e}") from e
             self._extra.insert(0, layer)
-            self._sub.register_snapshot(snap, (*self._extra, *self._base))
+            self._sub.register_snapshot(snap, (*self._extra, *self._base), self.image_env)
             self._start()
         self._discard(work)
         return snap
@@ -394,7 +402,7 @@ class FreezableOverlaySandbox(CgroupFreezable, OverlaySandbox):
     """An overlay sandbox with a freezer cgroup (holder and commands): the host can freeze it."""
 
 
-class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
+class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
     name = "overlay"
     sandbox_class = OverlaySandbox
     capabilities = Capabilities(
@@ -417,6 +425,9 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
         self._lock = threading.Lock()
         self._live: dict[str, OverlaySandbox] = {}
         self._snapshots: dict[str, tuple[str, ...]] = {}
+        self._snapshot_env: dict[str, Mapping[str, str]] = {}
+        self._builder: ContainerSubstrate | None = None  # builds task images (RecipeImages), lazily
+        self._layouts: dict[str, ImageLayout] = {}
         self.trash = Trash(self.folder / "trash")
         self.freezer = FreezerCgroup.hierarchy() is not None
 
@@ -484,15 +495,16 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
                 tmp.rename(skel)
             self._rootfs = rootfs
 
-    def register_snapshot(self, snap: str, chain: tuple[str, ...]) -> None:
+    def register_snapshot(self, snap: str, chain: tuple[str, ...], env: Mapping[str, str] | None = None) -> None:
         with self._lock:
             self._snapshots[snap] = chain
+            self._snapshot_env[snap] = dict(env or {})
 
     def forget(self, box: OverlaySandbox) -> None:
         with self._lock:
             self._live.pop(box.id, None)
 
-    def _new(self, base: tuple[str, ...]) -> OverlaySandbox:
+    def _new(self, base: tuple[str, ...], image_env: Mapping[str, str] | None = None) -> OverlaySandbox:
         sid = new_sandbox_id()
         if not self.freezer:
             box = OverlaySandbox(self, sid, base)
@@ -503,6 +515,7 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
             except BaseException:
                 cgroup.remove()
                 raise
+        box.image_env = dict(image_env or {})
         with self._lock:
             self._live[box.id] = box
         return box
@@ -517,9 +530,66 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
         """A new sandbox whose start state is snapshot ``snapshot_id`` (no file copied)."""
         with self._lock:
             chain = self._snapshots.get(snapshot_id)
+            env = self._snapshot_env.get(snapshot_id)
         if chain is None:
             raise SubstrateError(f"overlay: no snapshot {snapshot_id!r} in run {self.run_id}")
-        return self._new(chain)
+        return self._new(chain, env)
+
+    def _image_builder(self) -> ContainerSubstrate:
+        """The container engine that builds task images for this substrate: docker where it answers,
+        else podman (made once, closed with this substrate)."""
+        with self._lock:
+            if self._builder is not None:
+                return self._builder
+        from drumsbench.substrates import registry
+        from drumsbench.substrates.containers.common import ContainerSubstrate
+
+        why = []
+        for engine in ("docker", "podman"):
+            cls = registry.get(engine)
+            if (reason := cls.missing()) is not None:
+                why.append(f"{engine}: {reason}")
+                continue
+            builder = cls(f"{self.run_id}-images", self.state_dir)
+            assert isinstance(builder, ContainerSubstrate)
+            with self._lock:
+                if self._builder is None:
+                    self._builder = builder
+                    return builder
+            builder.close()
+            return self._image_builder()
+        raise SubstrateError("overlay: task images are built by docker or podman, and neither is here (" +
+                             "; ".join(why) + ")")
+
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """``RecipeImages.build_recipe``: the image is built by a container engine
+        (``_image_builder``) and run from that engine's own layer folders (``image_layout``: no copy,
+        no export). ``SubstrateError`` for an image whose ``USER`` is not root (the overlay runs
+        every command as uid 0) or whose engine keeps no overlay layers."""
+        builder = self._image_builder()
+        image = builder.build_recipe(recipe)
+        ref = f"{builder.name}:{image}"
+        with self._lock:
+            if ref in self._layouts:
+                return ref
+        layout = builder.image_layout(image)
+        if layout.user not in ("", "root", "0", "0:0", "root:root"):
+            raise SubstrateError(f"overlay: image {image} runs as USER {layout.user}; the overlay substrate runs "
+                                 "commands as root only (use docker or podman)")
+        with self._lock:
+            self._layouts[ref] = layout
+        return ref
+
+    def create_from_image(self, image: str) -> OverlaySandbox:
+        """``RecipeImages.create_from_image``: a sandbox whose lower layers are the skeleton over the
+        image's own layer folders, every command given the image's ``ENV`` (a command's own
+        environment over it)."""
+        with self._lock:
+            layout = self._layouts.get(image)
+        if layout is None:
+            raise SubstrateError(f"overlay: no image {image} (build_recipe makes a task's image)")
+        self._prepare()
+        return self._new((SKELETON, *layout.layers), layout.env)
 
     def snapshots(self) -> list[str]:
         with self._lock:
@@ -538,6 +608,10 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
             chain = self._snapshots.get(snapshot_id)
         if chain is None:
             raise SubstrateError(f"overlay: no snapshot {snapshot_id!r} in run {self.run_id}")
+        self._prepare()
+        if chain[-2:] != (SKELETON, self._rootfs):
+            raise SubstrateError("overlay: a snapshot of a task image's sandbox is not portable (its image's "
+                                 "layers are the builder's)")
         own = [c for c in chain if c != SKELETON and _LAYER.fullmatch(c)]
         proc = _tar(["-C", str(self.folder), "-cf", "-", "--", *own])
         return json.dumps({"layers": own}).encode() + b"\n" + proc
@@ -577,10 +651,13 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots):
             box.destroy()
         with self._lock:
             server, self._server = self._server, None
+            builder, self._builder = self._builder, None
             self._snapshots.clear()
             self._rootfs = None
         if server is not None:
             server.stop()
+        if builder is not None:
+            builder.close()
         for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
             cg.remove()
         self.trash.drain()
