@@ -47,6 +47,7 @@ from drumsbench.substrates.base import Substrate
 from drumsbench.testing.naive_gates import NaiveDockerSubstrate
 
 from conftest import require
+from helpers import cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harbor"
 EXAMPLE_IDS = ["build-checksum", "count-words", "fix-median", "fix-roman", "fix-slug", "install-service", "log-summary",
@@ -321,6 +322,29 @@ def test_code_under_test_that_xfails_or_skips_wins_where_the_exit_status_scores(
     got = attempt(sub, _task(PYTEST_SCORED_CONTROL), Adversary([strategy]))
     assert got.outcome is Outcome.SUCCESS, (strategy, got.outcome, got.detail)
     assert got.extra.get("trust") == "in-process" and got.extra.get("strategy") == strategy
+
+
+def test_coldstart_of_a_task_image_beside_its_floor(harbor_here: None, tmp_path: Path) -> None:
+    """``drumsbench coldstart --tasks harbor:...``: sandboxes of the task's own image on docker and
+    overlay (overlay mounts the layers docker built), each beside the floor of that same image; a
+    substrate that cannot run task images is one line, exit 2."""
+    for name in ("docker", "overlay"):
+        require(registry.get(name).missing())
+    env = {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+    cli("coldstart", "--tasks", f"harbor:{EXAMPLES}", "--task", "fix-slug", "--substrate", "docker,overlay",
+        "-n", "3", "--idle", "1", "--reset-n", "2", "--out", str(tmp_path / "runs"), "--json",
+        str(tmp_path / "c.json"), "--no-progress", env=env, check=True)
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["config"]["task"] == "fix-slug"
+    docker_r, overlay_r = data["results"]
+    for r in (docker_r, overlay_r):
+        assert r["success"]["value"] == 1.0 and r["first_command"]["n"] == 3, r["errors"]
+        assert r["floor"] is not None and list(r["reset"]) == ["recreate"], r
+    assert docker_r["floor_argv"][-2].startswith("drumsbench-task:")  # docker run --rm IMAGE true
+    assert "/overlay2/" in overlay_r["floor_argv"][-1]  # the image's own layer folders, not the base rootfs
+    bad = cli("coldstart", "--tasks", f"harbor:{EXAMPLES}", "--substrate", "bwrap", "--out", str(tmp_path / "runs"),
+              env=env)
+    assert bad.returncode == 2 and "cannot build" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_peer_harbors_own_template_scores_as_harbor_says(sub: Substrate, tmp_path: Path) -> None:

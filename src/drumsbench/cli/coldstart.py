@@ -61,11 +61,13 @@ def coldstart(
     from drumsbench.core.machine import commit, machine_info
     from drumsbench.envs import suites
     from drumsbench.envs.coding.task import load_suite
+    from drumsbench.envs.harbor.env import HarborEnv
     from drumsbench.experiments.coldstart import ColdstartConfig, measure, measure_desktop, measure_pool
-    from drumsbench.experiments.run import make_substrate, new_run_id, open_ledger
+    from drumsbench.experiments.run import images_problem, make_substrate, new_run_id, open_ledger
     from drumsbench.measure import artifacts
     from drumsbench.report.tables import coldstart_group, desktop_coldstart_group
     from drumsbench.rollout.pool import parse_pool
+    from drumsbench.substrates.base import RecipeImages
 
     chosen = substrate_names(substrate, substrates)
     try:
@@ -82,12 +84,25 @@ def coldstart(
         desktop_task = by_id.get(task or next(iter(by_id)))
         if desktop_task is None:
             raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(by_id)}")
+    harbor_task = None
+    if suites.suite_kind(suite) == "harbor":  # the real image of one task: its sandboxes, its floor
+        from drumsbench.envs.harbor.task import load_suite as load_harbor
+
+        by_harbor_id = {t.id: t for t in load_harbor(suites.split(suite)[1])}
+        harbor_task = by_harbor_id.get(task or next(iter(by_harbor_id)))
+        if harbor_task is None:
+            raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(list(by_harbor_id)[:20])}")
+        for name in chosen:
+            problem = images_problem(HarborEnv, name)
+            if problem:
+                raise UsageError(problem)
     run_id = new_run_id()
     # the desktop's needs are checked per substrate before anything runs (the vm is refused up front)
     subs = [make_substrate(name, run_id, suite if desktop_task else None) for name in chosen]
     ledger = open_ledger(out)
     config = {**cfg.model_dump(mode="json"), "tasks": suite,
-              **({"task": desktop_task.id} if desktop_task else {})}
+              **({"task": desktop_task.id} if desktop_task else {}),
+              **({"task": harbor_task.id} if harbor_task else {})}
     ledger.create_run(run_id, "coldstart", config, machine_info(), commit())
     files = load_suite("coding")[0].files
     results = []
@@ -103,10 +118,15 @@ def coldstart(
                     desktop.append(d)
                     sub.close()
                     continue
-                r = measure(sub, cfg, files, say=say)
+                image = None
+                if harbor_task is not None:
+                    assert isinstance(sub, RecipeImages)
+                    say(f"{sub.name}: the image of {harbor_task.id} (built once, then cached)")
+                    image = sub.build_recipe(harbor_task.start_recipe)
+                r = measure(sub, cfg, {} if image else files, say=say, image=image)
                 artifacts.put(ledger, run_id, sub.name, r)
                 results.append(r)
-                if cfg.pool_size():
+                if cfg.pool_size() and image is None:  # a warm pool holds the substrate's own sandboxes
                     p = measure_pool(sub, cfg, say=say)
                     artifacts.put(ledger, run_id, sub.name, p)
                     pools.append(p)
@@ -116,5 +136,6 @@ def coldstart(
     if desktop:
         console.print(desktop_coldstart_group(desktop, cfg.mode, cfg.n, run_id))
     else:
-        console.print(coldstart_group(results, cfg.mode, cfg.n, cfg.idle, run_id, pools))
+        console.print(coldstart_group(results, cfg.mode, cfg.n, cfg.idle, run_id, pools,
+                                      of=f"task {harbor_task.id}'s image" if harbor_task else ""))
     write_json(coldstart_json(run_id, config, results, pools, desktop), out / run_id, "coldstart.json", json_path)

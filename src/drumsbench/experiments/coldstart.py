@@ -28,7 +28,7 @@ from drumsbench.measure.cost import DEFAULT_PRICE, HostPrice, pool_cost
 from drumsbench.measure.pool import PoolColdstartArtifact
 from drumsbench.measure.stats import Estimate, wilson
 from drumsbench.rollout.pool import PoolSetting, WarmPool, pool_size
-from drumsbench.substrates.base import ResetStrategy, Sandbox, Substrate
+from drumsbench.substrates.base import RecipeImages, ResetStrategy, Sandbox, Substrate
 
 
 class Mode(StrEnum):
@@ -53,14 +53,15 @@ class ColdstartConfig(BaseModel):
 SubstrateColdstart = ColdstartArtifact  # the typed artifact is the result (measure/artifacts.py)
 
 
-def reset_by(strategy: ResetStrategy, box: Sandbox, sub: Substrate) -> Sandbox:
+def reset_by(strategy: ResetStrategy, box: Sandbox, sub: Substrate,
+             create: Callable[[], Sandbox] | None = None) -> Sandbox:
     """The sandbox after one reset by ``strategy``: the same one emptied in place, or a fresh one
-    (the old one destroyed)."""
+    (the old one destroyed; ``create``, else ``sub.create``)."""
     if strategy is ResetStrategy.IN_PLACE:
         box.reset_in_place()
         return box
     box.destroy()
-    return sub.create()
+    return (create or sub.create)()
 
 
 def _run_mode(mode: Mode, n: int, stagger_s: float, one: Callable[[], Any]) -> list[Any]:
@@ -133,22 +134,37 @@ def _first_command(get: Callable[[], Sandbox]) -> tuple[float, float, float]:
 
 
 def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
-            say: Callable[[str], None] = lambda _m: None) -> SubstrateColdstart:
+            say: Callable[[str], None] = lambda _m: None, image: str | None = None) -> SubstrateColdstart:
+    """The figures of ``sub``'s own sandboxes, or with ``image`` (a task image ``build_recipe``
+    returned: ``RecipeImages``) of sandboxes of that image, beside its floor (``raw_floor_of``), and
+    reset only by recreating (a task image's whole file system is its start state)."""
+    create: Callable[[], Sandbox] = sub.create
+    strategies = sub.capabilities.reset_strategies
+    if image is not None:
+        if not isinstance(sub, RecipeImages):
+            raise UsageError(f"--substrate {sub.name}: it cannot run task images (RecipeImages)")
+        recipe_images = sub
+
+        def create() -> Sandbox:
+            return recipe_images.create_from_image(image)
+
+        strategies = tuple(s for s in strategies if s is ResetStrategy.RECREATE)
+
     def cycle() -> tuple[float, float]:
-        _, first, teardown = _first_command(sub.create)
+        _, first, teardown = _first_command(create)
         return first, teardown
 
     say(f"{sub.name}: {cfg.n} x create + first command ({cfg.mode})")
     ok, errors, success = _sampled(cfg, cycle)
 
-    floor_argv, floor = _raw_floor(sub, cfg, say)
+    floor_argv, floor = _raw_floor(sub, cfg, say, image)
 
     say(f"{sub.name}: memory of {cfg.idle} idle sandboxes")
     before = _mem_available_kib()
     idle = []
     try:
         for _ in range(cfg.idle):
-            box = sub.create()
+            box = create()
             idle.append(box)
             box.exec("true", timeout=60)
         time.sleep(0.5)
@@ -161,15 +177,15 @@ def measure(sub: Substrate, cfg: ColdstartConfig, start_files: dict[str, bytes],
 
     say(f"{sub.name}: reset per strategy")
     resets: dict[str, Latency] = {}
-    box = sub.create()
+    box = create()
     try:
         box.put_files(box.paths.work, start_files)
-        for strategy in sub.capabilities.reset_strategies:
+        for strategy in strategies:
             times = []
             for _ in range(cfg.reset_n):
                 box.write_file(f"{box.paths.work}/dirt.txt", b"changed by an episode")
                 t0 = time.monotonic()
-                box = reset_by(strategy, box, sub)
+                box = reset_by(strategy, box, sub, create)
                 box.put_files(box.paths.work, start_files)
                 times.append(time.monotonic() - t0)
             resets[strategy.value] = latency(times)
@@ -205,10 +221,14 @@ def _ratio(first: Latency, floor: Latency | None) -> float | None:
     return None
 
 
-def _raw_floor(sub: Substrate, cfg: ColdstartConfig,
-               say: Callable[[str], None]) -> tuple[list[str] | None, Latency | None]:
-    """The substrate's raw floor (``Substrate.raw_floor``) ``cfg.n`` times in ``cfg.mode``."""
-    floor_argv = sub.raw_floor()
+def _raw_floor(sub: Substrate, cfg: ColdstartConfig, say: Callable[[str], None],
+               image: str | None = None) -> tuple[list[str] | None, Latency | None]:
+    """The substrate's raw floor (``Substrate.raw_floor``; of task image ``image``:
+    ``RecipeImages.raw_floor_of``) ``cfg.n`` times in ``cfg.mode``."""
+    if image is None:
+        floor_argv = sub.raw_floor()
+    else:
+        floor_argv = sub.raw_floor_of(image) if isinstance(sub, RecipeImages) else None
     if not floor_argv:
         return None, None
     say(f"{sub.name}: {cfg.n} x raw floor `{' '.join(floor_argv)}`")

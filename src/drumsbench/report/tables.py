@@ -166,8 +166,10 @@ def _floor_cell(r: ColdstartArtifact | DesktopColdstartArtifact) -> str:
 
 
 def coldstart_group(results: Sequence[ColdstartArtifact], mode: str, n: int, idle: int, run_id: str,
-                    pools: Sequence[PoolColdstartArtifact | None] = ()) -> Group:
-    t = _per_substrate(f"cold start, {mode}, n={n} per substrate (ms, 95% intervals)", results)
+                    pools: Sequence[PoolColdstartArtifact | None] = (), of: str = "") -> Group:
+    """``of``: what the sandboxes were of when not each substrate's own (a task's image)."""
+    t = _per_substrate(f"cold start{' of ' + of if of else ''}, {mode}, n={n} per substrate (ms, 95% intervals)",
+                       results)
     rows: list[tuple[str, list[str]]] = [
         ("create -> first command p50", [ms(r.first_command.p50) for r in results]),
         ("  p95", [ms(r.first_command.p95) for r in results]),

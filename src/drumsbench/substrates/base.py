@@ -635,6 +635,12 @@ class RecipeImages(ABC):
         sandbox's folders (``SandboxPaths``) added on top of it once per image; the image's own
         files, ``WORKDIR`` and ``USER`` are kept. ``SubstrateError`` when it cannot be made."""
 
+    def raw_floor_of(self, image: str) -> list[str] | None:
+        """``Substrate.raw_floor`` for ``image`` (a reference ``build_recipe`` returned): what a
+        hand-written harness runs to start a sandbox of it and run ``true`` there; None when the
+        substrate names none."""
+        return None
+
 
 class ImageFlavors(ABC):
     """Capability of a substrate whose sandboxes run from an image it builds (``drumsbench.images``

@@ -262,8 +262,12 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
 
     def raw_floor(self) -> list[str] | None:
         """How most harnesses start a sandbox: the CLI, one container per command."""
+        return self.raw_floor_of(self.image())
+
+    def raw_floor_of(self, image: str) -> list[str] | None:
+        """``docker run --rm`` of ``image`` (a task image too: ``RecipeImages``)."""
         cli = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
-        return [cli, "run", "--rm", "--network", "none", self.image(), "true"]
+        return [cli, "run", "--rm", "--network", "none", image, "true"]
 
     def close(self, wait_s: float = 60.0) -> None:
         """Remove the containers whose ``destroy`` failed (waiting up to ``wait_s`` for a daemon that

@@ -232,14 +232,17 @@ class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
 
     def raw_floor(self) -> list[str] | None:
         """`podman run --rm` through the CLI, with the same private configuration."""
+        return self.raw_floor_of(self.image())
+
+    def raw_floor_of(self, image: str) -> list[str] | None:
+        """``podman run --rm`` of ``image`` (a task image too: ``RecipeImages``)."""
         exe = shutil.which("podman") or "podman"
         # the private configuration and PATH only: the harness's whole environment is no part of the
         # floor (and would land in the ledger with its argv)
         env = configure()
         pairs = [f"{k}={env[k]}" for k in ("PATH", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
                                              "PODMAN_IGNORE_CGROUPSV1_WARNING") if k in env]
-        return ["env", "-i", *pairs, exe, "--log-level=error", "run", "--rm", "--network", "none", self.image(),
-                "true"]
+        return ["env", "-i", *pairs, exe, "--log-level=error", "run", "--rm", "--network", "none", image, "true"]
 
     def drop_checkpoint(self, archive: Path) -> None:
         """Remove an exported checkpoint (and the run's folder of them once empty)."""

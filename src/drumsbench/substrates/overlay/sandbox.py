@@ -440,13 +440,22 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
     def raw_floor(self) -> list[str] | None:
         """What a hand-written harness does for one overlay sandbox: fresh namespaces, an overlay
         of the Debian rootfs on a new upper layer, chroot, `true` (the layer goes with the namespace)."""
+        return self._floor(str(images.ensure_rootfs()))
+
+    def raw_floor_of(self, image: str) -> list[str] | None:
+        """``raw_floor`` over a task image's layer folders (``create_from_image``'s lower layers)."""
+        with self._lock:
+            layout = self._layouts.get(image)
+        return None if layout is None else self._floor(":".join(layout.layers))
+
+    @staticmethod
+    def _floor(lower: str) -> list[str]:
         # The layers live on a tmpfs over /mnt in the private mount namespace: they vanish with it.
         script = (
             'd=/mnt && mount -t tmpfs floor "$d" && mkdir "$d/u" "$d/w" "$d/m" && '
             'mount -t overlay overlay -o "lowerdir=$1,upperdir=$d/u,workdir=$d/w" "$d/m" && chroot "$d/m" /bin/true'
         )
-        return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "sh", "-c", script, "floor",
-                str(images.ensure_rootfs())]
+        return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "sh", "-c", script, "floor", lower]
 
     @classmethod
     def missing(cls) -> str | None:
