@@ -182,6 +182,26 @@ def test_the_agents_code_can_forge_a_made_tasks_report_and_the_record_says_in_pr
     assert r.extra.get("trust") == "in-process"
 
 
+def test_project_calibrates_and_checks_with_the_realistic_agent(made: tuple[Path, list[make.Yield]],
+                                                               overlay: Substrate, tmp_path: Path) -> None:
+    """``drumsbench project --policy realistic`` on made tasks (overlay): calibration trajectories of
+    the realistic agent's real work (reads, greps, test runs), a projection of 1M x 40 steps, and a
+    real 40-step trajectory measured beside it."""
+    out, _ = made
+    env = {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+    cli("project", "--tasks", f"harbor:{out}", "--policy", "realistic", "--substrate", "overlay",
+        "--calibrate-attempts", "2", "--calibrate-steps", "20", "--check", "1", "--steps", "40",
+        "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "p.json"), "--no-progress", env=env, check=True)
+    p = json.loads((tmp_path / "p.json").read_text())
+    one, = p["projections"]
+    c = one["check"]
+    assert c["n"] == 1 and c["mean_steps"] == 40, one
+    assert abs(c["error"]) <= 0.5, f"projected {c['projected_s']} vs measured {c['measured_s']}"
+    bad = cli("project", "--tasks", f"harbor:{out}", "--policy", "nosuch", "--substrate", "overlay",
+              "--out", str(tmp_path / "runs"), env=env)
+    assert bad.returncode == 2 and "--policy" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.parametrize("p", [1.0, 0.0])
 def test_the_realistic_agent_explores_edits_and_scores_as_its_fix(made: tuple[Path, list[make.Yield]],
                                                                   docker: Substrate, p: float) -> None:

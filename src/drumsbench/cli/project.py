@@ -29,6 +29,11 @@ def project(
     calibrate_attempts: Annotated[int, typer.Option(help="Calibration trajectories per substrate.")] = 12,
     calibrate_steps: Annotated[int, typer.Option(help="Exploring steps of a calibration trajectory.")] = 30,
     check: Annotated[int, typer.Option(help="Also run this many real trajectories of --steps steps and compare.")] = 0,
+    policy: Annotated[str, typer.Option(
+        "--policy", metavar="explorer|realistic",
+        help="Trajectories of calibration and check: explorer (exploring steps, then the fix) or realistic "
+             "(the realistic agent's reads and test runs on made tasks; --calibrate-steps and --steps are its "
+             "whole episode).")] = "explorer",
     tolerance: Annotated[float, typer.Option(help="The check passes when projected is within this of measured.")] = 0.2,
     pool: Annotated[str, typer.Option(
         "--pool", metavar="off|auto|N[,...]",
@@ -68,7 +73,7 @@ def project(
             targets = [Target.parse(s, p) for s in substrate_names(substrate, substrates) for p in pools]
             cfg = ProjectConfig(trajectories=trajectories, steps=steps, targets=targets, tasks=tasks,
                                 calibrate_attempts=calibrate_attempts, calibrate_steps=calibrate_steps, check=check,
-                                tolerance=tolerance, seed=seed)
+                                tolerance=tolerance, seed=seed, policy=policy)
         except ValidationError as e:
             raise usage_error(e, FLAGS) from None
         from drumsbench.envs import suites

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -63,6 +63,9 @@ def pool_label(label: str, pool: PoolSetting | None) -> str:
 
 
 class ProjectConfig(BaseModel):
+    """``policy``: ``explorer`` (cheap exploring steps, then the fix) or ``realistic`` (the realistic
+    agent's real work on made tasks: reads, greps, test runs; its whole episode is the step budget)."""
+
     trajectories: int = Field(1_000_000, ge=1)
     steps: int = Field(150, ge=1, le=1000)
     targets: list[Target] = Field(default_factory=list)
@@ -74,6 +77,7 @@ class ProjectConfig(BaseModel):
     step_timeout_s: float = Field(30.0, gt=0)
     episode_timeout_s: float = Field(600.0, gt=0)
     seed: int = 0
+    policy: Literal["explorer", "realistic"] = "explorer"
 
     @field_validator("targets")
     @classmethod
@@ -92,7 +96,9 @@ def fix_length(tasks: str) -> int:
 def _window_cfg(cfg: ProjectConfig, target: Target, role: str, explorer_steps: int, attempts: int) -> RunConfig:
     rollout = RolloutConfig(step_timeout_s=cfg.step_timeout_s, episode_timeout_s=cfg.episode_timeout_s,
                             reset=ResetStrategy(target.reset))
-    return RunConfig(substrate=target.substrate, tasks=cfg.tasks, policy="explorer", explorer_steps=explorer_steps,
+    # the realistic agent's budget counts its submit, which is no step
+    policy = "explorer" if cfg.policy == "explorer" else f"realistic:{max(1, explorer_steps) + 1}"
+    return RunConfig(substrate=target.substrate, tasks=cfg.tasks, policy=policy, explorer_steps=explorer_steps,
                      concurrency=1, duration_s=None, max_attempts=attempts, seed=cfg.seed, rollout=rollout,
                      window=f"{role}:{target.label}", pool=target.pool)
 
@@ -116,7 +122,8 @@ def plan(cfg: ProjectConfig) -> list[tuple[str, int, int]]:
 def run_projection(ledger: Ledger, run_id: str, cfg: ProjectConfig,
                    on_window: Callable[[str], None] | None = None) -> str:
     """Calibrate (and check) each target, one after the other; returns the run's final status."""
-    check_steps = max(0, cfg.steps - fix_length(cfg.tasks))
+    # the explorer's fix actions come after its exploring steps; the realistic agent's budget is the episode
+    check_steps = max(0, cfg.steps - fix_length(cfg.tasks)) if cfg.policy == "explorer" else cfg.steps
     status = "complete"
     for target in cfg.targets:
         for role, r, attempts in plan(cfg):
@@ -124,7 +131,8 @@ def run_projection(ledger: Ledger, run_id: str, cfg: ProjectConfig,
             wcfg = _window_cfg(cfg, target, f"{role}", steps, attempts)
             wcfg = wcfg.model_copy(update={"window": f"{wcfg.window}#{r}"})
             if on_window:
-                on_window(f"{wcfg.window}: {attempts} explorer trajectories of {steps} exploring steps")
+                on_window(f"{wcfg.window}: {attempts} {cfg.policy} trajectories of {steps} "
+                          f"{'exploring ' if cfg.policy == 'explorer' else ''}steps")
             status, _ = execute(ledger, run_id, wcfg, resume=False)
             if status == "interrupted":
                 ledger.set_status(run_id, status)

@@ -121,6 +121,10 @@ class Realistic(Policy):
 
 
 def factory(args: PolicyArgs) -> Realistic:
-    if args.arg:
-        raise UsageError(f"--policy: {args.spec!r}: realistic takes no ':' argument (its fix rate is --noisy-p)")
-    return Realistic(args.noisy_p)
+    """``realistic`` (a budget of 20 to 150 steps per episode) or ``realistic:N`` (N steps each: how
+    ``drumsbench project`` calibrates and checks on this workload); its fix rate is ``--noisy-p``."""
+    if not args.arg:
+        return Realistic(args.noisy_p)
+    if not args.arg.isdigit() or not 1 <= int(args.arg) <= 1000:
+        raise UsageError(f"--policy: {args.spec!r}: realistic:N takes a step budget N from 1 to 1000")
+    return Realistic(args.noisy_p, steps=(int(args.arg), int(args.arg)))
