@@ -147,6 +147,16 @@ def test_working_folder_and_carry_are_checked(tmp_path: Path, edit: tuple[str, s
 
 
 @pytest.mark.usefixtures("harbor_here")
+def test_tasks_fingerprint_takes_one_task_folder_or_a_folder_of_them() -> None:
+    """``drumsbench tasks fingerprint harbor:TASK`` (one folder, as ``--tasks harbor:TASK`` takes it)
+    prints the same line as for the whole folder of examples."""
+    whole = cli("tasks", "fingerprint", f"harbor:{EXAMPLES}", check=True).stdout.splitlines()
+    one = cli("tasks", "fingerprint", f"harbor:{EXAMPLES / 'fix-slug'}", check=True).stdout.splitlines()
+    assert len(whole) == len(EXAMPLE_IDS) and one == [line for line in whole if line.startswith("fix-slug ")]
+    bad = cli("tasks", "fingerprint", str(EXAMPLES / "fix-slug"))  # no kind named: a suite folder
+    assert bad.returncode == 2 and "holds no */task.toml" in bad.stderr
+
+
 def test_the_kind_is_named_before_the_folder() -> None:
     suite = suites.load(f"harbor:{EXAMPLES}")
     assert suite.kind == "harbor" and [t.id for t in suite.tasks] == EXAMPLE_IDS

@@ -20,7 +20,7 @@ from drumsbench.core.plugins import Registry, load_spec
 from drumsbench.envs.actions import ActionSet
 from drumsbench.envs.base import Environment, Task
 from drumsbench.envs.observations import ObservationModel
-from drumsbench.envs.suite_folders import read_toml, suite_dir, task_folders
+from drumsbench.envs.suite_folders import check_folder, read_toml, suite_dir, task_folders
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,12 @@ def load(name_or_path: str) -> Suite:
 def fingerprints(name_or_path: str) -> dict[str, str]:
     """Start fingerprint of every task of a suite of any kind, without checking the stored values."""
     kind = KINDS.load(suite_kind(name_or_path))
-    # every kind's task folders pass the shared checks first (no link out, readable UTF-8 TOML)
-    task_folders(suite_folder(name_or_path), kind.docs)
+    # every kind's task folders pass the shared checks first (no link out, readable UTF-8 TOML); a
+    # kind named before the folder may be given one task folder itself (harbor:TASK)
+    folder = suite_folder(name_or_path)
+    if split(name_or_path)[0] is not None and (folder / "task.toml").is_file():
+        check_folder(folder, folder)
+        read_toml(folder / "task.toml", folder)
+    else:
+        task_folders(folder, kind.docs)
     return kind.start_fingerprints(split(name_or_path)[1])
