@@ -357,6 +357,24 @@ def test_coldstart_of_a_task_image_beside_its_floor(harbor_here: None, tmp_path:
     assert bad.returncode == 2 and "cannot build" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_tasks_agent_timeout_limits_the_episode(sub: Substrate, tmp_path: Path) -> None:
+    """``[agent] timeout_sec`` bounds the episode when it is shorter than the run's: an oracle that
+    first waits past it ends failed (the policy's time, in a live sandbox), naming the task's limit;
+    the same plan under the example's own limit succeeds."""
+    folder = _copy(tmp_path, "fix-slug")
+    toml = folder / "task.toml"
+    text = toml.read_text()
+    head, sep, rest = text.partition("[agent]")
+    line = next(x for x in rest.splitlines() if x.startswith("timeout_sec"))
+    toml.write_text(head + sep + rest.replace(line, "timeout_sec = 3.0", 1))
+    (short,) = load_suite(str(folder.parent))
+    assert short.agent_timeout == 3.0
+    slow = Plan([sh("sleep 2"), sh("sleep 2"), *[a for a in _task("fix-slug").oracle_plan() if a.kind != SUBMIT]])
+    got = attempt(sub, short, slow)
+    assert got.outcome is Outcome.FAILED and "the task's [agent] timeout" in got.detail, (got.outcome, got.detail)
+    assert attempt(sub, _task("fix-slug"), slow).outcome is Outcome.SUCCESS
+
+
 def test_peer_harbors_own_template_scores_as_harbor_says(sub: Substrate, tmp_path: Path) -> None:
     """Harbor's own ``harbor tasks init`` (its content made at test time, never committed), with its
     registry images replaced by this machine's (the verifier's packages pip-installed instead of by

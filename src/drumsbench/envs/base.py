@@ -99,6 +99,9 @@ class Task(ABC):
     description: str
     start_fingerprint: str
     verify_timeout: float = 60.0
+    # the task's own limit on an episode (a Harbor task's ``[agent] timeout_sec``); the run's
+    # ``--episode-timeout`` applies when it is shorter or this is None
+    agent_timeout: float | None = None
 
     @abstractmethod
     def oracle_plan(self) -> list[ActionSpec]:

@@ -207,6 +207,8 @@ class _Episode:
         self.steps: list[float] = []
         self.token: str | None = None
         self.deadline = 0.0
+        # the run's episode limit, or the task's own when shorter (a Harbor task's [agent] timeout_sec)
+        self.episode_limit = min(cfg.episode_timeout_s, task.agent_timeout or cfg.episode_timeout_s)
 
     def run(self) -> Verdict:
         env, cfg, inject = self.env, self.cfg, self.inject
@@ -221,10 +223,10 @@ class _Episode:
         self.token = self.canaries.issue(box.id)  # planted after gate 1: the digests never see it
         plant(box, self.token)
 
-        self.deadline = time.monotonic() + cfg.episode_timeout_s
+        self.deadline = time.monotonic() + self.episode_limit
         inject.before_observe(env)
         try:
-            obs = env.observe(min(cfg.step_timeout_s, cfg.episode_timeout_s))
+            obs = env.observe(min(cfg.step_timeout_s, self.episode_limit))
         finally:
             inject.after_observe(env)
         if obs.timed_out:
@@ -351,10 +353,14 @@ class _Episode:
             self.env.reset(self.task)
         self.phases["reset"] = time.monotonic() - t0
 
+    def _whose_limit(self) -> str:
+        return " (the task's [agent] timeout)" if self.episode_limit < self.cfg.episode_timeout_s else ""
+
     def _check_deadline(self) -> float:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            self._timed_out(InvalidCause.EPISODE_TIMEOUT, f"episode passed {self.cfg.episode_timeout_s:g} s")
+            self._timed_out(InvalidCause.EPISODE_TIMEOUT,
+                            f"episode passed {self.episode_limit:g} s{self._whose_limit()}")
         return remaining
 
     def _step(self, action: Action) -> Observation:
@@ -378,7 +384,9 @@ class _Episode:
         self.steps.append(time.monotonic() - t0)
         self.slot.last_action = action
         if obs.timed_out:  # gate 3
-            self._timed_out(cause, f"step {obs.step} ({action.kind}) ran past {limit:.2f} s")
+            self._timed_out(cause, f"step {obs.step} ({action.kind}) ran past {limit:.2f} s"
+                                   + (f", the end of the episode{self._whose_limit()}"
+                                      if cause is InvalidCause.EPISODE_TIMEOUT else ""))
         gates.check_observation(self.env, obs)  # gate 4
         return obs
 

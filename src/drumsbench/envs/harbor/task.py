@@ -64,6 +64,7 @@ class HarborTask(Task):
         self.id = spec.id
         self.description = spec.instruction
         self.verify_timeout = spec.verifier_timeout_s
+        self.agent_timeout = spec.agent_timeout_s
         toml = spec.folder / "task.toml"
         if not spec.workdir:
             raise UsageError(f"{spec.folder}/environment/Dockerfile: no WORKDIR; give the task's working folder "
