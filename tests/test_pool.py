@@ -241,6 +241,6 @@ def test_a_pooled_substrate_keeps_the_capabilities_of_its_inner_one():
         for cap in FORWARDED:
             assert issubclass(made, cap) == issubclass(cls, cap), (name, cap.__name__)
     overlay = pooled_class(registry.get("overlay"))
-    assert {c.__name__ for c in FORWARDED if issubclass(overlay, c)} == {"Forking", "PortableSnapshots"}
+    assert {c.__name__ for c in FORWARDED if issubclass(overlay, c)} == {"Forking", "PortableSnapshots", "RecipeImages"}
     fewer = {k: v for k, v in NOT_FORWARDED.items() if k.__name__ != "ImageFlavors"}
     assert _unaccounted_capabilities(FORWARDED, fewer) == {"ImageFlavors"}
