@@ -169,7 +169,7 @@ def test_the_kind_is_named_before_the_folder() -> None:
 
 
 # -- running -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["docker", "podman", "overlay"])
+@pytest.fixture(scope="module", params=["docker", "podman", "overlay", "bwrap"])
 def sub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, harbor_here: None
         ) -> Iterator[Substrate]:
     cls = registry.get(request.param)
@@ -352,7 +352,7 @@ def test_coldstart_of_a_task_image_beside_its_floor(harbor_here: None, tmp_path:
         assert r["floor"] is not None and list(r["reset"]) == ["recreate"], r
     assert docker_r["floor_argv"][-2].startswith("drumsbench-task:")  # docker run --rm IMAGE true
     assert "/overlay2/" in overlay_r["floor_argv"][-1]  # the image's own layer folders, not the base rootfs
-    bad = cli("coldstart", "--tasks", f"harbor:{EXAMPLES}", "--substrate", "bwrap", "--out", str(tmp_path / "runs"),
+    bad = cli("coldstart", "--tasks", f"harbor:{EXAMPLES}", "--substrate", "process", "--out", str(tmp_path / "runs"),
               env=env)
     assert bad.returncode == 2 and "cannot build" in bad.stderr and "Traceback" not in bad.stderr
 

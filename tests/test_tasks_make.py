@@ -104,26 +104,35 @@ def test_the_same_pins_make_byte_identical_folders(made: tuple[Path, list[make.Y
     assert _tree(again) == _tree(out)
 
 
-@pytest.mark.parametrize("substrate", ["docker", "overlay"])
+@pytest.mark.parametrize("substrate", ["docker", "overlay", "bwrap"])
 def test_every_made_task_scores_oracle_1_and_nop_0(made: tuple[Path, list[make.Yield]], tmp_path: Path,
                                                    substrate: str) -> None:
-    """``tasks check`` on a container engine and on a namespace substrate (overlay runs the image
-    docker built from its own layer folders)."""
+    """``tasks check`` on a container engine and on namespace substrates (overlay and bwrap run the
+    image docker built from its own layer folders)."""
     out, _ = made
     results = check_harbor(f"harbor:{out}", [substrate], tmp_path / "state")
     assert len(results) == KEEP and all(c.ok for c in results), [c.problem for c in results]
     assert all(c.golden.startswith("success") and c.start.startswith("failed") for c in results)
 
 
-@pytest.fixture(scope="module")
-def overlay(docker: Substrate, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Substrate]:
-    require(registry.get("overlay").missing())
-    sub = registry.get("overlay")("taskgen-test-overlay", tmp_path_factory.mktemp("state"))
+def _namespaced(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Substrate]:
+    require(registry.get(name).missing())
+    sub = registry.get(name)(f"taskgen-test-{name}", tmp_path_factory.mktemp("state"))
     yield sub
     sub.close()
 
 
-@pytest.mark.parametrize("substrate", ["docker", "overlay"])
+@pytest.fixture(scope="module")
+def overlay(docker: Substrate, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Substrate]:
+    yield from _namespaced("overlay", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def bwrap(docker: Substrate, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Substrate]:
+    yield from _namespaced("bwrap", tmp_path_factory)
+
+
+@pytest.mark.parametrize("substrate", ["docker", "overlay", "bwrap"])
 def test_the_harbor_red_team_fails_on_a_made_task(made: tuple[Path, list[make.Yield]], substrate: str,
                                                   request: pytest.FixtureRequest) -> None:
     """Every Harbor strategy (a conftest, a shadowing pytest, a .pth, a plugin's entry point, replaced
@@ -223,7 +232,7 @@ def test_the_realistic_agent_explores_edits_and_scores_as_its_fix(made: tuple[Pa
 @pytest.mark.parametrize(("args", "want"), [
     (["--from", "nosuch==1"], "--from: nosuch==1 is not pinned in the project manifest"),
     (["--from", PIN, "--max-tasks", "0"], "--max-tasks: 0 keeps nothing"),
-    (["--from", PIN, "--substrate", "bwrap"], "--substrate: bwrap cannot build task images"),
+    (["--from", PIN, "--substrate", "process"], "--substrate: process cannot build task images"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], want: str) -> None:
     res = cli("tasks", "make", *args, "--to", str(tmp_path / "o"), "--no-progress")

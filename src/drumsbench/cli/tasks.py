@@ -132,7 +132,8 @@ def tasks_make(
         raise UsageError(f"--max-tries: {max_tries} tries nothing; give 1 or more")
     chosen = [projects.find(p) for p in from_] if from_ else projects.load()
     if not issubclass(registry.get(substrate), RecipeImages):
-        raise UsageError(f"--substrate: {substrate} cannot build task images (choose docker, podman or overlay)")
+        raise UsageError(f"--substrate: {substrate} cannot build task images (choose "
+                         f"{', '.join(registry.having(RecipeImages))})")
     missing = registry.get(substrate).missing()
     if missing:
         raise UsageError(f"--substrate: {substrate} is not usable here: {missing}")

@@ -96,8 +96,7 @@ def fix_length(tasks: str) -> int:
 def _window_cfg(cfg: ProjectConfig, target: Target, role: str, explorer_steps: int, attempts: int) -> RunConfig:
     rollout = RolloutConfig(step_timeout_s=cfg.step_timeout_s, episode_timeout_s=cfg.episode_timeout_s,
                             reset=ResetStrategy(target.reset))
-    # the realistic agent's budget counts its submit, which is no step
-    policy = "explorer" if cfg.policy == "explorer" else f"realistic:{max(1, explorer_steps) + 1}"
+    policy = "explorer" if cfg.policy == "explorer" else f"realistic:{max(1, explorer_steps)}"
     return RunConfig(substrate=target.substrate, tasks=cfg.tasks, policy=policy, explorer_steps=explorer_steps,
                      concurrency=1, duration_s=None, max_attempts=attempts, seed=cfg.seed, rollout=rollout,
                      window=f"{role}:{target.label}", pool=target.pool)

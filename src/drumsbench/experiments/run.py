@@ -148,20 +148,11 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
 def images_problem(env_class: type[Environment], name: str) -> str | None:
     """Why substrate ``name`` cannot run ``env_class``'s tasks when each brings its own image
     (``TaskImages``: the substrate must build them, ``RecipeImages``), or None."""
-    if not issubclass(env_class, TaskImages) or _builds_images(name):
+    fit = registry.having(RecipeImages)
+    if not issubclass(env_class, TaskImages) or name in fit:
         return None
-    fit = [n for n in registry.BUILTINS if _builds_images(n)]
     return (f"--substrate {name}: the {env_class.kind} environment runs each task in its own image, which {name} "
             f"cannot build (choose {', '.join(fit) or 'a plugin'})")
-
-
-def _builds_images(name: str) -> bool:
-    """Does built-in substrate ``name`` build task images (``RecipeImages``; False when its module
-    cannot be loaded here)?"""
-    try:
-        return issubclass(registry.get(name), RecipeImages)
-    except Exception:  # an optional dependency missing: not a fit here
-        return False
 
 
 def _fits(env_class: type[Environment], name: str) -> bool:

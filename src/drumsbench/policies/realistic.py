@@ -55,7 +55,8 @@ def _wrong(rel: str, buggy: bytes, original: bytes, rng: random.Random) -> bytes
 
 class Realistic(Policy):
     """The agent of the module docstring; ``p``: probability of the real fix; ``steps``: the range
-    an episode's step budget is drawn from."""
+    an episode's step budget is drawn from (steps: actions that run in the sandbox; the submit is
+    not one, as an attempt's record does not count it)."""
 
     name = "realistic"
 
@@ -85,8 +86,8 @@ class Realistic(Policy):
         original = task.solution.get(f"original/{rel}") if isinstance(rel, str) else None
         if not isinstance(rel, str) or original is None or not (project / rel).is_file():
             tail = task.oracle_plan() if solve else [ActionSpec(SUBMIT)]
-            look = [task.explore_action(i) for i in range(max(0, budget - len(tail)))]
-            self._notes = {"solve": solve, "steps": len(look) + len(tail), "made_task": False}
+            look = [task.explore_action(i) for i in range(max(0, budget - _steps(tail)))]
+            self._notes = {"solve": solve, "steps": len(look) + _steps(tail), "made_task": False}
             return [*look, *tail]
         buggy = (project / rel).read_bytes()
         failing = _FAILING.findall(task.description)
@@ -103,7 +104,7 @@ class Realistic(Policy):
         end = [fix, _pytest(failing[:5]),
                sh(f"python3 -m pytest -p no:cacheprovider -o addopts= -q {suite} 2>&1 | tail -5"), ActionSpec(SUBMIT)]
         explore: list[ActionSpec] = []
-        while len(start) + len(explore) + len(end) < budget:
+        while len(start) + len(explore) + _steps(end) < budget:
             kind = rng.randrange(4)
             if kind == 0:
                 f = rng.choice(files)
@@ -116,8 +117,13 @@ class Realistic(Policy):
             else:
                 explore.append(sh(f"grep -n {shlex.quote(rng.choice(names))} {shlex.quote(rel)}"))
         plan = [*start, *explore, *end]  # longer than the budget only when reading the file takes more
-        self._notes = {"solve": solve, "steps": len(plan), "made_task": True}
+        self._notes = {"solve": solve, "steps": _steps(plan), "made_task": True}
         return plan
+
+
+def _steps(plan: list[ActionSpec]) -> int:
+    """The steps of ``plan``: its actions but the submit (which runs nothing in the sandbox)."""
+    return sum(1 for a in plan if a.kind != SUBMIT)
 
 
 def factory(args: PolicyArgs) -> Realistic:

@@ -54,14 +54,17 @@ from drumsbench.substrates.base import (
     ExecRequest,
     ExecResult,
     HostLaunching,
+    ImageRecipe,
     Isolation,
     LaunchView,
+    RecipeImages,
     ResetStrategy,
     Sandbox,
     SandboxPaths,
     Substrate,
     ViewLaunching,
 )
+from drumsbench.substrates.containers.layered_images import LayeredImages
 from drumsbench.substrates.hostproc import (
     VIEW_APP_UID,
     CgroupFreezable,
@@ -80,6 +83,7 @@ from drumsbench.substrates.process import (
 )
 
 IN_ROOT = "/sandbox"
+IMAGE_SKELETON = "_skeleton"  # under the run's folder: the top lower layer of image sandboxes (bwrap_image)
 
 # docker's default capability set, less mknod, sys_chroot and setfcap. Shared with ``overlay``.
 SANDBOX_CAPS = (
@@ -121,8 +125,8 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
-    """bwrap arguments for a sandbox whose folder is ``host_root`` (all but cwd and command)."""
+def confinement() -> list[str]:
+    """bwrap's namespaces and capabilities, the same for every sandbox (no file system view)."""
     argv = [
         "bwrap",
         "--unshare-all",
@@ -133,6 +137,21 @@ def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
     ]
     for cap in SANDBOX_CAPS:
         argv += ["--cap-add", f"CAP_{cap.upper()}"]
+    return argv
+
+
+def kernel_views() -> list[str]:
+    """Fresh ``/dev``, ``/proc`` (its knobs read-only: uid 0 inside is host root) and an empty ``/run``."""
+    argv = ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+    for sub in PROC_READONLY:
+        if os.path.exists(f"/proc/{sub}"):
+            argv += ["--ro-bind", f"/proc/{sub}", f"/proc/{sub}"]
+    return argv
+
+
+def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
+    """bwrap arguments for a sandbox whose folder is ``host_root`` (all but cwd and command)."""
+    argv = confinement()
     for name in sorted(os.listdir("/")):
         if name in _NOT_BOUND or name not in SYSTEM_FOLDERS:  # the rest may hold answer keys
             continue
@@ -141,11 +160,7 @@ def bwrap_prefix(host_root: Path, hide: Sequence[Path]) -> list[str]:
             argv += ["--symlink", os.readlink(host), host]
         elif os.path.exists(host):
             argv += ["--ro-bind", host, host]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
-    # uid 0 inside is host root: kernel knobs under /proc (sysctls, sysrq) must be read-only.
-    for sub in PROC_READONLY:
-        if os.path.exists(f"/proc/{sub}"):
-            argv += ["--ro-bind", f"/proc/{sub}", f"/proc/{sub}"]
+    argv += kernel_views()
     for h in sorted(set(hide)):
         # Only where the folder is visible through a read-only bind (not under /tmp, /run, ...)
         # and not already inside another hidden folder.
@@ -243,7 +258,10 @@ class FreezableBwrapSandbox(CgroupFreezable, BwrapSandbox):
     """A bwrap sandbox with a freezer cgroup: the host can freeze it (fault injection)."""
 
 
-class BwrapSubstrate(Substrate):
+class BwrapSubstrate(Substrate, RecipeImages):
+    """Sandboxes over a read-only view of the host (``create``), or of a task's image
+    (``create_from_image``: ``bwrap_image``)."""
+
     name = "bwrap"
     sandbox_class = BwrapSandbox
     capabilities = Capabilities(
@@ -275,11 +293,64 @@ class BwrapSubstrate(Substrate):
             for p in (state_dir, os.path.expanduser("~root"), images.cache_dir(), SHARED_BASE)
         ]
         self.freezer = FreezerCgroup.hierarchy() is not None
+        self.images = LayeredImages(self.name, run_id, state_dir)  # task images (RecipeImages)
 
     def raw_floor(self) -> list[str] | None:
         """A plain bubblewrap around `true`, as harnesses commonly start one."""
         return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
                 "--unshare-all", "--die-with-parent", "true"]
+
+    def raw_floor_of(self, image: str) -> list[str] | None:
+        """A hand-written harness's bubblewrap over a task image: in a private mount namespace, an
+        overlay of the image's layer folders on a tmpfs upper, bwrap with it as ``/`` around `true`."""
+        layout = self.images.known(image)
+        if layout is None:
+            return None
+        script = (
+            'd=/mnt && mount -t tmpfs floor "$d" && mkdir "$d/u" "$d/w" "$d/m" && '
+            'mount -t overlay overlay -o "lowerdir=$1,upperdir=$d/u,workdir=$d/w" "$d/m" && '
+            'bwrap --bind "$d/m" / --dev /dev --proc /proc --unshare-all --die-with-parent /bin/true'
+        )
+        return ["unshare", "--mount", "sh", "-c", script, "floor", ":".join(layout.layers)]
+
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """``RecipeImages.build_recipe``: built by a container engine, run from its layer folders
+        (``LayeredImages``). ``SubstrateError`` for a non-root ``USER``."""
+        return self.images.build(recipe)
+
+    def create_from_image(self, image: str) -> Sandbox:
+        """``RecipeImages.create_from_image``: a sandbox whose ``/`` is an overlay of the image's
+        layers under the sandbox's own upper layer (``bwrap_image``)."""
+        from drumsbench.substrates.bwrap_image import (
+            BwrapImageSandbox,
+            FreezableBwrapImageSandbox,
+            make_skeleton,
+        )
+
+        layout = self.images.layout(image)
+        sid = new_sandbox_id()
+        box = self._folder / sid
+        try:
+            box.mkdir(parents=True)
+            if self.limits.disk_bound_mb is not None and self.freezer:
+                mount_limited(box, self.limits.disk_bound_mb)  # the upper layer: all the sandbox writes
+            lower = (str(make_skeleton(self._folder)), *layout.layers)
+        except (OSError, SubstrateError) as e:
+            unmount_below(box)
+            shutil.rmtree(box, ignore_errors=True)
+            raise SubstrateError(f"bwrap: cannot create sandbox folder {box}: {e}") from e
+        cgroup = None
+        try:
+            if self.freezer:
+                cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
+                return FreezableBwrapImageSandbox(self.run_id, sid, box, lower, layout.env, cgroup)
+            return BwrapImageSandbox(self.run_id, sid, box, lower, layout.env)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            unmount_below(box)
+            shutil.rmtree(box, ignore_errors=True)
+            raise
 
     def create(self) -> Sandbox:
         sid = new_sandbox_id()
@@ -311,9 +382,11 @@ class BwrapSubstrate(Substrate):
                                      "the rest of / is read-only)")
 
     def close(self) -> None:
+        self.images.close()
         for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
             cg.remove()
         unmount_below(self._folder)
+        shutil.rmtree(self._folder / IMAGE_SKELETON, ignore_errors=True)
         if self._folder.is_dir() and not any(self._folder.iterdir()):
             self._folder.rmdir()
 

@@ -35,3 +35,18 @@ def names() -> list[str]:
 def get(name: str) -> type[Substrate]:
     """The substrate class called ``name``; ``UsageError`` naming the known ones otherwise."""
     return SUBSTRATES.load(name)
+
+
+def having(capability: type) -> list[str]:
+    """Names of the substrates whose class has ``capability`` (a typed interface of
+    ``substrates.base``, e.g. ``RecipeImages``); one that cannot be loaded here (an optional
+    dependency missing, a broken plugin) is left out."""
+    found = []
+    for name in names():
+        try:
+            cls = get(name)
+        except Exception:  # not loadable here: not a fit
+            continue
+        if issubclass(cls, capability):
+            found.append(name)
+    return found

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.envs.harbor.task import load_suite
+from drumsbench.substrates import registry
 from drumsbench.substrates.base import RecipeImages, Sandbox, Substrate
 from drumsbench.taskgen import mutate, task_folder
 from drumsbench.taskgen.projects import Project
@@ -99,7 +100,8 @@ def make_project(project: Project, out: Path, substrate: Substrate, max_tasks: i
                  progress: Callable[[str], None]) -> Yield:
     """The tasks of one project (module contract)."""
     if not isinstance(substrate, RecipeImages):
-        raise UsageError(f"--substrate: {substrate.name} cannot build task images (choose docker, podman or overlay)")
+        raise UsageError(f"--substrate: {substrate.name} cannot build task images (choose "
+                         f"{', '.join(registry.having(RecipeImages))})")
     files = project.files()
     missing = [p for p in (*project.source, *project.tests)
                if not any(rel == p or rel.startswith(p.rstrip("/") + "/") for rel in files)]

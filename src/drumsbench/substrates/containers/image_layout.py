@@ -3,8 +3,8 @@
 Docker's ``overlay2`` and podman's ``overlay`` storage drivers keep each image layer as a folder in
 overlayfs's own format (whiteouts as 0/0 character devices, opaque folders as ``trusted.overlay``
 xattrs): exactly the lower layers a container of the image is mounted from. ``image_layout`` reads
-them, top first, from the engine's ``inspect`` answer, with the image's ``Env``, ``WorkingDir`` and
-``User`` — what the ``overlay`` substrate needs to run a task's image without exporting a copy.
+them, top first, from the engine's ``inspect`` answer, with the image's ``Env`` and ``User`` — what
+the ``overlay`` and ``bwrap`` substrates need to run a task's image without exporting a copy.
 
 The layers stay the engine's: removing the image (``docker rmi``, a prune) while a sandbox of it
 lives takes its files away. Nothing here writes to them (overlayfs writes to the mount's upper).
@@ -24,13 +24,11 @@ DRIVERS = ("overlay2", "overlay")
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """``layers``: absolute folders, top first; ``env``: the image's ``ENV``; ``workdir``: its
-    ``WORKDIR`` ("" when unset); ``user``: its ``USER`` ("" when unset)."""
+    """``layers``: absolute folders, top first; ``env``: the image's ``ENV``; ``user``: its ``USER``
+    ("" when unset)."""
 
-    image: str
     layers: tuple[str, ...]
     env: Mapping[str, str]
-    workdir: str
     user: str
 
 
@@ -53,4 +51,4 @@ def image_layout(engine: str, image: str, inspect: Mapping[str, Any]) -> ImageLa
             raise SubstrateError(f"{engine}: image {image}'s layer folder {p!r} is absent or unusable")
     cfg = inspect.get("Config") or {}
     env = dict(e.split("=", 1) for e in (cfg.get("Env") or []) if "=" in e)
-    return ImageLayout(image, layers, env, str(cfg.get("WorkingDir") or ""), str(cfg.get("User") or ""))
+    return ImageLayout(layers, env, str(cfg.get("User") or ""))

@@ -62,7 +62,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
@@ -88,6 +88,7 @@ from drumsbench.substrates.base import (
     ViewLaunching,
 )
 from drumsbench.substrates.bwrap import SETPRIV_CONFINE
+from drumsbench.substrates.containers.layered_images import LayeredImages
 from drumsbench.substrates.exec_core import (
     EXEC_VAR,
     EndedStream,
@@ -112,16 +113,19 @@ from drumsbench.substrates.overlay import entry
 from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
 from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
 
-if TYPE_CHECKING:  # the container stack is imported when a task image is first built
-    from drumsbench.substrates.containers.common import ContainerSubstrate
-    from drumsbench.substrates.containers.image_layout import ImageLayout
-
 IN_ROOT = "/sandbox"
 SKELETON = "layers/_skeleton"
 ENTER_VIEW = Path(__file__).with_name("enter_view.py")
 _UNSHARE = ("unshare", "--fork", "--pid", "--ipc", "--uts", "--net", "--mount", "--mount-proc",
             "--propagation", "private", "--")
 _KILL_WAIT_S = 10.0
+
+
+class _Snapshot(NamedTuple):
+    """A snapshot: its lower layers top first, and the image ``ENV`` its forks' commands get."""
+
+    chain: tuple[str, ...]
+    env: Mapping[str, str]
 
 
 def run_folder(state_dir: Path, run_id: str) -> Path:
@@ -424,10 +428,8 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
         self._rootfs: str | None = None
         self._lock = threading.Lock()
         self._live: dict[str, OverlaySandbox] = {}
-        self._snapshots: dict[str, tuple[str, ...]] = {}
-        self._snapshot_env: dict[str, Mapping[str, str]] = {}
-        self._builder: ContainerSubstrate | None = None  # builds task images (RecipeImages), lazily
-        self._layouts: dict[str, ImageLayout] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
+        self.images = LayeredImages(self.name, run_id, state_dir)  # task images (RecipeImages)
         self.trash = Trash(self.folder / "trash")
         self.freezer = FreezerCgroup.hierarchy() is not None
 
@@ -444,8 +446,7 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
 
     def raw_floor_of(self, image: str) -> list[str] | None:
         """``raw_floor`` over a task image's layer folders (``create_from_image``'s lower layers)."""
-        with self._lock:
-            layout = self._layouts.get(image)
+        layout = self.images.known(image)
         return None if layout is None else self._floor(":".join(layout.layers))
 
     @staticmethod
@@ -506,8 +507,7 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
 
     def register_snapshot(self, snap: str, chain: tuple[str, ...], env: Mapping[str, str] | None = None) -> None:
         with self._lock:
-            self._snapshots[snap] = chain
-            self._snapshot_env[snap] = dict(env or {})
+            self._snapshots[snap] = _Snapshot(chain, dict(env or {}))
 
     def forget(self, box: OverlaySandbox) -> None:
         with self._lock:
@@ -538,65 +538,23 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
     def fork(self, snapshot_id: str) -> OverlaySandbox:
         """A new sandbox whose start state is snapshot ``snapshot_id`` (no file copied)."""
         with self._lock:
-            chain = self._snapshots.get(snapshot_id)
-            env = self._snapshot_env.get(snapshot_id)
-        if chain is None:
+            snap = self._snapshots.get(snapshot_id)
+        if snap is None:
             raise SubstrateError(f"overlay: no snapshot {snapshot_id!r} in run {self.run_id}")
-        return self._new(chain, env)
-
-    def _image_builder(self) -> ContainerSubstrate:
-        """The container engine that builds task images for this substrate: docker where it answers,
-        else podman (made once, closed with this substrate)."""
-        with self._lock:
-            if self._builder is not None:
-                return self._builder
-        from drumsbench.substrates import registry
-        from drumsbench.substrates.containers.common import ContainerSubstrate
-
-        why = []
-        for engine in ("docker", "podman"):
-            cls = registry.get(engine)
-            if (reason := cls.missing()) is not None:
-                why.append(f"{engine}: {reason}")
-                continue
-            builder = cls(f"{self.run_id}-images", self.state_dir)
-            assert isinstance(builder, ContainerSubstrate)
-            with self._lock:
-                if self._builder is None:
-                    self._builder = builder
-                    return builder
-            builder.close()
-            return self._image_builder()
-        raise SubstrateError("overlay: task images are built by docker or podman, and neither is here (" +
-                             "; ".join(why) + ")")
+        return self._new(snap.chain, snap.env)
 
     def build_recipe(self, recipe: ImageRecipe) -> str:
-        """``RecipeImages.build_recipe``: the image is built by a container engine
-        (``_image_builder``) and run from that engine's own layer folders (``image_layout``: no copy,
-        no export). ``SubstrateError`` for an image whose ``USER`` is not root (the overlay runs
-        every command as uid 0) or whose engine keeps no overlay layers."""
-        builder = self._image_builder()
-        image = builder.build_recipe(recipe)
-        ref = f"{builder.name}:{image}"
-        with self._lock:
-            if ref in self._layouts:
-                return ref
-        layout = builder.image_layout(image)
-        if layout.user not in ("", "root", "0", "0:0", "root:root"):
-            raise SubstrateError(f"overlay: image {image} runs as USER {layout.user}; the overlay substrate runs "
-                                 "commands as root only (use docker or podman)")
-        with self._lock:
-            self._layouts[ref] = layout
-        return ref
+        """``RecipeImages.build_recipe``: the image is built by a container engine and run from that
+        engine's own layer folders (``LayeredImages``: no copy, no export). ``SubstrateError`` for an
+        image whose ``USER`` is not root (the overlay runs every command as uid 0) or whose engine
+        keeps no overlay layers."""
+        return self.images.build(recipe)
 
     def create_from_image(self, image: str) -> OverlaySandbox:
         """``RecipeImages.create_from_image``: a sandbox whose lower layers are the skeleton over the
         image's own layer folders, every command given the image's ``ENV`` (a command's own
         environment over it)."""
-        with self._lock:
-            layout = self._layouts.get(image)
-        if layout is None:
-            raise SubstrateError(f"overlay: no image {image} (build_recipe makes a task's image)")
+        layout = self.images.layout(image)
         self._prepare()
         return self._new((SKELETON, *layout.layers), layout.env)
 
@@ -614,9 +572,10 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
         has) as one line of JSON naming them top first, then a GNU tar of them with owners,
         whiteouts and ``trusted.*`` xattrs (overlayfs's opaque directories)."""
         with self._lock:
-            chain = self._snapshots.get(snapshot_id)
-        if chain is None:
+            snap = self._snapshots.get(snapshot_id)
+        if snap is None:
             raise SubstrateError(f"overlay: no snapshot {snapshot_id!r} in run {self.run_id}")
+        chain = snap.chain
         self._prepare()
         if chain[-2:] != (SKELETON, self._rootfs):
             raise SubstrateError("overlay: a snapshot of a task image's sandbox is not portable (its image's "
@@ -658,15 +617,13 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
             live = list(self._live.values())
         for box in live:
             box.destroy()
+        self.images.close()
         with self._lock:
             server, self._server = self._server, None
-            builder, self._builder = self._builder, None
             self._snapshots.clear()
             self._rootfs = None
         if server is not None:
             server.stop()
-        if builder is not None:
-            builder.close()
         for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
             cg.remove()
         self.trash.drain()
