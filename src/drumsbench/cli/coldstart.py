@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -20,8 +20,23 @@ from drumsbench.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from drumsbench.envs.base import Task
     from drumsbench.measure.artifacts import ColdstartArtifact, DesktopColdstartArtifact
     from drumsbench.measure.pool import PoolColdstartArtifact
+
+TaskT = TypeVar("TaskT", bound="Task")
+
+
+def _chosen_task(tasks: Sequence[TaskT], wanted: str | None, suite: str) -> TaskT:
+    """``--task``'s task of ``suite`` (the first when none is named); a one-line ``UsageError`` naming
+    some of the others when it has none of that id."""
+    from drumsbench.core.errors import UsageError
+
+    by_id = {t.id: t for t in tasks}
+    found = by_id.get(wanted or next(iter(by_id)))
+    if found is None:
+        raise UsageError(f"--task: no task {wanted!r} in {suite}; one of {', '.join(list(by_id)[:20])}")
+    return found
 
 
 def coldstart_json(run_id: str, config: dict[str, Any], results: Sequence[ColdstartArtifact],
@@ -76,22 +91,16 @@ def coldstart(
     except ValidationError as e:
         raise usage_error(e, {"stagger_s": "--stagger", "substrates": "--substrate", "n": "-n"}) from None
     suite = one_suite(tasks, env)
-    desktop_task = None
-    if suites.suite_kind(suite) == "desktop":  # a one-line error for an unknown suite
+    desktop_task = harbor_task = None
+    kind = suites.suite_kind(suite)  # a one-line error for an unknown suite
+    if kind == "desktop":
         from drumsbench.envs.desktop.task import load_suite as load_desktop
 
-        by_id = {t.id: t for t in load_desktop(suite)}
-        desktop_task = by_id.get(task or next(iter(by_id)))
-        if desktop_task is None:
-            raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(by_id)}")
-    harbor_task = None
-    if suites.suite_kind(suite) == "harbor":  # the real image of one task: its sandboxes, its floor
+        desktop_task = _chosen_task(load_desktop(suite), task, suite)
+    if kind == "harbor":  # the real image of one task: its sandboxes, its floor
         from drumsbench.envs.harbor.task import load_suite as load_harbor
 
-        by_harbor_id = {t.id: t for t in load_harbor(suites.split(suite)[1])}
-        harbor_task = by_harbor_id.get(task or next(iter(by_harbor_id)))
-        if harbor_task is None:
-            raise UsageError(f"--task: no task {task!r} in {suite}; one of {', '.join(list(by_harbor_id)[:20])}")
+        harbor_task = _chosen_task(load_harbor(suites.split(suite)[1]), task, suite)
         for name in chosen:
             problem = images_problem(HarborEnv, name)
             if problem:

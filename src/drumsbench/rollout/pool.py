@@ -439,6 +439,10 @@ class _RecipesOfInner(RecipeImages):
         assert isinstance(self.inner, RecipeImages)
         return self.inner.create_from_image(image)
 
+    def raw_floor_of(self, image: str) -> list[str] | None:
+        assert isinstance(self.inner, RecipeImages)
+        return self.inner.raw_floor_of(image)
+
 
 # Each substrate-level capability (a typed interface of ``substrates/base.py`` a Substrate class may
 # implement) is forwarded by a pooled substrate whose inner one has it, or named here with why not;
