@@ -43,7 +43,7 @@ from drumsbench.policies.scripted import Policy, make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import Substrate
+from drumsbench.substrates.base import RecipeImages, Substrate
 from drumsbench.testing.naive_gates import NaiveDockerSubstrate
 
 from conftest import require
@@ -257,6 +257,43 @@ def test_a_dirty_start_is_invalid_and_each_attempt_gets_a_fresh_sandbox(sub: Sub
         assert slot.sandbox is not box  # the oracle's count.txt did not reach the nop's attempt
     finally:
         slot.destroy()
+
+
+def test_the_tasks_own_resources_bound_its_sandboxes(sub: Substrate, tmp_path: Path) -> None:
+    """``[environment] memory_mb / storage_mb / cpus`` bound the task's sandboxes (the agent's and the
+    verifier's), each tightening the run's bound, never loosening it: 300 MiB cannot be held under
+    96 MiB (it can under the run's 4 GiB), 100 MiB cannot be written under the disk bound (where this
+    substrate enforces one), and a busy second of wall time gets half a CPU's time under cpus 0.5."""
+    folder = _copy(tmp_path, "count-words")
+    toml = (folder / "task.toml").read_text()
+    (folder / "task.toml").write_text(toml.replace("cpus = 1\nmemory_mb = 512\nstorage_mb = 1024",
+                                                   "cpus = 0.5\nmemory_mb = 96\nstorage_mb = 64"))
+    (task,) = load_suite(str(folder))
+    limits = HarborEnv().task_limits(task, sub.limits)
+    assert (limits.memory_mb, limits.disk_mb, limits.cpus, limits.pids) == (96, 64, 0.5, sub.limits.pids)
+    assert HarborEnv().task_limits(task, sub.limits.within(memory_mb=64)).memory_mb == 64  # never loosened
+    assert isinstance(sub, RecipeImages)
+    image = sub.build_recipe(task.start_recipe)
+    hold = ["python3", "-c", "b = bytearray(300 << 20); print(len(b))"]
+    burn = ["python3", "-c", "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0: pass\n"
+                             "print(time.process_time())"]
+    free = sub.create_from_image(image)
+    try:
+        assert free.exec(hold, timeout=60, cwd="/app").exit_code == 0  # the control: the run's bound holds it
+    finally:
+        free.destroy()
+    box = sub.create_from_image(image, limits)
+    try:
+        held = box.exec(hold, timeout=60, cwd="/app")
+        assert held.exit_code != 0 and b"314572800" not in held.stdout, held
+        if "not enforced" not in sub.limit_mechanisms()["disk_mb"]:
+            wrote = box.exec(["sh", "-c", "head -c 100M /dev/zero > /app/big"], timeout=60, cwd="/app")
+            assert wrote.exit_code != 0 and b"No space" in wrote.stderr, wrote
+        cpu = float(box.exec(burn, timeout=60, cwd="/app").stdout)
+        assert cpu < 0.7, cpu
+    finally:
+        box.destroy()
+    assert attempt(sub, task, make_policy("oracle")).outcome is Outcome.SUCCESS  # the verifier fits its bounds
 
 
 # -- the red team --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from drumsbench.core.errors import StaleGeneration
 from drumsbench.envs.actions import ActionSet
-from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox
+from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox, SandboxLimits
 
 if TYPE_CHECKING:
     from drumsbench.envs.observations import ObservationModel
@@ -309,6 +309,11 @@ class TaskImages(ABC, Generic[TaskT]):
 
     @abstractmethod
     def use_images(self, images: RecipeImages) -> None: ...
+
+    def task_limits(self, task: TaskT, run: SandboxLimits) -> SandboxLimits:
+        """The bounds of ``task``'s sandboxes given the run's ``run`` (a task may ask for tighter
+        ones: ``SandboxLimits.within``); the run's by default."""
+        return run
 
 
 class BreakableObservation(ABC):

@@ -98,7 +98,8 @@ class Slot:
                 raise UsageError(f"the {env.kind} environment needs a substrate that builds task images "
                                  f"(RecipeImages); {self.substrate.name} does not")
             env.use_images(self.substrate)
-            self.sandbox = self.substrate.create_from_image(self.substrate.build_recipe(env.start_image(task)))
+            image = self.substrate.build_recipe(env.start_image(task))
+            self.sandbox = self.substrate.create_from_image(image, env.task_limits(task, self.substrate.limits))
         else:
             self.sandbox = self.substrate.create()
         self.env.attach(self.sandbox)

@@ -48,6 +48,7 @@ from drumsbench.substrates.base import (
     PortableSnapshots,
     RecipeImages,
     Sandbox,
+    SandboxLimits,
     Substrate,
 )
 
@@ -435,9 +436,9 @@ class _RecipesOfInner(RecipeImages):
         assert isinstance(self.inner, RecipeImages)
         return self.inner.build_recipe(recipe)
 
-    def create_from_image(self, image: str) -> Sandbox:
+    def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> Sandbox:
         assert isinstance(self.inner, RecipeImages)
-        return self.inner.create_from_image(image)
+        return self.inner.create_from_image(image, limits)
 
     def raw_floor_of(self, image: str) -> list[str] | None:
         assert isinstance(self.inner, RecipeImages)

@@ -26,7 +26,7 @@ import os
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
@@ -48,7 +48,8 @@ class SandboxLimits:
     """Per-sandbox bounds a substrate enforces from the host (``None``: that bound is off).
 
     ``pids``: processes (and threads) at once; ``memory_mb``: resident memory in MiB, including a
-    sandbox's tmpfs pages; ``disk_mb``: what the sandbox may write, in MiB. Each substrate states
+    sandbox's tmpfs pages; ``disk_mb``: what the sandbox may write, in MiB; ``cpus``: CPU time, in
+    CPUs (0.5: half of one), off unless a task asks for it (``within``). Each substrate states
     its mechanism per bound (``Substrate.limit_mechanisms``; docs/substrates.md has the table); the
     disk bound enforced is ``disk_bound_mb`` (below the memory bound by the verifier's reserve); a
     bound the substrate cannot enforce on this host is named there as not enforced, never claimed.
@@ -57,6 +58,18 @@ class SandboxLimits:
     pids: int | None = 2048
     memory_mb: int | None = 4096
     disk_mb: int | None = 4096
+    cpus: float | None = None
+
+    def within(self, *, memory_mb: int | None = None, disk_mb: int | None = None,
+               cpus: float | None = None) -> SandboxLimits:
+        """These bounds tightened by a task's own (a Harbor task's ``[environment]``): each bound the
+        smaller of the two where both are on; a task never loosens the run's bounds, only asks for
+        tighter ones (``None``: the task names none)."""
+        def least(run: float | None, task: float | None) -> float | None:
+            return task if run is None else run if task is None else min(run, task)
+        memory, disk = least(self.memory_mb, memory_mb), least(self.disk_mb, disk_mb)
+        return replace(self, memory_mb=None if memory is None else int(memory),
+                       disk_mb=None if disk is None else int(disk), cpus=least(self.cpus, cpus))
 
     @property
     def disk_bound_mb(self) -> int | None:
@@ -99,8 +112,9 @@ class SandboxLimits:
     def describe(self) -> str:
         def one(v: int | None, unit: str) -> str:
             return "off" if v is None else f"{v}{unit}"
+        cpus = "" if self.cpus is None else f", cpus {self.cpus:g}"
         return (f"pids {one(self.pids, '')}, memory {one(self.memory_mb, ' MiB')}, "
-                f"disk {one(self.disk_bound_mb, ' MiB')}{self.reserve_note()}")
+                f"disk {one(self.disk_bound_mb, ' MiB')}{self.reserve_note()}{cpus}")
 
     def reserve_note(self) -> str:
         """"" or, when the disk bound is below its setting, a parenthesis saying why."""
@@ -629,11 +643,13 @@ class RecipeImages(ABC):
         limit passes (nothing half-built is kept under the reference)."""
 
     @abstractmethod
-    def create_from_image(self, image: str) -> Sandbox:
+    def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> Sandbox:
         """A sandbox (as ``Substrate.create`` makes one: no network, the substrate's limits and
         labels, its reaper as pid 1) of ``image``, a reference ``build_recipe`` returned, with the
         sandbox's folders (``SandboxPaths``) added on top of it once per image; the image's own
-        files, ``WORKDIR`` and ``USER`` are kept. ``SubstrateError`` when it cannot be made."""
+        files, ``WORKDIR`` and ``USER`` are kept. ``limits``: this sandbox's bounds instead of the
+        substrate's (a task's own, ``SandboxLimits.within``). ``SubstrateError`` when it cannot be
+        made."""
 
     def raw_floor_of(self, image: str) -> list[str] | None:
         """``Substrate.raw_floor`` for ``image`` (a reference ``build_recipe`` returned): what a

@@ -60,6 +60,7 @@ from drumsbench.substrates.base import (
     RecipeImages,
     ResetStrategy,
     Sandbox,
+    SandboxLimits,
     SandboxPaths,
     Substrate,
     ViewLaunching,
@@ -318,7 +319,7 @@ class BwrapSubstrate(Substrate, RecipeImages):
         (``LayeredImages``). ``SubstrateError`` for a non-root ``USER``."""
         return self.images.build(recipe)
 
-    def create_from_image(self, image: str) -> Sandbox:
+    def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> Sandbox:
         """``RecipeImages.create_from_image``: a sandbox whose ``/`` is an overlay of the image's
         layers under the sandbox's own upper layer (``bwrap_image``)."""
         from drumsbench.substrates.bwrap_image import (
@@ -328,12 +329,13 @@ class BwrapSubstrate(Substrate, RecipeImages):
         )
 
         layout = self.images.layout(image)
+        limits = limits or self.limits
         sid = new_sandbox_id()
         box = self._folder / sid
         try:
             box.mkdir(parents=True)
-            if self.limits.disk_bound_mb is not None and self.freezer:
-                mount_limited(box, self.limits.disk_bound_mb)  # the upper layer: all the sandbox writes
+            if limits.disk_bound_mb is not None and self.freezer:
+                mount_limited(box, limits.disk_bound_mb)  # the upper layer: all the sandbox writes
             lower = (str(make_skeleton(self._folder)), *layout.layers)
         except (OSError, SubstrateError) as e:
             unmount_below(box)
@@ -342,7 +344,7 @@ class BwrapSubstrate(Substrate, RecipeImages):
         cgroup = None
         try:
             if self.freezer:
-                cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
+                cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=limits)
                 return FreezableBwrapImageSandbox(self.run_id, sid, box, lower, layout.env, cgroup)
             return BwrapImageSandbox(self.run_id, sid, box, lower, layout.env)
         except BaseException:

@@ -119,6 +119,9 @@ def alive_not_exiting(pid: int) -> bool:
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 # v1 hierarchies of the limit groups: controller -> mount point
 LIMIT_ROOTS = {"pids": Path("/sys/fs/cgroup/pids"), "memory": Path("/sys/fs/cgroup/memory")}
+# the v1 cpu hierarchy: a group there only for a sandbox with a CPU bound (``SandboxLimits.cpus``)
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+CPU_PERIOD_US = 100_000
 CGROUP_PREFIX = "drumsbench"
 UID_BASE = 2_000_000
 UID_SPAN = 1_000_000
@@ -262,7 +265,7 @@ def limit_hierarchies() -> dict[str, Path] | None:
 def _limit_run_dirs(run_id: str) -> list[Path]:
     """Every ``.../drumsbench/<run_id>`` limit folder (any harness's parent group, up to 3 deep)."""
     found: list[Path] = []
-    for root in LIMIT_ROOTS.values():
+    for root in (*LIMIT_ROOTS.values(), CPU_ROOT):
         for depth in range(4):
             try:  # groups come and go while the glob walks (another run's sandbox ending): a race, not an error
                 found += [p for p in root.glob("/".join(["*"] * depth + [CGROUP_PREFIX, run_id])) if p.is_dir()]
@@ -318,7 +321,9 @@ class FreezerCgroup:
 
         With ``limits`` whose pids or memory bound is on, the group of the same name is made in the
         v1 pids and memory hierarchies (below the harness's own group, ``limit_hierarchies``) with
-        ``pids.max`` and ``memory.limit_in_bytes``; ``SubstrateError`` when they are missing."""
+        ``pids.max`` and ``memory.limit_in_bytes``; with a CPU bound, in the v1 cpu hierarchy too,
+        with ``cpu.cfs_quota_us`` = that many CPUs' time per ``CPU_PERIOD_US``; ``SubstrateError``
+        when a hierarchy it needs is missing."""
         path = cls.run_dir(run_id) / name
         made: list[Path] = []
         try:
@@ -336,6 +341,14 @@ class FreezerCgroup:
                         (d / "pids.max").write_text(str(limits.pids))
                     if ctl == "memory" and limits.memory_mb is not None:
                         (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
+            if limits is not None and limits.cpus is not None:
+                if os.geteuid() != 0 or not _v1_mounted(CPU_ROOT, "cpu"):
+                    raise OSError(f"the v1 cpu cgroup hierarchy is not mounted and writable at {CPU_ROOT}")
+                d = CPU_ROOT / own_cgroup("cpu").lstrip("/") / CGROUP_PREFIX / run_id / name
+                d.mkdir(parents=True)
+                made.append(d)
+                (d / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                (d / "cpu.cfs_quota_us").write_text(str(max(1000, round(limits.cpus * CPU_PERIOD_US))))
             for d in made:
                 if owner is not None:
                     os.chown(d / "cgroup.procs", owner, owner)

@@ -59,7 +59,7 @@ from drumsbench.envs.harbor.actions import ACTIONS, INSTRUCTIONS, HarborObservat
 from drumsbench.envs.harbor.carry import CARRY_LIMIT, CarryRefused, clean_archive, steering_argv
 from drumsbench.envs.harbor.task import HarborTask
 from drumsbench.envs.shell_framing import OBS_LIMIT, command_content, framed_shell, lost_problem
-from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox
+from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox, SandboxLimits, Substrate
 
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
@@ -151,8 +151,16 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
             raise SubstrateError("harbor: no substrate to make sandboxes of task images was handed over")
         return self._images
 
-    def _fresh(self, recipe: ImageRecipe) -> Sandbox:
-        return self.images.create_from_image(self.images.build_recipe(recipe))
+    def task_limits(self, task: HarborTask, run: SandboxLimits) -> SandboxLimits:
+        """The run's bounds tightened by the task's ``[environment] memory_mb``, ``storage_mb`` and
+        ``cpus`` (never loosened: the run's bounds protect the host)."""
+        spec = task.spec
+        return run.within(memory_mb=spec.memory_mb, disk_mb=spec.storage_mb, cpus=spec.cpus)
+
+    def _fresh(self, recipe: ImageRecipe, task: HarborTask) -> Sandbox:
+        """A sandbox of ``recipe``'s image under ``task``'s bounds (the verifier's, as the agent's)."""
+        run = self.images.limits if isinstance(self.images, Substrate) else SandboxLimits()
+        return self.images.create_from_image(self.images.build_recipe(recipe), self.task_limits(task, run))
 
     def _reference(self, task: HarborTask) -> tuple[str, dict[str, str]]:
         """The working folder's digest and the steering files' digests in the carried paths, in a
@@ -245,7 +253,7 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
             archive = clean_archive(res.stdout, task.carry)
         except CarryRefused as e:
             raise PolicyFault(f"{e} (tar exit {res.exit_code}: {res.stderr.decode(errors='replace')[-160:]})") from None
-        box = self._verifier = self._fresh(task.verifier_recipe)
+        box = self._verifier = self._fresh(task.verifier_recipe, task)
         box.exec(["rm", "-rf", "--one-file-system", *task.carry], timeout=60, cwd="/")
         done = box.exec(["tar", "-C", "/", "-xpf", "-"], timeout=120, cwd="/", stdin=archive)
         if done.exit_code != 0:

@@ -715,9 +715,9 @@ class ContainerSubstrate(Substrate, ImageFlavors):
 
     # -- create --------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def _engine_create(self, image: str, sid: str, workdir: str | None) -> str:
+    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits) -> str:
         """Create (not start) a container of ``image`` with ``REAPER_ARGV``, no network, the labels
-        ``LABEL_RUN`` and ``LABEL_SANDBOX`` = ``sid``, ``self.limits`` (the storage quota when
+        ``LABEL_RUN`` and ``LABEL_SANDBOX`` = ``sid``, the bounds ``lim`` (the storage quota when
         ``disk_mode`` says so), no-new-privileges and working folder ``workdir`` (None: the image's
         own); its id. ``SubstrateError`` leaves none."""
 
@@ -747,7 +747,7 @@ class ContainerSubstrate(Substrate, ImageFlavors):
     def create(self) -> ContainerSandbox:
         """A container of the image: created, its layer folder under the disk bound's tmpfs
         (``disk_mode``), started; a failure anywhere removes the container and the tmpfs again."""
-        return self._create_of(self.image(), PATHS.work)
+        return self._create_of(self.image(), PATHS.work, self.limits)
 
     def build_recipe(self, recipe: ImageRecipe) -> str:
         """``RecipeImages.build_recipe``: the engine's build (``_engine_build_recipe``), asked once per
@@ -774,12 +774,12 @@ class ContainerSubstrate(Substrate, ImageFlavors):
         """The engine's ``image inspect`` record of ``image``."""
         raise SubstrateError(f"{self.name} cannot inspect images")
 
-    def create_from_image(self, image: str) -> ContainerSandbox:
+    def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> ContainerSandbox:
         """``RecipeImages.create_from_image``: a container (as ``create`` makes one) of the sandbox
         image of task image ``image`` (``_task_sandbox_image``: the sandbox layer committed on top,
         once per image). Its working folder is the image's own ``WORKDIR`` (the reaper's; every
         exec is given its own ``cwd``), its user the image's ``USER``."""
-        return self._create_of(self._task_sandbox_image(image), None)
+        return self._create_of(self._task_sandbox_image(image), None, limits or self.limits)
 
     def _task_sandbox_image(self, image: str) -> str:
         """The tag of task image ``image``'s sandbox image (``task_sandbox_tag``), committed first
@@ -800,12 +800,13 @@ class ContainerSubstrate(Substrate, ImageFlavors):
             self._task_images[image] = tag
         return tag
 
-    def _create_of(self, image: str, workdir: str | None) -> ContainerSandbox:
-        """``create`` of ``image`` with working folder ``workdir`` (None: the image's own)."""
+    def _create_of(self, image: str, workdir: str | None, limits: SandboxLimits) -> ContainerSandbox:
+        """``create`` of ``image`` with working folder ``workdir`` (None: the image's own), bounded by
+        ``limits``."""
         sid = new_sandbox_id()
-        cid = self._engine_create(image, sid, workdir)
+        cid = self._engine_create(image, sid, workdir, limits)
         try:
-            layer = self._bound_disk(cid, sid)
+            layer = self._bound_disk(cid, sid, limits)
             self._engine_start(cid)
             if layer is not None and os.stat(layer / "diff").st_dev == os.stat(layer.parent).st_dev:
                 # the engine bound its storage folder over itself after the tmpfs was mounted: shadowed
@@ -817,13 +818,13 @@ class ContainerSubstrate(Substrate, ImageFlavors):
             raise
         return self.sandbox_class(self, cid, sid).handed_over()
 
-    def _bound_disk(self, cid: str, sid: str) -> Path | None:
+    def _bound_disk(self, cid: str, sid: str, limits: SandboxLimits) -> Path | None:
         """The tmpfs disk bound over the created (not started) container's layer folder; that folder
         (None: no tmpfs bound)."""
-        if self.limits.disk_bound_mb is None or self.disk_mode()[0] != "tmpfs":
+        if limits.disk_bound_mb is None or self.disk_mode()[0] != "tmpfs":
             return None
         upper, work = self._engine_layer_dirs(cid)
-        return bound_container_layer(self.name, cid, upper, work, self.limits.disk_bound_mb,
+        return bound_container_layer(self.name, cid, upper, work, limits.disk_bound_mb,
                                      disk_source(self.run_id, sid))
 
     # -- what a run leaves -----------------------------------------------------------------------------

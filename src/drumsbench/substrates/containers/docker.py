@@ -31,7 +31,14 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Capabilities, ImageRecipe, Isolation, RecipeImages, ResetStrategy
+from drumsbench.substrates.base import (
+    Capabilities,
+    ImageRecipe,
+    Isolation,
+    RecipeImages,
+    ResetStrategy,
+    SandboxLimits,
+)
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.containers.docker_sandbox import (
     HAVE_SDK,
@@ -220,12 +227,14 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
         # an empty Entrypoint clears the base's (the reaper must be pid 1); the rest of its config is merged in
         commit_layer(self.client, base, tag, {"Cmd": C.REAPER_ARGV, "Entrypoint": [], "Labels": C.task_labels(base)})
 
-    def _engine_create(self, image: str, sid: str, workdir: str | None) -> str:
-        lim, api = self.limits, self.client.api
+    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits) -> str:
+        api = self.client.api
         cfg: dict[str, Any] = {"network_mode": "none", "security_opt": ["no-new-privileges"],
                                "pids_limit": lim.pids if lim.pids is not None else -1}
         if lim.memory_mb is not None:
             cfg["mem_limit"] = f"{lim.memory_mb}m"
+        if lim.cpus is not None:
+            cfg["nano_cpus"] = round(lim.cpus * 1e9)
         if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
             cfg["storage_opt"] = {"size": f"{lim.disk_bound_mb}m"}
         try:

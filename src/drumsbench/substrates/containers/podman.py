@@ -33,7 +33,14 @@ from typing import Any
 
 from drumsbench import images
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import Capabilities, ImageRecipe, Isolation, RecipeImages, ResetStrategy
+from drumsbench.substrates.base import (
+    Capabilities,
+    ImageRecipe,
+    Isolation,
+    RecipeImages,
+    ResetStrategy,
+    SandboxLimits,
+)
 from drumsbench.substrates.containers import common as C
 from drumsbench.substrates.containers.podman_cli import checkpoint_dir, config_dir, configure, podman, with_criu
 from drumsbench.substrates.containers.podman_sandbox import PodmanSandbox
@@ -168,13 +175,14 @@ class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
         commit_layer(base, tag, [f"CMD {json.dumps(C.REAPER_ARGV)}", "ENTRYPOINT []",
                                  *(f"LABEL {k}={v}" for k, v in C.task_labels(base).items())])
 
-    def _engine_create(self, image: str, sid: str, workdir: str | None) -> str:
-        lim = self.limits
+    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits) -> str:
         args = ["--pids-limit", str(lim.pids if lim.pids is not None else -1)]
         if workdir is not None:
             args += ["--workdir", workdir]
         if lim.memory_mb is not None:
             args += ["--memory", f"{lim.memory_mb}m"]
+        if lim.cpus is not None:
+            args += ["--cpus", f"{lim.cpus:g}"]
         if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
             args += ["--storage-opt", f"size={lim.disk_bound_mb}m"]
         proc = podman(["create", "--network", "none", "--label", f"{C.LABEL_RUN}={self.run_id}", "--label",

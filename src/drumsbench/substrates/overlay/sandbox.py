@@ -80,6 +80,7 @@ from drumsbench.substrates.base import (
     PortableSnapshots,
     RecipeImages,
     ResetStrategy,
+    SandboxLimits,
     SandboxPaths,
     Snapshotting,
     Stream,
@@ -143,7 +144,8 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
     cgroup: FreezerCgroup | None
 
     def __init__(
-        self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...], cgroup: FreezerCgroup | None = None
+        self, sub: OverlaySubstrate, sid: str, base: tuple[str, ...], cgroup: FreezerCgroup | None = None,
+        limits: SandboxLimits | None = None,
     ) -> None:
         self.substrate = sub.name
         self.run_id = sub.run_id
@@ -164,9 +166,10 @@ class OverlaySandbox(rootedfs.RootedFiles, Snapshotting, HostLaunching, ViewLaun
         self.cgroup = cgroup
         try:
             self._dir.mkdir(parents=True)
-            if sub.limits.disk_bound_mb is not None and sub.freezer:
+            disk = (limits or sub.limits).disk_bound_mb
+            if disk is not None and sub.freezer:
                 # the disk bound: upper and work layers live on a tmpfs of that size
-                mount_limited(self._dir, sub.limits.disk_bound_mb)
+                mount_limited(self._dir, disk)
             (self._dir / "m").mkdir()
         except (OSError, SubstrateError) as e:
             unmount_below(self._dir)
@@ -513,14 +516,16 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
         with self._lock:
             self._live.pop(box.id, None)
 
-    def _new(self, base: tuple[str, ...], image_env: Mapping[str, str] | None = None) -> OverlaySandbox:
+    def _new(self, base: tuple[str, ...], image_env: Mapping[str, str] | None = None,
+             limits: SandboxLimits | None = None) -> OverlaySandbox:
         sid = new_sandbox_id()
+        limits = limits or self.limits
         if not self.freezer:
-            box = OverlaySandbox(self, sid, base)
+            box = OverlaySandbox(self, sid, base, limits=limits)
         else:
-            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=self.limits)
+            cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}", limits=limits)
             try:
-                box = FreezableOverlaySandbox(self, sid, base, cgroup)
+                box = FreezableOverlaySandbox(self, sid, base, cgroup, limits)
             except BaseException:
                 cgroup.remove()
                 raise
@@ -550,13 +555,13 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
         keeps no overlay layers."""
         return self.images.build(recipe)
 
-    def create_from_image(self, image: str) -> OverlaySandbox:
+    def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> OverlaySandbox:
         """``RecipeImages.create_from_image``: a sandbox whose lower layers are the skeleton over the
         image's own layer folders, every command given the image's ``ENV`` (a command's own
         environment over it)."""
         layout = self.images.layout(image)
         self._prepare()
-        return self._new((SKELETON, *layout.layers), layout.env)
+        return self._new((SKELETON, *layout.layers), layout.env, limits)
 
     def snapshots(self) -> list[str]:
         with self._lock:
