@@ -31,6 +31,7 @@ class LoopbackOpenAI:
     def __init__(self, tasks: str = "coding") -> None:
         self.tasks = {t.description: t for t in suites.load(tasks).tasks}  # ``oracle`` follows their plans
         self.requests: Counter[str] = Counter()
+        self.tools: set[str] = set()  # the names of every tool offered in any request
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -40,6 +41,7 @@ class LoopbackOpenAI:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 outer.requests[body["model"]] += 1
+                outer.tools |= {t["function"]["name"] for t in body.get("tools") or []}
                 status, headers, payload = outer.answer(body)
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 try:

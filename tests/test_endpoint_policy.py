@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+from pathlib import Path
 
 import pytest
 from loopback_openai import LoopbackOpenAI
@@ -15,12 +16,17 @@ from loopback_openai import LoopbackOpenAI
 from drumsbench.core.errors import UsageError
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.envs.coding.task import load_suite
+from drumsbench.envs.harbor import interpreter
 from drumsbench.policies.endpoint import EndpointPolicy, policy_name
 from drumsbench.policies.scripted import make_policy
 from drumsbench.rollout.attempt import RolloutConfig, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
+from drumsbench.substrates import registry
 
+from conftest import require
 from helpers import cli, slot_on
+
+HARBOR = Path(__file__).resolve().parents[1] / "examples" / "harbor"
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -115,6 +121,27 @@ def test_policy_flags():
                        (("oracle", "http://127.0.0.1:1/v1", None), "--endpoint")]:
         with pytest.raises(UsageError, match=flag):
             policy_name(*args)
+
+
+def test_the_endpoint_works_a_harbor_task_with_that_kinds_own_tools(tmp_path):
+    """The endpoint policy is the kind's, not coding's: on Harbor tasks (overlay) the model is offered
+    the harbor kind's tools (``shell``, ``write``, ``submit``: what the realistic agent uses), and a
+    model that follows each task's oracle through them scores 1 on every attempt."""
+    require(interpreter.missing())
+    require(registry.get("overlay").missing())
+    env = {"DRUMSBENCH_STATE": str(tmp_path / "state")}
+    out = tmp_path / "runs"
+    with LoopbackOpenAI(f"harbor:{HARBOR}") as server:
+        proc = cli("run", "--tasks", f"harbor:{HARBOR}", "--substrate", "overlay", "--policy", "endpoint",
+                   "--endpoint", server.url, "--model", "oracle", "--attempts", "3", "--concurrency", "1",
+                   "--duration", "300s", "--out", str(out), "--no-progress", env=env)
+        tools = set(server.tools)
+    assert proc.returncode == 0, proc.stderr
+    assert tools == {"shell", "write", "submit"}, tools
+    db = sqlite3.connect(out / "ledger.sqlite")
+    rows = db.execute("SELECT task, outcome, json_extract(extra, '$.inference.calls') FROM attempts").fetchall()
+    db.close()
+    assert len(rows) == 3 and all(r[1] == "success" and r[2] > 0 for r in rows), rows
 
 
 def test_run_with_the_endpoint_policy_is_one_flag(endpoint, tmp_path):
