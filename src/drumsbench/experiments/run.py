@@ -148,9 +148,9 @@ def make_substrate(name: str, run_id: str, tasks: str | None = None) -> Substrat
 def images_problem(env_class: type[Environment], name: str) -> str | None:
     """Why substrate ``name`` cannot run ``env_class``'s tasks when each brings its own image
     (``TaskImages``: the substrate must build them, ``RecipeImages``), or None."""
-    fit = registry.having(RecipeImages)
-    if not issubclass(env_class, TaskImages) or name in fit:
+    if not issubclass(env_class, TaskImages) or name in registry.having(RecipeImages, among=[name]):
         return None
+    fit = registry.having(RecipeImages)  # loads every substrate's module: only on the way to an error
     return (f"--substrate {name}: the {env_class.kind} environment runs each task in its own image, which {name} "
             f"cannot build (choose {', '.join(fit) or 'a plugin'})")
 

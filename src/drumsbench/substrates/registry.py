@@ -37,12 +37,12 @@ def get(name: str) -> type[Substrate]:
     return SUBSTRATES.load(name)
 
 
-def having(capability: type) -> list[str]:
-    """Names of the substrates whose class has ``capability`` (a typed interface of
-    ``substrates.base``, e.g. ``RecipeImages``); one that cannot be loaded here (an optional
-    dependency missing, a broken plugin) is left out."""
+def having(capability: type, among: list[str] | None = None) -> list[str]:
+    """Names of the substrates (of ``among``, else all: each one's module is imported) whose class
+    has ``capability`` (a typed interface of ``substrates.base``, e.g. ``RecipeImages``); one that
+    cannot be loaded here (an optional dependency missing, a broken plugin) is left out."""
     found = []
-    for name in names():
+    for name in names() if among is None else among:
         try:
             cls = get(name)
         except Exception:  # not loadable here: not a fit
