@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from drumsbench.core.errors import UsageError
+from drumsbench.core.errors import SubstrateError, UsageError
 from drumsbench.core.outcome import InvalidCause, Outcome
 from drumsbench.core.records import AttemptRecord
 from drumsbench.envs import suites
@@ -43,7 +43,7 @@ from drumsbench.policies.scripted import Policy, make_policy
 from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
-from drumsbench.substrates.base import RecipeImages, Substrate
+from drumsbench.substrates.base import RecipeImages, RootCommands, Substrate
 from drumsbench.testing.naive_gates import NaiveDockerSubstrate
 
 from conftest import require
@@ -134,6 +134,8 @@ def _copy(tmp_path: Path, name: str) -> Path:
     (("environment/Dockerfile", "WORKDIR /app\n", ""), "no WORKDIR"),
     (("task.toml", "[metadata]", '[metadata]\ndrumsbench_carry = ["/logs"]'), "drumsbench_carry"),
     (("task.toml", "[metadata]", '[metadata]\ndrumsbench_carry = "/etc"'), "give a list of absolute paths"),
+    (("task.toml", "[agent]\n", '[agent]\nuser = "nobody"\n'), "[agent] user = 'nobody'"),
+    (("task.toml", "[verifier]\n", "[verifier]\nuser = 0\n"), "[verifier] user = 0"),
 ])
 def test_working_folder_and_carry_are_checked(tmp_path: Path, edit: tuple[str, str, str], want: str) -> None:
     folder = _copy(tmp_path, "count-words")
@@ -294,6 +296,36 @@ def test_the_tasks_own_resources_bound_its_sandboxes(sub: Substrate, tmp_path: P
     finally:
         box.destroy()
     assert attempt(sub, task, make_policy("oracle")).outcome is Outcome.SUCCESS  # the verifier fits its bounds
+
+
+def test_a_task_image_whose_user_is_not_root(sub: Substrate, tmp_path: Path) -> None:
+    """A Dockerfile ending ``USER agent``: on docker and podman the agent's commands run as that user
+    (its ``HOME`` writable, the system not), the harness's set-up as the sandbox's root with root's
+    capabilities (the container is root's, each command of the sandbox's own is the user's), test.sh
+    as the user, as Harbor runs it; oracle 1, nop 0. overlay and bwrap run every command as root and
+    refuse such an image in one line."""
+    folder = _copy(tmp_path, "count-words")
+    (folder / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY notes.txt /app/notes.txt\n"
+        "RUN useradd -m agent && chown -R agent /app\nUSER agent\n")
+    (task,) = load_suite(str(folder))
+    assert isinstance(sub, RecipeImages)
+    if sub.name in ("overlay", "bwrap"):
+        with pytest.raises(SubstrateError, match=f"^{sub.name}: image .* runs as USER agent"):
+            sub.build_recipe(task.start_recipe)
+        return
+    box = sub.create_from_image(sub.build_recipe(task.start_recipe))
+    try:
+        mine = box.exec(["sh", "-c", "id -un; touch $HOME/x && echo home; touch /etc/x 2>/dev/null || echo no-etc"],
+                        timeout=30, cwd="/app")
+        assert mine.stdout.split() == [b"agent", b"home", b"no-etc"], mine
+        assert isinstance(box, RootCommands)
+        root = box.exec_as_root(["sh", "-c", "id -u; grep CapEff /proc/self/status"], timeout=30, cwd="/")
+        assert root.stdout.split()[0] == b"0" and not root.stdout.strip().endswith(b"0000000000000000"), root
+    finally:
+        box.destroy()
+    assert attempt(sub, task, make_policy("oracle")).outcome is Outcome.SUCCESS
+    assert attempt(sub, task, make_policy("null")).outcome is Outcome.FAILED
 
 
 # -- the red team --------------------------------------------------------------------------------

@@ -361,6 +361,27 @@ class HostFolders(ABC):
         sandbox or a destroyed sandbox."""
 
 
+class RootCommands(ABC):
+    """Capability of a sandbox whose commands run as its image's user (a task image's ``USER``, which
+    may be another than root): it can also run a harness-made command as uid 0 *inside* it — set-up
+    the policy never issues (staging a verifier, a fault injector's act). A sandbox without it runs
+    every command as its root already."""
+
+    @abstractmethod
+    def exec_as_root(self, argv: Sequence[str], *, timeout: float, cwd: str,
+                     stdin: bytes | None = None) -> ExecResult:
+        """``Sandbox.exec`` of ``argv`` as uid 0 of the sandbox (never the host's root)."""
+
+
+def exec_as_root(box: Sandbox, argv: Sequence[str], *, timeout: float, cwd: str,
+                 stdin: bytes | None = None) -> ExecResult:
+    """``argv`` as the sandbox's root: ``RootCommands.exec_as_root`` where the sandbox has it, else
+    its plain ``exec`` (which runs as its root)."""
+    if isinstance(box, RootCommands):
+        return box.exec_as_root(argv, timeout=timeout, cwd=cwd, stdin=stdin)
+    return box.exec(list(argv), timeout=timeout, cwd=cwd, stdin=stdin)
+
+
 class HostLaunching(ABC):
     """Capability of a sandbox whose processes are host processes (in namespaces or not): an
     environment may build its own isolation around it (the desktop's namespaces) by running a

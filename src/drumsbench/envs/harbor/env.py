@@ -59,7 +59,7 @@ from drumsbench.envs.harbor.actions import ACTIONS, INSTRUCTIONS, HarborObservat
 from drumsbench.envs.harbor.carry import CARRY_LIMIT, CarryRefused, clean_archive, steering_argv
 from drumsbench.envs.harbor.task import HarborTask
 from drumsbench.envs.shell_framing import OBS_LIMIT, command_content, framed_shell, lost_problem
-from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox, SandboxLimits, Substrate
+from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox, SandboxLimits, Substrate, exec_as_root
 
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
@@ -254,14 +254,17 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         except CarryRefused as e:
             raise PolicyFault(f"{e} (tar exit {res.exit_code}: {res.stderr.decode(errors='replace')[-160:]})") from None
         box = self._verifier = self._fresh(task.verifier_recipe, task)
-        box.exec(["rm", "-rf", "--one-file-system", *task.carry], timeout=60, cwd="/")
-        done = box.exec(["tar", "-C", "/", "-xpf", "-"], timeout=120, cwd="/", stdin=archive)
+        # the set-up is the harness's, as the sandbox's root whatever the image's USER (owners kept)
+        exec_as_root(box, ["rm", "-rf", "--one-file-system", *task.carry], timeout=60, cwd="/")
+        done = exec_as_root(box, ["tar", "-C", "/", "-xpf", "-"], timeout=120, cwd="/", stdin=archive)
         if done.exit_code != 0:
             raise SubstrateError(f"harbor: the verifier sandbox could not take the carried files "
                                  f"(tar exit {done.exit_code}: {done.stderr.decode(errors='replace')[-200:]})")
-        box.exec(["rm", "-rf", "/tests", "/logs/verifier"], timeout=60, cwd="/")
+        exec_as_root(box, ["rm", "-rf", "/tests", "/logs/verifier"], timeout=60, cwd="/")
         box.put_files("/tests", task.tests)
-        made = box.exec(["mkdir", "-p", "/logs/verifier"], timeout=30, cwd="/")
+        # writable by test.sh's user, as Harbor's host-mounted /logs is
+        made = exec_as_root(box, ["sh", "-c", "mkdir -p /logs/verifier && chmod 0777 /logs/verifier"], timeout=30,
+                            cwd="/")
         if made.exit_code != 0:
             raise SubstrateError(f"harbor: cannot make /logs/verifier in the verifier sandbox (exit {made.exit_code})")
 
@@ -277,7 +280,7 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         the interpreter test.sh needs): test.sh cannot start."""
         box = self._verifier or (self.box if self.verifier == "harbor-shared" else None)
         if box is not None:
-            box.exec(["rm", "-f", "/usr/bin/bash", "/bin/bash"], timeout=30, cwd="/")
+            exec_as_root(box, ["rm", "-f", "/usr/bin/bash", "/bin/bash"], timeout=30, cwd="/")
 
     def run_verifier(self, task: HarborTask, timeout: float) -> VerifierResult:
         """Step 2 of the module docstring."""
@@ -332,11 +335,11 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         uploaded over ``/tests`` (files the agent put there stay), nothing of the agent ended."""
         self.verify_note = {"verifier": "harbor-shared", "trust": TRUST_SHARED, "trust_why": TRUST_SHARED_WHY}
         box = self.box
-        removed = box.exec(["rm", "-f", "--", REWARD_TXT, REWARD_JSON], timeout=30, cwd="/")
+        removed = exec_as_root(box, ["rm", "-f", "--", REWARD_TXT, REWARD_JSON], timeout=30, cwd="/")
         if removed.exit_code != 0:  # Harbor stops with an error here
             raise PolicyFault(f"Harbor's shared mode: the reward files could not be removed (exit {removed.exit_code})")
         box.put_files("/tests", task.tests)
-        box.exec(["mkdir", "-p", "/logs/verifier"], timeout=30, cwd="/")
+        exec_as_root(box, ["sh", "-c", "mkdir -p /logs/verifier && chmod 0777 /logs/verifier"], timeout=30, cwd="/")
 
     def _run_shared(self, task: HarborTask, timeout: float) -> VerifierResult:
         """As Harbor 0.26 runs it: test.sh made executable and run (its own shebang) in the agent's

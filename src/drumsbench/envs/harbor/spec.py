@@ -119,6 +119,10 @@ def _spec(folder: Path, answer: dict[str, Any], suite: str) -> HarborTaskSpec:
         raise UsageError(f"{folder}/environment: {what}; give one environment/Dockerfile (see {DOC})")
     verifier: dict[str, Any] = cfg.get("verifier") or {}
     agent: dict[str, Any] = cfg.get("agent") or {}
+    for phase, table in (("agent", agent), ("verifier", verifier)):
+        if table.get("user") is not None:
+            raise UsageError(f"{folder}/task.toml: [{phase}] user = {table['user']!r}: DrumsBench runs the {phase} as "
+                             "the image's USER only; remove it, or end the Dockerfile with that USER")
     mode = str(verifier.get("environment_mode") or ("separate" if verifier.get("environment") else "shared"))
     verifier_base = _verifier_base(folder, verifier, suite) if mode == "separate" else None
     network = str(env_cfg.get("network_mode") or "public")  # Harbor folds allow_internet into it

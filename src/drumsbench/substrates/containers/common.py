@@ -48,6 +48,7 @@ from drumsbench.substrates.base import (
     ImageFlavors,
     ImageRecipe,
     LaunchView,
+    RootCommands,
     Sandbox,
     SandboxLimits,
     SandboxPaths,
@@ -266,7 +267,7 @@ TASK_SANDBOX_REPO = "drumsbench-task-sandbox"
 def task_sandbox_tag(image: str) -> str:
     """Tag of the sandbox image of task image ``image`` (a ``build_recipe`` reference: content-addressed,
     ``drumsbench-task:<16 hex>``): changes with it and with the sandbox layer."""
-    h = hashlib.sha256(f"{image}|{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:12]
+    h = hashlib.sha256(f"{image}|{SANDBOX_LAYER_VERSION}|".encode() + layer_tar(everyone=True)).hexdigest()[:12]
     return f"{TASK_SANDBOX_REPO}:{h}"
 
 
@@ -311,14 +312,20 @@ def files_tar(files: Mapping[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def layer_tar() -> bytes:
-    """The sandbox layer: the four folders (tmp world-writable with the sticky bit)."""
+SOLUTION = "/solution"  # Harbor's oracle's folder, in a task image's sandbox layer (``layer_tar``)
+
+
+def layer_tar(everyone: bool = False) -> bytes:
+    """The sandbox layer: the four folders (tmp world-writable with the sticky bit). With
+    ``everyone`` (a task image's, whose ``USER`` may be any uid): all four so, ``HOME`` being
+    ``/sandbox/home``, and ``/solution`` too, where Harbor's oracle finds its files (Harbor uploads
+    them as root; here the oracle's plan writes them as the image's user)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for folder in (ROOT, *FOLDERS):
+        for folder in (ROOT, *FOLDERS, *((SOLUTION,) if everyone else ())):
             info = tarfile.TarInfo(folder.lstrip("/"))
             info.type = tarfile.DIRTYPE
-            info.mode = 0o1777 if folder == PATHS.tmp else 0o755
+            info.mode = 0o1777 if folder == PATHS.tmp or (everyone and folder != ROOT) else 0o755
             info.mtime = 0
             tar.addfile(info)
     return buf.getvalue()
@@ -402,7 +409,7 @@ def decode_tail(data: bytes, n: int = 300) -> str:
 _Box = TypeVar("_Box", bound="ContainerSandbox")
 
 
-class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming):
+class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streaming, RootCommands):
     """One container of an engine. What the engines share is here: the exec token, batched file
     writes, the in-place reset by a script run inside, the end of processes, digests and canary scans
     from the host (``from_host``), the host's entry into the container (``host_entry``: a launched
@@ -421,6 +428,9 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
         self._entry: host_entry.Entry | None = None
         self._layer: dict[str, tuple[int, ...]] | None = None  # record_layer
         self._upper: Path | None = None
+        # who the sandbox's own commands run as: None, the container's user (root); or a task image's
+        # USER, the container then being root's (so that ``exec_as_root`` has root's capabilities)
+        self.exec_user: str | None = None
 
     def _check(self) -> None:
         if self._destroyed:
@@ -466,23 +476,32 @@ class ContainerSandbox(Sandbox, Freezable, ViewLaunching, HostLaunching, Streami
     def _run(self, req: ExecRequest) -> ExecResult:
         self._check()
         token = new_token()
-        return self._run_marked(req, token, exec_env(token, req.env))
+        return self._run_marked(req, token, exec_env(token, req.env), self.exec_user)
+
+    def exec_as_root(self, argv: Sequence[str], *, timeout: float, cwd: str,
+                     stdin: bytes | None = None) -> ExecResult:
+        """``RootCommands``: the engine's exec as user 0 of the container (its USER otherwise)."""
+        self._check()
+        token = new_token()
+        return self._run_marked(ExecRequest(list(argv), timeout, cwd, None, stdin), token, exec_env(token, None),
+                                user="0")
 
     def open_stream(self, argv: Sequence[str], *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> Stream:
         self._check()
         token = new_token()
-        return self._open_marked(list(argv), cwd or self.paths.work, exec_env(token, env), token)
+        return self._open_marked(list(argv), cwd or self.paths.work, exec_env(token, env), token, self.exec_user)
 
     @abc.abstractmethod
-    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
-        """``open_stream`` of ``argv`` with environment ``env`` (which carries ``token``); closing
-        the stream kills what carries the token (``kill_exec``)."""
+    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str,
+                     user: str | None = None) -> Stream:
+        """``open_stream`` of ``argv`` with environment ``env`` (which carries ``token``) as ``user``
+        (None: the container's); closing the stream kills what carries the token (``kill_exec``)."""
 
     @abc.abstractmethod
-    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
-        """Run ``req`` with environment ``env`` (which carries ``token``); on timeout kill what
-        carries the token (``kill_exec``)."""
+    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str], user: str | None = None) -> ExecResult:
+        """Run ``req`` with environment ``env`` (which carries ``token``) as ``user`` (None: the
+        image's ``USER``); on timeout kill what carries the token (``kill_exec``)."""
 
     @abc.abstractmethod
     def _put(self, files: Mapping[str, bytes]) -> None:
@@ -661,6 +680,7 @@ class ContainerSubstrate(Substrate, ImageFlavors):
         self.flavor = "base"
         self._disk: tuple[str, str | None, str | None] | None = None  # (mode, quota's why, tmpfs's why)
         self._task_images: dict[str, str] = {}  # task image -> its sandbox image (``_task_sandbox_image``)
+        self._users: dict[str, str | None] = {}  # sandbox image -> its non-root USER (``_image_user``)
         self._recipe_images: dict[str, str] = {}  # recipe digest -> its image (``build_recipe``)
 
     def use_flavor(self, flavor: str) -> None:
@@ -715,11 +735,12 @@ class ContainerSubstrate(Substrate, ImageFlavors):
 
     # -- create --------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits) -> str:
+    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits,
+                       user: str | None = None) -> str:
         """Create (not start) a container of ``image`` with ``REAPER_ARGV``, no network, the labels
         ``LABEL_RUN`` and ``LABEL_SANDBOX`` = ``sid``, the bounds ``lim`` (the storage quota when
         ``disk_mode`` says so), no-new-privileges and working folder ``workdir`` (None: the image's
-        own); its id. ``SubstrateError`` leaves none."""
+        own), as ``user`` (None: the image's ``USER``); its id. ``SubstrateError`` leaves none."""
 
     @abc.abstractmethod
     def _engine_start(self, cid: str) -> None:
@@ -779,7 +800,19 @@ class ContainerSubstrate(Substrate, ImageFlavors):
         image of task image ``image`` (``_task_sandbox_image``: the sandbox layer committed on top,
         once per image). Its working folder is the image's own ``WORKDIR`` (the reaper's; every
         exec is given its own ``cwd``), its user the image's ``USER``."""
-        return self._create_of(self._task_sandbox_image(image), None, limits or self.limits)
+        tag = self._task_sandbox_image(image)
+        return self._create_of(tag, None, limits or self.limits, self._image_user(tag))
+
+    def _image_user(self, tag: str) -> str | None:
+        """The ``USER`` of image ``tag`` when it is not root (None: root), read once per image."""
+        with self._image_lock:
+            if tag in self._users:
+                return self._users[tag]
+        user = str((self._engine_inspect_image(tag).get("Config") or {}).get("User") or "")
+        found = None if user in ("", "root", "0", "0:0", "root:root") else user
+        with self._image_lock:
+            self._users[tag] = found
+        return found
 
     def _task_sandbox_image(self, image: str) -> str:
         """The tag of task image ``image``'s sandbox image (``task_sandbox_tag``), committed first
@@ -800,11 +833,13 @@ class ContainerSubstrate(Substrate, ImageFlavors):
             self._task_images[image] = tag
         return tag
 
-    def _create_of(self, image: str, workdir: str | None, limits: SandboxLimits) -> ContainerSandbox:
+    def _create_of(self, image: str, workdir: str | None, limits: SandboxLimits,
+                   user: str | None = None) -> ContainerSandbox:
         """``create`` of ``image`` with working folder ``workdir`` (None: the image's own), bounded by
-        ``limits``."""
+        ``limits``; with ``user`` (an image's non-root ``USER``) the container is root's and the
+        sandbox's own commands run as ``user`` (``ContainerSandbox.exec_user``)."""
         sid = new_sandbox_id()
-        cid = self._engine_create(image, sid, workdir, limits)
+        cid = self._engine_create(image, sid, workdir, limits, "0" if user else None)
         try:
             layer = self._bound_disk(cid, sid, limits)
             self._engine_start(cid)
@@ -816,7 +851,9 @@ class ContainerSubstrate(Substrate, ImageFlavors):
             unbind_disk(self.run_id, sid)
             self._engine_remove(cid)
             raise
-        return self.sandbox_class(self, cid, sid).handed_over()
+        box = self.sandbox_class(self, cid, sid)
+        box.exec_user = user
+        return box.handed_over()
 
     def _bound_disk(self, cid: str, sid: str, limits: SandboxLimits) -> Path | None:
         """The tmpfs disk bound over the created (not started) container's layer folder; that folder

@@ -79,8 +79,8 @@ def ensure_rootfs_image(client: Any, flavor: str = "base") -> str:
     return rootfs
 
 
-def commit_layer(client: Any, base: str, tag: str, conf: dict[str, Any]) -> None:
-    """Commit the sandbox layer (``C.layer_tar()``) on top of image ``base`` under ``tag`` with a
+def commit_layer(client: Any, base: str, tag: str, conf: dict[str, Any], everyone: bool = False) -> None:
+    """Commit the sandbox layer (``C.layer_tar(everyone)``) on top of image ``base`` under ``tag`` with a
     throw-away container; ``conf`` is what the commit sets: the daemon merges it with the base's
     own config (``WorkingDir``, ``Env``, ``User`` and labels stay unless ``conf`` names them). The
     caller holds ``C.build_lock("docker-image")``; ``SubstrateError`` when it fails."""
@@ -91,7 +91,7 @@ def commit_layer(client: Any, base: str, tag: str, conf: dict[str, Any]) -> None
     try:
         build = client.api.create_container(base, command=["true"], name=C.build_name(tag),
                                             host_config=client.api.create_host_config(network_mode="none"))["Id"]
-        client.api.put_archive(build, "/", C.layer_tar())
+        client.api.put_archive(build, "/", C.layer_tar(everyone))
         client.api.commit(build, repository=repo, tag=name, conf=conf)
     except api_errors() as e:
         raise SubstrateError(f"docker: building {tag} failed: {e}") from e
@@ -225,9 +225,11 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
 
     def _engine_sandbox_layer(self, base: str, tag: str) -> None:
         # an empty Entrypoint clears the base's (the reaper must be pid 1); the rest of its config is merged in
-        commit_layer(self.client, base, tag, {"Cmd": C.REAPER_ARGV, "Entrypoint": [], "Labels": C.task_labels(base)})
+        commit_layer(self.client, base, tag, {"Cmd": C.REAPER_ARGV, "Entrypoint": [], "Labels": C.task_labels(base)},
+                     everyone=True)
 
-    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits) -> str:
+    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits,
+                       user: str | None = None) -> str:
         api = self.client.api
         cfg: dict[str, Any] = {"network_mode": "none", "security_opt": ["no-new-privileges"],
                                "pids_limit": lim.pids if lim.pids is not None else -1}
@@ -238,7 +240,7 @@ class DockerSubstrate(C.ContainerSubstrate, RecipeImages):
         if lim.disk_bound_mb is not None and self.disk_mode()[0] == "quota":
             cfg["storage_opt"] = {"size": f"{lim.disk_bound_mb}m"}
         try:
-            return str(api.create_container(image, command=C.REAPER_ARGV, working_dir=workdir,
+            return str(api.create_container(image, command=C.REAPER_ARGV, working_dir=workdir, user=user,
                                             labels={C.LABEL_RUN: self.run_id, C.LABEL_SANDBOX: sid},
                                             host_config=api.create_host_config(**cfg))["Id"])
         except api_errors() as e:

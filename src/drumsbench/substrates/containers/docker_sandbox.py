@@ -85,7 +85,7 @@ class DockerSandbox(C.ContainerSandbox):
         kind = SandboxFrozen if "is paused" in str(e) else SubstrateError
         return kind(f"docker: sandbox {self.id} ({self.container_id[:12]}): {what}: {e}")
 
-    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
+    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str], user: str | None = None) -> ExecResult:
         t0 = time.monotonic()
         try:
             eid = self._api.exec_create(
@@ -96,6 +96,7 @@ class DockerSandbox(C.ContainerSandbox):
                 stdin=req.stdin is not None,
                 environment=[f"{k}={v}" for k, v in env.items()],
                 workdir=req.cwd,
+                user=user or "",
             )["Id"]
             sock = self._api.exec_start(eid, socket=True)
         except api_errors() as e:
@@ -135,11 +136,13 @@ class DockerSandbox(C.ContainerSandbox):
             duration_s=time.monotonic() - t0,
         )
 
-    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
+    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str,
+                     user: str | None = None) -> Stream:
         """An exec with stdin attached; its hijacked socket relayed to two pipes (``_DockerStream``)."""
         try:
             eid = self._api.exec_create(self.container_id, argv, stdout=True, stderr=True, stdin=True,
-                                        environment=[f"{k}={v}" for k, v in env.items()], workdir=cwd)["Id"]
+                                        environment=[f"{k}={v}" for k, v in env.items()], workdir=cwd,
+                                        user=user or "")["Id"]
             sock = self._api.exec_start(eid, socket=True)
         except api_errors() as e:
             raise self._gone(e, "exec failed") from e

@@ -62,8 +62,8 @@ def ensure_rootfs_image(flavor: str = "base") -> str:
     return rootfs
 
 
-def commit_layer(base: str, tag: str, changes: list[str]) -> None:
-    """Commit the sandbox layer (``C.layer_tar()``) on top of image ``base`` under ``tag`` with a
+def commit_layer(base: str, tag: str, changes: list[str], everyone: bool = False) -> None:
+    """Commit the sandbox layer (``C.layer_tar(everyone)``) on top of image ``base`` under ``tag`` with a
     throw-away container; ``changes`` are the Dockerfile instructions the commit applies
     (``--change``): the base's own config stays where they name nothing. The caller holds
     ``C.build_lock("podman-image")``; ``SubstrateError`` when it fails."""
@@ -71,7 +71,7 @@ def commit_layer(base: str, tag: str, changes: list[str]) -> None:
     podman(["rm", "--force", "--time", "0", name], check=False)  # left by a crashed build
     build = podman(["create", "--network", "none", "--name", name, base, "true"]).stdout.decode().strip()
     try:
-        podman(["cp", "-", f"{build}:/"], stdin=C.layer_tar())
+        podman(["cp", "-", f"{build}:/"], stdin=C.layer_tar(everyone))
         podman(["commit", "--quiet", *(a for c in changes for a in ("--change", c)), build, tag], timeout=600)
     finally:
         podman(["rm", "--force", build], check=False)
@@ -173,12 +173,15 @@ class PodmanSubstrate(C.ContainerSubstrate, RecipeImages):
     def _engine_sandbox_layer(self, base: str, tag: str) -> None:
         # ENTRYPOINT [] clears the base's (the reaper must be pid 1); nothing else of its config is named
         commit_layer(base, tag, [f"CMD {json.dumps(C.REAPER_ARGV)}", "ENTRYPOINT []",
-                                 *(f"LABEL {k}={v}" for k, v in C.task_labels(base).items())])
+                                 *(f"LABEL {k}={v}" for k, v in C.task_labels(base).items())], everyone=True)
 
-    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits) -> str:
+    def _engine_create(self, image: str, sid: str, workdir: str | None, lim: SandboxLimits,
+                       user: str | None = None) -> str:
         args = ["--pids-limit", str(lim.pids if lim.pids is not None else -1)]
         if workdir is not None:
             args += ["--workdir", workdir]
+        if user is not None:
+            args += ["--user", user]
         if lim.memory_mb is not None:
             args += ["--memory", f"{lim.memory_mb}m"]
         if lim.cpus is not None:

@@ -76,26 +76,31 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         )
         return proc.returncode == 0 and proc.stdout.strip() == b"true"
 
-    def _exec_argv(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], interactive: bool) -> list[str]:
-        """The ``podman exec`` command line of ``argv`` with exactly ``env``."""
+    def _exec_argv(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], interactive: bool,
+                   user: str | None = None) -> list[str]:
+        """The ``podman exec`` command line of ``argv`` with exactly ``env``, as ``user`` (None: the
+        image's ``USER``)."""
         cmd = [self._exe, "--log-level=error", "exec"]
         if interactive:
             cmd.append("--interactive")
+        if user is not None:
+            cmd += ["--user", user]
         cmd += ["--workdir", cwd]
         for k, v in env.items():
             cmd += ["--env", f"{k}={v}"]
         return [*cmd, self.container_id, *argv]
 
-    def _podman_exec(self, req: ExecRequest, env: Mapping[str, str]) -> ExecResult:
-        """``podman exec`` of ``req`` with exactly ``env``, bounded and killed on timeout (the
-        client: what it started in the container lives on)."""
-        cmd = self._exec_argv(req.argv, req.cwd, env, req.stdin is not None)
+    def _podman_exec(self, req: ExecRequest, env: Mapping[str, str], user: str | None = None) -> ExecResult:
+        """``podman exec`` of ``req`` with exactly ``env`` as ``user``, bounded and killed on timeout
+        (the client: what it started in the container lives on)."""
+        cmd = self._exec_argv(req.argv, req.cwd, env, req.stdin is not None, user)
         return run_bounded(
             cmd, timeout=req.timeout, cwd=str(work_dir()), env=self._env, stdin=req.stdin,
             output_limit=req.output_limit
         )
 
-    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str) -> Stream:
+    def _open_marked(self, argv: list[str], cwd: str, env: Mapping[str, str], token: str,
+                     user: str | None = None) -> Stream:
         """``podman exec --interactive``: the stream's pipes are the client's stdin and stdout (its exit
         status is the command's; a podman that refuses the exec, e.g. in a paused container, ends it at
         once with podman's own, 125 or 255). ``close`` kills the client, then what carries ``token`` in
@@ -104,11 +109,11 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
             with contextlib.suppress(SubstrateError):  # a container already gone: nothing of it runs
                 self.kill_exec(token)
 
-        return start_stream(self._exec_argv(argv, cwd, env, True), cwd=str(work_dir()), env=self._env,
+        return start_stream(self._exec_argv(argv, cwd, env, True, user), cwd=str(work_dir()), env=self._env,
                             on_close=kill_inside)
 
-    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str]) -> ExecResult:
-        res = self._podman_exec(req, env)
+    def _run_marked(self, req: ExecRequest, token: str, env: Mapping[str, str], user: str | None = None) -> ExecResult:
+        res = self._podman_exec(req, env, user)
         if res.timed_out:
             # run_bounded killed the podman client; the command lives on in the container.
             try:
@@ -135,8 +140,9 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
     # -- files ----------------------------------------------------------------------------------
     def _put(self, files: Mapping[str, bytes]) -> None:
         self._check()
+        # the harness's files, written as the container's root (as docker's put_archive does), whatever its USER
         res = self._podman_exec(ExecRequest(["tar", "-x", "-f", "-", "-C", "/", "--no-same-owner"], 120, "/",
-                                            stdin=C.files_tar(files), output_limit=4096), {"PATH": SANDBOX_PATH})
+                                            stdin=C.files_tar(files), output_limit=4096), {"PATH": SANDBOX_PATH}, "0")
         if res.exit_code != 0 or res.timed_out:
             if not self._running():
                 raise SubstrateError(f"podman: sandbox {self.id}: the container is gone")
@@ -150,7 +156,7 @@ class PodmanSandbox(C.ContainerSandbox, InitLaunching):
         path = C.check_path(path)
         argv = ["/bin/sh", "-c", C.READ_SCRIPT, "sh", path, "" if limit is None else str(limit)]
         res = self._podman_exec(ExecRequest(argv, 120, "/", output_limit=(1 << 62) if limit is None else max(limit, 1)),
-                                {"PATH": SANDBOX_PATH})
+                                {"PATH": SANDBOX_PATH}, "0")
         if res.exit_code == 0 and not res.timed_out:
             return res.stdout
         if res.exit_code == C.READ_MISSING:
