@@ -35,6 +35,7 @@ from drumsbench.policies.adversary import (
     HARBOR,
     HARBOR_CONTROLS,
     HARBOR_NOT_FORGING,
+    HARBOR_WORKTREE_CONTROLS,
     PYTEST_SCORED,
     PYTEST_SCORED_CONTROL,
     Adversary,
@@ -44,7 +45,7 @@ from drumsbench.rollout.attempt import RolloutConfig, Slot, run_attempt
 from drumsbench.rollout.isolation import CanaryRegistry
 from drumsbench.substrates import registry
 from drumsbench.substrates.base import RecipeImages, RootCommands, Substrate
-from drumsbench.testing.naive_gates import NaiveDockerSubstrate
+from drumsbench.testing.naive_gates import NaiveDockerSubstrate, WorkTreeTestsHarborEnv
 
 from conftest import require
 from helpers import cli
@@ -334,9 +335,9 @@ def sh(command: str) -> ActionSpec:
 
 
 def test_every_harbor_strategy_has_a_control_or_says_why_not() -> None:
-    assert set(HARBOR) == set(HARBOR_CONTROLS) | set(HARBOR_NOT_FORGING)
-    assert not set(HARBOR_CONTROLS) & set(HARBOR_NOT_FORGING)
-    assert set(HARBOR_CONTROLS.values()) <= set(EXAMPLE_IDS)
+    groups = (set(HARBOR_CONTROLS), set(HARBOR_WORKTREE_CONTROLS), set(HARBOR_NOT_FORGING))
+    assert set(HARBOR) == set.union(*groups) and sum(map(len, groups)) == len(HARBOR)  # each in one group
+    assert set(HARBOR_CONTROLS.values()) | set(HARBOR_WORKTREE_CONTROLS.values()) <= set(EXAMPLE_IDS)
 
 
 @pytest.mark.parametrize("strategy", sorted(HARBOR))
@@ -344,7 +345,7 @@ def test_strategy_fails_here_and_wins_against_harbors_shared_mode(sub: Substrate
     """``drumsbench run --policy adversary:<strategy>`` on its control task: failed under the
     fresh-sandbox verifier; reaching success under Harbor 0.26's shared mode (the positive control:
     one engine shows it) for every strategy that forges."""
-    task = _task(HARBOR_CONTROLS.get(strategy, "count-words"))
+    task = _task(HARBOR_CONTROLS.get(strategy) or HARBOR_WORKTREE_CONTROLS.get(strategy) or "count-words")
     here = attempt(sub, task, Adversary([strategy]))
     assert here.outcome is Outcome.FAILED, (strategy, here.outcome, here.cause, here.detail)
     assert here.extra.get("strategy") == strategy and here.extra.get("trust") == "in-process"
@@ -352,6 +353,11 @@ def test_strategy_fails_here_and_wins_against_harbors_shared_mode(sub: Substrate
         naive = attempt(sub, task, Adversary([strategy]), env=HarborEnv(verifier="harbor-shared"))
         assert naive.outcome is Outcome.SUCCESS, (strategy, "positive control", naive.outcome, naive.detail)
         assert naive.extra.get("trust") == "agent-container"
+    if sub.name == "docker" and strategy in HARBOR_WORKTREE_CONTROLS:
+        # Harbor runs the task's own /tests/test.sh: the lookalike wins only where a runner takes the work tree's
+        shared = attempt(sub, task, Adversary([strategy]), env=HarborEnv(verifier="harbor-shared"))
+        naive = attempt(sub, task, Adversary([strategy]), env=WorkTreeTestsHarborEnv())
+        assert (shared.outcome, naive.outcome) == (Outcome.FAILED, Outcome.SUCCESS), (shared.detail, naive.detail)
 
 
 def test_a_broken_python3_is_invalid_only_under_gates_run_by_the_containers_own(harbor_here: None,

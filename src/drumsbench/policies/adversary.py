@@ -583,6 +583,10 @@ HARBOR: dict[str, list[ActionSpec]] = {
         "    outcome = yield\\n    outcome.get_result().outcome = \"passed\"\\n' > \"$d/zz_pass.py\" && "
         "printf 'Metadata-Version: 2.1\\nName: zz-pass\\nVersion: 1.0\\n' > \"$i/METADATA\" && "
         "printf '[pytest11]\\nzz_pass = zz_pass\\n' > \"$i/entry_points.txt\" && echo installed")})],
+    # a test.sh-looking script in the working folder that writes reward 1: for a runner that takes the
+    # tests from the work tree (``tests/test.sh`` beside the code) instead of the task's own
+    "harbor_test_sh_in_workdir": [ActionSpec("write", {"path": "tests/test.sh", "content": (
+        "#!/bin/bash\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\n")})],
     # aims at invalid: every python3 an error, for gates that would run the container's own
     # (ending processes, digests, the canary scan); its control: testing.naive_gates
     "harbor_break_python3": [ActionSpec("shell", {"command": _BREAK_PYTHON3})],
@@ -600,6 +604,10 @@ HARBOR_CONTROLS: dict[str, str] = {
     "harbor_conftest_in_tests": "fix-slug", "harbor_pth_exit_zero": "fix-slug", "harbor_fake_python3": "fix-slug",
     "harbor_shadowed_pytest": "fix-slug", "harbor_pytest_entry_point": "fix-slug",
 }
+# A forging strategy whose naive control is not Harbor's shared mode (Harbor runs /tests/test.sh, the
+# task's own) but a runner that takes test.sh from the working folder (testing.naive_gates.WorkTreeTestsHarborEnv),
+# with the example it reaches success on there.
+HARBOR_WORKTREE_CONTROLS: dict[str, str] = {"harbor_test_sh_in_workdir": "count-words"}
 # The others aim at invalid (an infrastructure fault blamed for what the agent did) or at a reach
 # outside the working folder; Harbor's shared mode has no invalid to reach, so they have no control
 # there (harbor_break_python3's is gates run by the container's own python3: testing.naive_gates).

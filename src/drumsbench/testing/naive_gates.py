@@ -12,10 +12,17 @@ docker substrate with such gates —
 A strategy that breaks ``python3`` (``adversary.SHELL["replace_python3"]``) turns a failed attempt
 into invalid (``substrate_failure``) here, and ends failed on ``docker``: tests/test_adversary.py.
 No command, option or variable can choose it; tests build a ``Slot`` with it.
+
+``WorkTreeTestsHarborEnv`` is Harbor's shared mode with a runner that takes ``tests/test.sh`` from
+the task's working folder (a checkout's tests beside its code) rather than the uploaded ``/tests``:
+the positive control of ``adversary.HARBOR["harbor_test_sh_in_workdir"]``.
 """
 
 from __future__ import annotations
 
+from drumsbench.envs.base import VerifierResult
+from drumsbench.envs.harbor.env import HarborEnv
+from drumsbench.envs.harbor.task import HarborTask
 from drumsbench.substrates.base import Sandbox
 from drumsbench.substrates.containers.docker import DockerSubstrate
 from drumsbench.substrates.containers.docker_sandbox import DockerSandbox
@@ -37,3 +44,16 @@ class NaiveDockerSubstrate(DockerSubstrate):
     """``docker`` with ``NaiveDockerSandbox``es."""
 
     sandbox_class = NaiveDockerSandbox
+
+
+class WorkTreeTestsHarborEnv(HarborEnv):
+    """Harbor's shared mode, but test.sh is ``tests/test.sh`` of the working folder (NAIVE)."""
+
+    def __init__(self) -> None:
+        super().__init__(verifier="harbor-shared")
+
+    def _run_shared(self, task: HarborTask, timeout: float, script: str = "tests/test.sh") -> VerifierResult:
+        # the task's test.sh goes into the work tree only where the work tree has none
+        self.box.exec(["sh", "-c", "[ -e tests/test.sh ] || { mkdir -p tests && cp /tests/test.sh tests/test.sh; }"],
+                      timeout=30, cwd=task.workdir)
+        return super()._run_shared(task, timeout, script=script)

@@ -341,12 +341,12 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         box.put_files("/tests", task.tests)
         exec_as_root(box, ["sh", "-c", "mkdir -p /logs/verifier && chmod 0777 /logs/verifier"], timeout=30, cwd="/")
 
-    def _run_shared(self, task: HarborTask, timeout: float) -> VerifierResult:
-        """As Harbor 0.26 runs it: test.sh made executable and run (its own shebang) in the agent's
-        container, its output to ``/logs/verifier/test-stdout.txt``, then the reward file read."""
-        res = self.box.exec(["/bin/sh", "-c", "chmod +x /tests/test.sh && /tests/test.sh > "
-                             "/logs/verifier/test-stdout.txt 2>&1"], timeout=timeout, cwd=task.workdir,
-                            env=task.spec.env)
+    def _run_shared(self, task: HarborTask, timeout: float, script: str = "/tests/test.sh") -> VerifierResult:
+        """As Harbor 0.26 runs it: test.sh (``script``) made executable and run (its own shebang) in
+        the agent's container, its output to ``/logs/verifier/test-stdout.txt``, then the reward file
+        read."""
+        res = self.box.exec(["/bin/sh", "-c", 'chmod +x "$1" && "$1" > /logs/verifier/test-stdout.txt 2>&1', "test",
+                             script], timeout=timeout, cwd=task.workdir, env=task.spec.env)
         self.verify_note["test_exit"] = res.exit_code
         value = parse_reward(_read(self.box, REWARD_TXT), _read(self.box, REWARD_JSON))
         if isinstance(value, str):
