@@ -301,14 +301,14 @@ class TaskImages(ABC, Generic[TaskT]):
     Dockerfile): the whole file system is the start state. Such a kind requires ``RecipeImages``
     sandboxes. The rollout builds ``start_image(task)`` with the substrate (``build_recipe``) and
     gives every attempt a fresh sandbox of it (``create_from_image``), never a reset in place;
-    ``use_images`` hands the environment that substrate first, so that it can make sandboxes of its
-    own (the verifier's fresh sandbox)."""
+    ``use_images`` hands the environment that substrate and the run's sandbox bounds first, so that
+    it can make sandboxes of its own (the verifier's fresh sandbox) under the same bounds."""
 
     @abstractmethod
     def start_image(self, task: TaskT) -> ImageRecipe: ...
 
     @abstractmethod
-    def use_images(self, images: RecipeImages) -> None: ...
+    def use_images(self, images: RecipeImages, run_limits: SandboxLimits) -> None: ...
 
     def task_limits(self, task: TaskT, run: SandboxLimits) -> SandboxLimits:
         """The bounds of ``task``'s sandboxes given the run's ``run`` (a task may ask for tighter

@@ -97,7 +97,7 @@ class Slot:
             if not isinstance(self.substrate, RecipeImages):
                 raise UsageError(f"the {env.kind} environment needs a substrate that builds task images "
                                  f"(RecipeImages); {self.substrate.name} does not")
-            env.use_images(self.substrate)
+            env.use_images(self.substrate, self.substrate.limits)
             image = self.substrate.build_recipe(env.start_image(task))
             self.sandbox = self.substrate.create_from_image(image, env.task_limits(task, self.substrate.limits))
         else:

@@ -307,11 +307,10 @@ class BwrapSubstrate(Substrate, RecipeImages):
         layout = self.images.known(image)
         if layout is None:
             return None
-        script = (
-            'd=/mnt && mount -t tmpfs floor "$d" && mkdir "$d/u" "$d/w" "$d/m" && '
-            'mount -t overlay overlay -o "lowerdir=$1,upperdir=$d/u,workdir=$d/w" "$d/m" && '
-            'bwrap --bind "$d/m" / --dev /dev --proc /proc --unshare-all --die-with-parent /bin/true'
-        )
+        from drumsbench.substrates.layer_mounts import FLOOR_MOUNT
+
+        script = f'{FLOOR_MOUNT} && bwrap --bind "$d/m" / --dev /dev --proc /proc --unshare-all ' \
+            '--die-with-parent /bin/true'
         return ["unshare", "--mount", "sh", "-c", script, "floor", ":".join(layout.layers)]
 
     def build_recipe(self, recipe: ImageRecipe) -> str:
@@ -322,11 +321,8 @@ class BwrapSubstrate(Substrate, RecipeImages):
     def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> Sandbox:
         """``RecipeImages.create_from_image``: a sandbox whose ``/`` is an overlay of the image's
         layers under the sandbox's own upper layer (``bwrap_image``)."""
-        from drumsbench.substrates.bwrap_image import (
-            BwrapImageSandbox,
-            FreezableBwrapImageSandbox,
-            make_skeleton,
-        )
+        from drumsbench.substrates.bwrap_image import BwrapImageSandbox, FreezableBwrapImageSandbox
+        from drumsbench.substrates.layer_mounts import make_skeleton
 
         layout = self.images.layout(image)
         limits = limits or self.limits
@@ -336,7 +332,7 @@ class BwrapSubstrate(Substrate, RecipeImages):
             box.mkdir(parents=True)
             if limits.disk_bound_mb is not None and self.freezer:
                 mount_limited(box, limits.disk_bound_mb)  # the upper layer: all the sandbox writes
-            lower = (str(make_skeleton(self._folder)), *layout.layers)
+            lower = (str(make_skeleton(self._folder / IMAGE_SKELETON)), *layout.layers)
         except (OSError, SubstrateError) as e:
             unmount_below(box)
             shutil.rmtree(box, ignore_errors=True)

@@ -22,36 +22,15 @@ import contextlib
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from drumsbench.core.errors import SubstrateError
-from drumsbench.substrates.base import SANDBOX_FOLDERS, SandboxPaths
-from drumsbench.substrates.bwrap import IMAGE_SKELETON, IN_ROOT, BwrapSandbox, confinement, kernel_views
+from drumsbench.substrates.base import SandboxPaths
+from drumsbench.substrates.bwrap import IN_ROOT, BwrapSandbox, confinement, kernel_views
 from drumsbench.substrates.hostproc import CgroupFreezable, FreezerCgroup, unmount_below
+from drumsbench.substrates.layer_mounts import mountable
 from drumsbench.substrates.process import HostFolderSandbox
-
-
-def make_skeleton(folder: Path) -> Path:
-    """The run's skeleton layer (made once, atomically): ``sandbox/{work,home,tmp,verify}``."""
-    skel = folder / IMAGE_SKELETON
-    if not skel.is_dir():
-        tmp = folder / f".skel-{uuid.uuid4().hex[:6]}"
-        for sub in SANDBOX_FOLDERS:
-            (tmp / "sandbox" / sub).mkdir(parents=True)
-        (tmp / "sandbox" / "tmp").chmod(0o1777)
-        try:
-            tmp.rename(skel)
-        except OSError:  # made meanwhile by another thread
-            shutil.rmtree(tmp, ignore_errors=True)
-    return skel
-
-
-def _usable(path: str) -> str:
-    if any(c in path for c in ":,\\"):
-        raise SubstrateError(f"bwrap: the path {path!r} has ':', ',' or '\\' (unusable in an overlay mount)")
-    return path
 
 
 class BwrapImageSandbox(BwrapSandbox):
@@ -61,7 +40,7 @@ class BwrapImageSandbox(BwrapSandbox):
     def __init__(self, run_id: str, sid: str, box: Path, lower: Sequence[str], env: Mapping[str, str],
                  cgroup: FreezerCgroup | None = None):
         self.box = box
-        self._lower = ":".join(_usable(p) for p in lower)
+        self._lower = ":".join(mountable(p, "bwrap") for p in lower)
         self.image_env = dict(env)
         self._mount()
         try:
@@ -75,7 +54,8 @@ class BwrapImageSandbox(BwrapSandbox):
     def _mount(self) -> None:
         for sub in ("upper", "wk", "root"):
             (self.box / sub).mkdir(exist_ok=True)
-        opts = f"lowerdir={self._lower},upperdir={_usable(str(self.box / 'upper'))},workdir={self.box / 'wk'}"
+        upper = mountable(str(self.box / "upper"), "bwrap")
+        opts = f"lowerdir={self._lower},upperdir={upper},workdir={self.box / 'wk'}"
         proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.box / "root")],
                               capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:

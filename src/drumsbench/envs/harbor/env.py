@@ -59,7 +59,7 @@ from drumsbench.envs.harbor.actions import ACTIONS, INSTRUCTIONS, HarborObservat
 from drumsbench.envs.harbor.carry import CARRY_LIMIT, CarryRefused, clean_archive, steering_argv
 from drumsbench.envs.harbor.task import HarborTask
 from drumsbench.envs.shell_framing import OBS_LIMIT, command_content, framed_shell, lost_problem
-from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox, SandboxLimits, Substrate, exec_as_root
+from drumsbench.substrates.base import ImageRecipe, RecipeImages, Sandbox, SandboxLimits, exec_as_root
 
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
@@ -135,6 +135,7 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
         self.verifier = chosen_verifier(verifier)
         self.verify_note: dict[str, object] = {}
         self._images: RecipeImages | None = None
+        self._run_limits = SandboxLimits()
         self._task: HarborTask | None = None
         self._verifier: Sandbox | None = None  # the staged verifier sandbox
 
@@ -142,8 +143,9 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
     def start_image(self, task: HarborTask) -> ImageRecipe:
         return task.start_recipe
 
-    def use_images(self, images: RecipeImages) -> None:
+    def use_images(self, images: RecipeImages, run_limits: SandboxLimits) -> None:
         self._images = images
+        self._run_limits = run_limits
 
     @property
     def images(self) -> RecipeImages:
@@ -159,8 +161,7 @@ class HarborEnv(Environment[HarborTask], TaskImages[HarborTask], VerifierNotes):
 
     def _fresh(self, recipe: ImageRecipe, task: HarborTask) -> Sandbox:
         """A sandbox of ``recipe``'s image under ``task``'s bounds (the verifier's, as the agent's)."""
-        run = self.images.limits if isinstance(self.images, Substrate) else SandboxLimits()
-        return self.images.create_from_image(self.images.build_recipe(recipe), self.task_limits(task, run))
+        return self.images.create_from_image(self.images.build_recipe(recipe), self.task_limits(task, self._run_limits))
 
     def _reference(self, task: HarborTask) -> tuple[str, dict[str, str]]:
         """The working folder's digest and the steering files' digests in the carried paths, in a

@@ -58,7 +58,7 @@ from drumsbench.substrates.base import (
     ViewLaunching,
 )
 from drumsbench.substrates.containers import from_host, host_entry
-from drumsbench.substrates.containers.image_layout import ImageLayout, image_layout
+from drumsbench.substrates.containers.image_layout import ImageLayout, image_layout, is_root_user
 from drumsbench.substrates.exec_core import EXEC_VAR, sandbox_env
 from drumsbench.substrates.hostproc import alive_not_exiting, mounts_of_source
 
@@ -809,7 +809,7 @@ class ContainerSubstrate(Substrate, ImageFlavors):
             if tag in self._users:
                 return self._users[tag]
         user = str((self._engine_inspect_image(tag).get("Config") or {}).get("User") or "")
-        found = None if user in ("", "root", "0", "0:0", "root:root") else user
+        found = None if is_root_user(user) else user
         with self._image_lock:
             self._users[tag] = found
         return found

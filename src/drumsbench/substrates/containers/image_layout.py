@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from drumsbench.core.errors import SubstrateError
+from drumsbench.substrates.layer_mounts import mountable
 
 DRIVERS = ("overlay2", "overlay")
+ROOT_USERS = ("", "root", "0", "0:0", "root:root")
+
+
+def is_root_user(user: str) -> bool:
+    """Whether an image's ``USER`` (``Config.User``: "" when unset) names root."""
+    return user in ROOT_USERS
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,9 @@ def image_layout(engine: str, image: str, inspect: Mapping[str, Any]) -> ImageLa
     if not layers:
         raise SubstrateError(f"{engine}: image {image} names no layer folders")
     for p in layers:
-        if not os.path.isabs(p) or any(c in p for c in ":,\\") or not os.path.isdir(p):
-            raise SubstrateError(f"{engine}: image {image}'s layer folder {p!r} is absent or unusable")
+        if not os.path.isabs(p) or not os.path.isdir(p):
+            raise SubstrateError(f"{engine}: image {image}'s layer folder {p!r} is absent")
+        mountable(p, engine)
     cfg = inspect.get("Config") or {}
     env = dict(e.split("=", 1) for e in (cfg.get("Env") or []) if "=" in e)
     return ImageLayout(layers, env, str(cfg.get("User") or ""))

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates.base import ImageRecipe
+from drumsbench.substrates.containers.image_layout import is_root_user
 
 if TYPE_CHECKING:  # the container stack is imported when a task image is first built
     from drumsbench.substrates.containers.common import ContainerSubstrate
     from drumsbench.substrates.containers.image_layout import ImageLayout
 
 ENGINES = ("docker", "podman")
-_ROOT_USERS = ("", "root", "0", "0:0", "root:root")
 
 
 class LayeredImages:
@@ -73,7 +73,7 @@ class LayeredImages:
             if ref in self._layouts:
                 return ref
         layout = builder.image_layout(image)
-        if layout.user not in _ROOT_USERS:
+        if not is_root_user(layout.user):
             raise SubstrateError(f"{self.owner}: image {image} runs as USER {layout.user}; the {self.owner} substrate "
                                  "runs commands as root only (use docker or podman)")
         with self._lock:

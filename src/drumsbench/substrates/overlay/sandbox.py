@@ -68,7 +68,6 @@ from drumsbench import images
 from drumsbench.core.errors import SubstrateError
 from drumsbench.substrates import rootedfs
 from drumsbench.substrates.base import (
-    SANDBOX_FOLDERS,
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -110,6 +109,7 @@ from drumsbench.substrates.hostproc import (
     pids_with_env,
     unmount_below,
 )
+from drumsbench.substrates.layer_mounts import FLOOR_MOUNT, make_skeleton, mountable
 from drumsbench.substrates.overlay import entry
 from drumsbench.substrates.overlay.forkserver import ForkServer, Trash, cached_rootfs, host_mounts_below, wait_pidfd
 from drumsbench.substrates.process import RUN_VAR, SANDBOX_VAR, new_sandbox_id
@@ -455,10 +455,7 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
     @staticmethod
     def _floor(lower: str) -> list[str]:
         # The layers live on a tmpfs over /mnt in the private mount namespace: they vanish with it.
-        script = (
-            'd=/mnt && mount -t tmpfs floor "$d" && mkdir "$d/u" "$d/w" "$d/m" && '
-            'mount -t overlay overlay -o "lowerdir=$1,upperdir=$d/u,workdir=$d/w" "$d/m" && chroot "$d/m" /bin/true'
-        )
+        script = f'{FLOOR_MOUNT} && chroot "$d/m" /bin/true'
         return ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "sh", "-c", script, "floor", lower]
 
     @classmethod
@@ -496,16 +493,8 @@ class OverlaySubstrate(Substrate, Forking, PortableSnapshots, RecipeImages):
         with self._lock:
             if self._rootfs is not None:
                 return
-            rootfs = os.path.realpath(images.ensure_rootfs())
-            if any(c in rootfs for c in ":,\\"):
-                raise SubstrateError(f"overlay: the rootfs path {rootfs!r} has ':', ',' or '\\'")
-            skel = self.folder / SKELETON
-            if not skel.is_dir():
-                tmp = self.folder / "layers" / f".skel-{uuid.uuid4().hex[:6]}"
-                for sub in SANDBOX_FOLDERS:
-                    (tmp / "sandbox" / sub).mkdir(parents=True)
-                (tmp / "sandbox" / "tmp").chmod(0o1777)
-                tmp.rename(skel)
+            rootfs = mountable(os.path.realpath(images.ensure_rootfs()), "overlay")
+            make_skeleton(self.folder / SKELETON)
             self._rootfs = rootfs
 
     def register_snapshot(self, snap: str, chain: tuple[str, ...], env: Mapping[str, str] | None = None) -> None:
