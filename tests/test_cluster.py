@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from drumsbench.core.host_state import alive
 from drumsbench.executors.ray import missing as ray_missing
-from drumsbench.executors.ray_env import alive, processes_with_tmpdir
+from drumsbench.executors.ray_env import processes_with_tmpdir
 
 from conftest import require
 from helpers import MINI, ROOT, cli

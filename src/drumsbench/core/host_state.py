@@ -12,6 +12,20 @@ from pathlib import Path
 from typing import Any
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def state_dir() -> Path:
     base = os.environ.get("DRUMSBENCH_STATE") or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "drumsbench")

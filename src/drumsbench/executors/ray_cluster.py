@@ -28,8 +28,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from drumsbench.core.errors import UsageError
+from drumsbench.core.host_state import alive
 from drumsbench.executors import ray_env
-from drumsbench.executors.ray_env import alive
 
 MiB = 1024 * 1024
 

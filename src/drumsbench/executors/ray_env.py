@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drumsbench.core.host_state import alive
+
 LOOPBACK = "127.0.0.1"
 
 # Forced: without them Ray sends traffic off the machine.
@@ -111,20 +113,6 @@ def apply(folder: Path | None = None, *, new_token: bool = True) -> RayEnv:
         token_path = str(token_file)
         put("RAY_AUTH_TOKEN_PATH", token_path)
     return RayEnv(folder=own, token_path=token_path, tmpdir=tmpdir, _saved=saved)
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def processes_with_tmpdir(tmpdir: str) -> list[int]:

@@ -26,6 +26,7 @@ line per project and per task; exits 1 if any check failed, 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
@@ -41,6 +42,7 @@ from typing import Any
 
 from drumsbench.core.errors import UsageError
 from drumsbench.core.fingerprint import tree_digest
+from drumsbench.envs.coding import test_style
 
 ID_RE = re.compile(r"[a-z0-9-]+")
 REQUIRED = {
@@ -107,11 +109,49 @@ def run_unittest(args: list[str], cwd: Path, extra_path: Path, timeout: float) -
     return TestRun(verdict, ran, seconds, output)
 
 
+_PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
+
+
+def run_pytest(files: list[Path], cwd: Path, extra_path: Path, timeout: float) -> TestRun:
+    """pytest on ``files`` (its own config: no ini file or plugin of anyone else's); PASS only when
+    every test passed: a skip, an xfail or an unexpected pass is FAIL, as in the judge."""
+    env = {**os.environ, "PYTHONPATH": str(extra_path), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    ini = files[0].parent / ".drumsbench-pytest.ini"
+    ini.write_text("[pytest]\naddopts =\npython_files = *.py\n")
+    cmd = [sys.executable, "-m", "pytest", *map(str, files), "-c", str(ini), "--rootdir", str(files[0].parent),
+           "-q", "-rN", "-p", "no:cacheprovider", "--basetemp", str(files[0].parent / ".tmp")]
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        parts = [p.decode(errors="replace") if isinstance(p, bytes) else p for p in (exc.stdout, exc.stderr) if p]
+        return TestRun("TIMEOUT", output="".join(parts))
+    output = proc.stdout + proc.stderr
+    lines = output.strip().splitlines()
+    counts = {k.rstrip("s") if k.startswith("error") else k: int(n)
+              for n, k in _PYTEST_COUNTS.findall(lines[-1] if lines else "")}
+    ran = sum(counts.values())
+    if proc.returncode in (2, 3, 4) or counts.get("error"):
+        verdict = "LOADERROR" if proc.returncode == 2 else "FAIL"
+    elif proc.returncode == 5 or ran == 0:
+        verdict = "NOTESTS"
+    elif proc.returncode == 0 and counts.get("passed", 0) == ran:
+        verdict = "PASS"
+    else:
+        verdict = "FAIL"
+    return TestRun(verdict, ran, 0.0, output)
+
+
 def run_hidden(work: Path, hidden: list[Path], scratch: Path, timeout: float) -> TestRun:
-    """Run the hidden tests against ``work`` from a verify folder outside it."""
+    """Run the hidden tests against ``work`` from a verify folder outside it (with pytest when they
+    are pytest-style: ``envs.coding.test_style``)."""
     verify = Path(tempfile.mkdtemp(prefix="verify-", dir=scratch))
     for test in hidden:
         shutil.copy2(test, verify / test.name)
+    trees = {t.name: ast.parse(t.read_bytes(), filename=t.name) for t in hidden}
+    if test_style.is_pytest_style(trees):
+        files = [verify / t.name for t in hidden if t.name != test_style.CONFTEST]
+        return run_pytest(files, cwd=work, extra_path=work, timeout=timeout)
     return run_unittest(
         ["discover", "-s", str(verify), "-t", str(verify), "-p", "test_*.py"],
         cwd=work,
@@ -229,8 +269,8 @@ def load_task(task_dir: Path, report: Report) -> dict[str, Any] | None:
         if not isinstance(rel, str) or not (task_dir / rel).is_file():
             report.problem(f"missing file {rel!r}")
     for rel in data["hidden_tests"]:
-        if isinstance(rel, str) and not re.fullmatch(r"hidden/test_[A-Za-z0-9_]+\.py", rel):
-            report.problem(f"hidden test {rel!r} is not hidden/test_*.py")
+        if isinstance(rel, str) and not re.fullmatch(r"hidden/(test_[A-Za-z0-9_]+|conftest)\.py", rel):
+            report.problem(f"hidden test {rel!r} is not hidden/test_*.py (or pytest's hidden/conftest.py)")
     listed = {Path(rel).name for rel in data["hidden_tests"] if isinstance(rel, str)}
     for path in sorted((task_dir / "hidden").glob("test_*.py")):
         if path.name not in listed:

@@ -265,6 +265,10 @@ class CodingEnv(Environment[CodingTask], VerifierNotes):
         why_not = self.judged(task)
         if why_not is None:
             return self._run_judge(task, timeout)
+        if task.hidden_style == "pytest":
+            # (the in-process runner knows unittest only: the harness's choice, never the policy's)
+            raise InvalidAttempt(InvalidCause.VERIFIER_UNAVAILABLE, f"the hidden tests are pytest's, which only "
+                                 f"the trusted judge runs, and the judge cannot decide here: {why_not}")
         try:
             return self._run_in_process(task, timeout)
         finally:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from drumsbench.core.errors import UsageError
 from drumsbench.core.fingerprint import files_digest
 from drumsbench.envs.base import SUBMIT, ActionSpec, Task
+from drumsbench.envs.coding import test_style
 from drumsbench.envs.suite_folders import (
     StartFingerprint,
     TaskId,
@@ -88,6 +89,7 @@ class CodingTask(Task):
         # read once, here: the harness parses no source in its worker threads (CPython 3.11's ast
         # is not thread-safe: "AST constructor recursion depth mismatch" under two workers)
         self.test_imports: frozenset[str] = hidden_test_imports(hidden)
+        self.hidden_style = "pytest" if test_style.is_pytest_style(_trees(hidden)) else "unittest"
 
     def oracle_plan(self) -> list[ActionSpec]:
         reads = [ActionSpec("shell", {"command": f"cat {p}"}) for p in self._read_targets]
@@ -207,27 +209,26 @@ def hidden_test_imports(hidden: dict[str, bytes]) -> frozenset[str]:
     the sandbox are within the code under test's reach by the time it runs). A file that does not
     parse imports nothing here (the verifier reports it)."""
     found: set[str] = set()
-    for name, source in hidden.items():
-        try:
-            tree = _parse(source, name)
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                found.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
+    for tree in _trees(hidden).values():
+        found |= test_style.top_imports(tree)
     return frozenset(found)
 
 
-def _defines_tests(source: bytes) -> bool:
-    """Does a test file define a test method (``class ...: def test_*``), read by syntax only?"""
-    try:
-        tree = _parse(source, "<hidden test>")
-    except SyntaxError:
-        return False
-    return any(isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith("test")
-               for node in tree.body if isinstance(node, ast.ClassDef) for item in node.body)
+def _trees(hidden: dict[str, bytes]) -> dict[str, ast.Module]:
+    """The hidden files' syntax trees (those that parse: the verifier reports the others)."""
+    trees = {}
+    for name, source in hidden.items():
+        try:
+            trees[name] = _parse(source, name)
+        except (SyntaxError, ValueError):
+            continue
+    return trees
+
+
+def _defines_tests(name: str, source: bytes) -> bool:
+    """Does one hidden file define a test (``test_style``: a unittest method or a pytest test)?"""
+    trees = _trees({name: source})
+    return bool(trees) and bool(test_style.expected_tests(trees)[1])
 
 
 def _field(spec_file: Path, e: ValidationError) -> str:
@@ -265,9 +266,13 @@ def load_task(folder: Path, suite: Path) -> CodingTask:
             raise UsageError(f"{spec_file}: field 'hidden_tests': two files are named {name!r}; "
                              "hidden test files are copied into one folder, give them distinct names")
         hidden[name] = text(rel, "hidden_tests").encode()
-        if not _defines_tests(hidden[name]):
-            raise UsageError(f"{spec_file}: field 'hidden_tests': {rel!r} defines no test method "
-                             "(a class with methods named test_*); a verifier that checks nothing is refused")
+        if name != test_style.CONFTEST and not _defines_tests(name, hidden[name]):
+            raise UsageError(f"{spec_file}: field 'hidden_tests': {rel!r} defines no test method or function "
+                             "(test_* methods of a class, or pytest's test_* functions); a verifier that checks "
+                             "nothing is refused")
+    if spec.verify.verifier == "in-process" and test_style.is_pytest_style(_trees(hidden)):
+        raise UsageError(f"{spec_file}: field 'verify.verifier': pytest-style hidden tests run in the trusted "
+                         "judge only; remove verifier = \"in-process\" (or write the tests as unittest classes)")
     return CodingTask(spec, folder, files, hidden, text(spec.golden_patch, "golden_patch"),
                       [text(w, "wrong_patches") for w in spec.wrong_patches])
 
