@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,17 +325,23 @@ def ensure_disk(flavor: str = "base") -> Path:
     """``vm-disk-<hash>/base.qcow2``: the shared rootfs of ``flavor`` as an ext4 disk (a read-only
     backing file). The desktop's rootfs (about 1.1 GB) fits the same 2 GB disk with room to write."""
     rootfs = images.ensure_rootfs(flavor)
-    target = images.cache_dir() / f"vm-disk-{disk_key(images.recipe_hash(flavor))}"
+    return disk_of(rootfs, disk_key(images.recipe_hash(flavor)), {"rootfs": str(rootfs), "flavor": flavor})
+
+
+def disk_of(root: Path, key: str, meta: dict[str, object]) -> Path:
+    """``vm-disk-<key>/base.qcow2``: folder ``root`` as an ext4 disk of ``IMAGE_RECIPE``'s size
+    (``mkfs.ext4 -d``: owners, modes and links kept), made once per key."""
+    target = images.cache_dir() / f"vm-disk-{key}"
     if not (target / ".complete").exists():
         tmp = new_build_dir("vm-disk")
         try:
             raw = tmp / "root.raw"
             run(["mkfs.ext4", "-q", "-F", "-L", "drumsbench", "-E", "lazy_itable_init=0,lazy_journal_init=0",
-                 "-d", str(rootfs), str(raw), str(IMAGE_RECIPE["disk_size"])], "mkfs.ext4 -d")
+                 "-d", str(root), str(raw), str(IMAGE_RECIPE["disk_size"])], "mkfs.ext4 -d")
             run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(tmp / "base.qcow2")], "qemu-img convert")
             raw.unlink()
             os.chmod(tmp / "base.qcow2", 0o444)
-            publish(tmp, target, {"rootfs": str(rootfs), "recipe": IMAGE_RECIPE, "flavor": flavor})
+            publish(tmp, target, {**meta, "recipe": IMAGE_RECIPE})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -354,24 +361,83 @@ def ensure_image(flavor: str = "base") -> GuestImage:
     if known is not None and (known.folder / ".complete").exists() and known.disk.exists():
         return known
     with cache_lock("vm-image"):
-        disk = ensure_disk(flavor)
-        kernel_dir, kver = ensure_kernel()
-        key = boot_key(kver)
-        target = images.cache_dir() / f"vm-boot-{key}"
-        if not (target / ".complete").exists():
-            tmp = new_build_dir("vm-boot")
-            try:
-                agent = build_agent(tmp / "agent")
-                (tmp / "initrd.img").write_bytes(build_initrd(kernel_dir, agent))
-                shutil.copy(kernel_dir / "vmlinuz", tmp / "vmlinuz")
-                publish(tmp, target, {"kernel": kver, "key": key})
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-    full_key = _key({"boot": key, "disk": disk.parent.name})
-    image = GuestImage(target, target / "vmlinuz", target / "initrd.img", disk, full_key, kver, flavor)
+        image = guest_of(ensure_disk(flavor), flavor)
     _images[flavor] = image
     return image
+
+
+def guest_of(disk: Path, flavor: str) -> GuestImage:
+    """The guest that boots ``disk`` with this machine's kernel and initramfs (built first if
+    missing; call under ``cache_lock("vm-image")``)."""
+    kernel_dir, kver = ensure_kernel()
+    key = boot_key(kver)
+    target = images.cache_dir() / f"vm-boot-{key}"
+    if not (target / ".complete").exists():
+        tmp = new_build_dir("vm-boot")
+        try:
+            agent = build_agent(tmp / "agent")
+            (tmp / "initrd.img").write_bytes(build_initrd(kernel_dir, agent))
+            shutil.copy(kernel_dir / "vmlinuz", tmp / "vmlinuz")
+            publish(tmp, target, {"kernel": kver, "key": key})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    full_key = _key({"boot": key, "disk": disk.parent.name})
+    return GuestImage(target, target / "vmlinuz", target / "initrd.img", disk, full_key, kver, flavor)
+
+
+def ensure_task_image(image: str, layers: tuple[str, ...], skeleton: Path) -> GuestImage:
+    """The guest of a task image (``RecipeImages``): its disk is the image's file system — the
+    ``skeleton`` folder (``sandbox/{work,home,tmp,verify}``) over the image's layer folders, top first,
+    as a read-only overlay mounted for ``mkfs`` and detached after — made once per image and layers
+    (``image``: the engine's reference, e.g. ``docker:drumsbench-task:<recipe hash>``)."""
+    key = _key({"image": IMAGE_RECIPE, "task_image": image, "layers": list(layers)})
+    flavor = f"task-{key}"
+    known = _images.get(flavor)
+    if known is not None and (known.folder / ".complete").exists() and known.disk.exists():
+        return known
+    with cache_lock("vm-image"):
+        if not (images.cache_dir() / f"vm-disk-{key}" / ".complete").exists():
+            _prune_task_disks()
+            with _layers_mounted((str(skeleton), *layers)) as root:
+                disk = disk_of(root, key, {"task_image": image})
+        else:
+            disk = images.cache_dir() / f"vm-disk-{key}" / "base.qcow2"
+        with contextlib.suppress(OSError):
+            (disk.parent / ".used").touch()
+        guest = guest_of(disk, flavor)
+    _images[flavor] = guest
+    return guest
+
+
+def _prune_task_disks(unused_for_s: float = 2 * 86400) -> None:
+    """Remove task images' disks (400-600 MB each) that no process has used for two days (their
+    booted snapshots go the same way: ``snapshot._prune_snapshots``)."""
+    for folder in images.cache_dir().glob("vm-disk-*"):
+        with contextlib.suppress(OSError, ValueError):
+            if "task_image" not in json.loads((folder / ".complete").read_text()):
+                continue
+            stamp = folder / ".used" if (folder / ".used").exists() else folder / ".complete"
+            if time.time() - stamp.stat().st_mtime > unused_for_s:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _layers_mounted(lower: tuple[str, ...]) -> Iterator[Path]:
+    """A read-only overlay of ``lower`` (top first) on a fresh folder of the cache, detached after."""
+    from drumsbench.substrates.layer_mounts import mountable
+
+    where = new_build_dir("vm-root")
+    opts = "lowerdir=" + ":".join(mountable(p, "vm") for p in lower)
+    try:
+        run(["mount", "-t", "overlay", "overlay", "-o", f"ro,{opts}", str(where)], "mount the image's layers")
+        try:
+            yield where
+        finally:
+            subprocess.run(["umount", str(where)], capture_output=True, timeout=60)
+    finally:
+        with contextlib.suppress(OSError):
+            where.rmdir()
 
 
 if __name__ == "__main__":

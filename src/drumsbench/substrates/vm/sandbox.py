@@ -59,7 +59,9 @@ from drumsbench.substrates.base import (
     Freezable,
     GuestLaunching,
     ImageFlavors,
+    ImageRecipe,
     Isolation,
+    RecipeImages,
     ResetStrategy,
     Sandbox,
     SandboxFrozen,
@@ -70,6 +72,7 @@ from drumsbench.substrates.base import (
     Streaming,
     Substrate,
 )
+from drumsbench.substrates.containers.layered_images import LayeredImages
 from drumsbench.substrates.exec_core import SANDBOX_PATH, EndedStream, sandbox_env
 from drumsbench.substrates.hostproc import (
     FreezerCgroup,
@@ -114,6 +117,8 @@ class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching, Streaming):
         self.paths = SandboxPaths.under(SANDBOX_ROOT)
         self._lock = threading.Lock()
         self._destroyed = False
+        self.base: Snapshot | None = None  # the booted snapshot it came from (None: the substrate's)
+        self.image_env: dict[str, str] = {}  # a task image's ENV, under every command's own
 
     def _call(self, op: str, wait: float, **args: Any) -> dict[str, Any]:
         if self._destroyed:
@@ -132,7 +137,7 @@ class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching, Streaming):
         return os.path.normpath(path)
 
     def _run(self, req: ExecRequest) -> ExecResult:
-        full_env = sandbox_env(self.paths, req.env, labels={SANDBOX_VAR: self.id})
+        full_env = sandbox_env(self.paths, {**self.image_env, **(req.env or {})}, labels={SANDBOX_VAR: self.id})
         t0 = time.monotonic()
         if self._stopped_by_host():  # the guest would only run it after a thaw: refuse, as docker does
             raise SandboxFrozen(f"vm: sandbox {self.id}: exec refused, QEMU reports the VM paused")
@@ -154,7 +159,7 @@ class VmSandbox(Sandbox, Freezable, Snapshotting, GuestLaunching, Streaming):
         environment and token); ``stream.AgentStream`` carries its stdin and stdout."""
         if self._stopped_by_host():
             raise SandboxFrozen(f"vm: sandbox {self.id}: stream refused, QEMU reports the VM paused")
-        full_env = sandbox_env(self.paths, env, labels={SANDBOX_VAR: self.id})
+        full_env = sandbox_env(self.paths, {**self.image_env, **(env or {})}, labels={SANDBOX_VAR: self.id})
         try:
             res = self._call("sopen", AGENT_SLACK_S, argv=list(argv), cwd=self._abs(cwd or self.paths.work),
                              env=full_env)
@@ -357,7 +362,7 @@ def _disk_mib() -> int:
     return int(float(size.rstrip("KMGT")) * scale)
 
 
-class VmSubstrate(Substrate, Forking, ImageFlavors):
+class VmSubstrate(Substrate, Forking, ImageFlavors, RecipeImages):
     name = "vm"
     sandbox_class = VmSandbox
     capabilities = Capabilities(
@@ -376,6 +381,9 @@ class VmSubstrate(Substrate, Forking, ImageFlavors):
         self._snap: Snapshot | None = None
         self.flavor = "base"  # the rootfs flavor of the guest disk (``use_flavor``)
         self._live_snaps: dict[str, Snapshot] = {}
+        self._live_env: dict[str, dict[str, str]] = {}  # a live snapshot's image ENV (its sandbox's)
+        self.images = LayeredImages("vm", run_id, state_dir)  # task images (RecipeImages)
+        self._image_snaps: dict[str, Snapshot] = {}  # image reference -> its booted snapshot
         self.create_mode = os.environ.get(CREATE_VAR, "fork").strip().lower() or "fork"
         if self.create_mode not in ("fork", "boot"):
             raise SubstrateError(f"{CREATE_VAR}={self.create_mode!r}: choose fork or boot")
@@ -431,13 +439,42 @@ class VmSubstrate(Substrate, Forking, ImageFlavors):
     def create(self) -> Sandbox:
         return self._new_box(None)
 
+    def build_recipe(self, recipe: ImageRecipe) -> str:
+        """``RecipeImages.build_recipe``: built by a container engine (``LayeredImages``); its guest
+        disk and booted snapshot are made at the first ``create_from_image``. ``SubstrateError`` for
+        an image whose ``USER`` is not root (the guest agent runs every command as root)."""
+        return self.images.build(recipe)
+
+    def create_from_image(self, image: str, limits: SandboxLimits | None = None) -> Sandbox:
+        """``RecipeImages.create_from_image``: a fork of the image's own booted snapshot — a guest
+        whose disk is the image's file system under the sandbox folders (``vm.image.ensure_task_image``:
+        about 10 s of ``mkfs`` and one boot, 20-35 s under TCG, once per image and machine) — every
+        command given the image's ``ENV``."""
+        layout = self.images.layout(image)
+        with self._lock:
+            snap = self._image_snaps.get(image)
+        if snap is None:
+            from drumsbench.substrates.layer_mounts import make_skeleton
+            from drumsbench.substrates.vm.image import ensure_task_image
+
+            folder = run_folder(self.state_dir, self.run_id)
+            guest = ensure_task_image(image, layout.layers, make_skeleton(folder / "_skeleton"))
+            snap = ensure_snapshot(self.run_id, guest.flavor, image=guest)
+            with self._lock:
+                self._image_snaps[image] = snap
+        box = self._new_box(None, base=snap, limits=limits)
+        box.image_env = dict(layout.env)
+        return box
+
     def fork(self, snapshot_id: str) -> VmSandbox:
         """A new sandbox running from live snapshot ``snapshot_id`` (see ``VmSandbox.snapshot``)."""
         with self._lock:
             snap = self._live_snaps.get(snapshot_id)
         if snap is None:
             raise SubstrateError(f"vm: no snapshot {snapshot_id!r} in run {self.run_id}")
-        return self._new_box(snap)
+        box = self._new_box(snap)
+        box.image_env = dict(self._live_env.get(snapshot_id, {}))
+        return box
 
     def snapshots(self) -> list[str]:
         with self._lock:
@@ -454,16 +491,21 @@ class VmSubstrate(Substrate, Forking, ImageFlavors):
         folder = run_folder(self.state_dir, self.run_id) / f"snap-{snap_id}"
         folder.mkdir(parents=True)
         try:
-            snap = live_snapshot(box.vm, self.booted(), folder, self.run_id, snap_id)
+            snap = live_snapshot(box.vm, box.base or self.booted(), folder, self.run_id, snap_id)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         with self._lock:
             self._live_snaps[snap_id] = snap
+            self._live_env[snap_id] = dict(box.image_env)
         return snap_id
 
-    def _new_box(self, source: Snapshot | None) -> VmSandbox:
-        snap = self.booted()
+    def _new_box(self, source: Snapshot | None, base: Snapshot | None = None,
+                 limits: SandboxLimits | None = None) -> VmSandbox:
+        """A sandbox from live snapshot ``source``, else a fork of booted snapshot ``base`` (default:
+        the substrate's flavor's), under ``limits`` (default: the run's)."""
+        snap = base or self.booted()
+        lim = limits or self.limits
         sid = uuid.uuid4().hex[:12]
         folder = run_folder(self.state_dir, self.run_id) / sid
         try:
@@ -472,9 +514,9 @@ class VmSubstrate(Substrate, Forking, ImageFlavors):
             raise SubstrateError(f"vm: cannot create sandbox folder {folder}: {e}") from e
         cgroup: FreezerCgroup | None = None
         try:
-            if self.cgroups and (self.limits.pids is not None or self.limits.memory_mb is not None):
+            if self.cgroups and (lim.pids is not None or lim.memory_mb is not None):
                 cgroup = FreezerCgroup.create(self.run_id, f"{self.name}-{sid}",
-                                              limits=SandboxLimits(self.limits.pids, self.limits.memory_mb, None))
+                                              limits=SandboxLimits(lim.pids, lim.memory_mb, None))
             wrap = None if cgroup is None else cgroup.wrap
             if source is not None:
                 vm = fork(source, folder, self.run_id, sid, wrap=wrap)
@@ -491,6 +533,7 @@ class VmSubstrate(Substrate, Forking, ImageFlavors):
             shutil.rmtree(folder, ignore_errors=True)
             raise
         box = VmSandbox(self, sid, folder, vm, cgroup)
+        box.base = source or snap  # (a live snapshot carries its booted snapshot's image and accelerator)
         with self._lock:
             self._boxes.add(box)
         return box
@@ -504,11 +547,13 @@ class VmSubstrate(Substrate, Forking, ImageFlavors):
             boxes = list(self._boxes)
         for box in boxes:
             box.destroy()
+        self.images.close()
         for snap_id in self.snapshots():
             self.drop_snapshot(snap_id)
         for cg in FreezerCgroup.of_run(self.run_id, f"{self.name}-"):
             cg.remove()
         folder = run_folder(self.state_dir, self.run_id)
+        shutil.rmtree(folder / "_skeleton", ignore_errors=True)
         with contextlib.suppress(OSError):
             folder.rmdir()
         with contextlib.suppress(OSError):

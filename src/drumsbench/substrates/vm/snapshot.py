@@ -95,10 +95,10 @@ def boot(image: GuestImage, accel: str, folder: Path, run_id: str, sid: str, *, 
     return vm
 
 
-def ensure_snapshot(run_id: str, flavor: str = "base") -> Snapshot:
-    """The booted snapshot of this machine's guest of rootfs ``flavor``, built first if missing
-    (one boot)."""
-    image = ensure_image(flavor)
+def ensure_snapshot(run_id: str, flavor: str = "base", image: GuestImage | None = None) -> Snapshot:
+    """The booted snapshot of this machine's guest of rootfs ``flavor`` (or of guest ``image``: a
+    task image's), built first if missing (one boot)."""
+    image = image or ensure_image(flavor)
     accel, why = choose_accel(image)
     key = snapshot_key(image, accel)
     with _snapshots_lock:
