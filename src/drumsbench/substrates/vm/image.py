@@ -397,6 +397,11 @@ def ensure_task_image(image: str, layers: tuple[str, ...], skeleton: Path) -> Gu
     if known is not None and (known.folder / ".complete").exists() and known.disk.exists():
         return known
     with cache_lock("vm-image"):
+        # a build killed while its layers were mounted left the mount: no build runs now (the lock)
+        for stale in images.cache_dir().glob(".vm-root-build-*"):
+            subprocess.run(["umount", "-l", str(stale)], capture_output=True, timeout=60)
+            with contextlib.suppress(OSError):
+                stale.rmdir()  # (the empty mount point; never anything below it)
         if not (images.cache_dir() / f"vm-disk-{key}" / ".complete").exists():
             _prune_task_disks()
             with _layers_mounted((str(skeleton), *layers)) as root:
